@@ -1,0 +1,52 @@
+# runrelay — every command a developer or CI needs.
+#
+#   make demo   the main job: embedded PostgreSQL (unless DATABASE_URL), migrate, demo
+#   make test   every test, on PostgreSQL 15 (system) and 18 (embedded wheel)
+
+SHELL := /bin/bash
+VENV ?= .venv
+BIN := $(abspath $(VENV))/bin
+PY := $(BIN)/python
+export PATH := $(BIN):$(PATH)
+
+# Run a command against DATABASE_URL when set, else against a throwaway cluster.
+WITH_PG = $(if $(DATABASE_URL),,$(PY) -m runrelay._pgcluster exec --flavor $(1) --)
+
+.PHONY: demo test test-pg15 test-pg18 prereqs lint typecheck freeze migrate clean
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+demo: $(VENV)/.installed
+	$(if $(DATABASE_URL),,$(PY) -m runrelay._pgcluster exec --flavor embedded --) \
+		bash -c 'alembic upgrade head && runrelay demo $(DEMO_ARGS)'
+
+test: test-pg15 test-pg18
+
+prereqs:
+	bash scripts/ensure_prereqs.sh
+
+test-pg15: $(VENV)/.installed prereqs lint
+	$(call WITH_PG,system) bash scripts/test_suite.sh all $(PYTEST_ARGS)
+
+# The pytest suite again on PostgreSQL 18 (embedded wheel), always a fresh cluster.
+test-pg18: $(VENV)/.installed
+	$(PY) -m runrelay._pgcluster exec --flavor embedded -- \
+		env -u PGDATABASE bash scripts/test_suite.sh pytest $(PYTEST_ARGS)
+
+lint: $(VENV)/.installed
+	ruff check python_client tests migrations scripts
+	ruff format --check python_client tests migrations scripts
+	mypy
+
+freeze: $(VENV)/.installed
+	$(PY) -m runrelay._sqlsource freeze
+
+migrate: $(VENV)/.installed
+	alembic upgrade head
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

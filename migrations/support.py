@@ -1,0 +1,107 @@
+"""Helpers shared by every revision. Keep them small and stable: changing one
+changes how every past revision replays.
+
+Code (functions and views) evolves by whole replacement: a revision drops all
+code in the schema and executes its frozen ``code.sql``, so the database holds
+exactly that revision's functions whichever revision it came from.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import op
+
+FROZEN = Path(__file__).resolve().parent / "frozen"
+ROLE_SUFFIXES = ("producer", "worker", "relay", "admin")
+
+_DROP_CODE = """
+DO $drop$
+DECLARE
+    v_obj record;
+BEGIN
+    FOR v_obj IN
+        SELECT c.oid::regclass AS name
+        FROM pg_catalog.pg_class AS c
+        WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind = 'v'
+    LOOP
+        EXECUTE format('DROP VIEW %s', v_obj.name);
+    END LOOP;
+    FOR v_obj IN
+        SELECT p.oid::regprocedure AS name
+        FROM pg_catalog.pg_proc AS p
+        WHERE p.pronamespace = current_schema()::regnamespace
+    LOOP
+        EXECUTE format('DROP FUNCTION %s', v_obj.name);
+    END LOOP;
+    FOR v_obj IN
+        SELECT t.oid::regtype AS name
+        FROM pg_catalog.pg_type AS t
+        WHERE t.typnamespace = current_schema()::regnamespace
+          AND t.typtype = 'c'
+          AND NOT EXISTS (
+              SELECT 1 FROM pg_catalog.pg_class AS c
+              WHERE c.oid = t.typrelid AND c.relkind <> 'c'
+          )
+    LOOP
+        EXECUTE format('DROP TYPE %s', v_obj.name);
+    END LOOP;
+END
+$drop$;
+"""
+
+
+def run_sql(sql: str) -> None:
+    """Execute SQL text on the raw psycopg connection (no bind-parameter parsing)."""
+    op.get_bind().connection.driver_connection.execute(sql)  # type: ignore[union-attr]
+
+
+def schema() -> str:
+    return str(op.get_bind().exec_driver_sql("SELECT current_schema()").scalar())
+
+
+def run_frozen(revision: str, name: str) -> None:
+    path = FROZEN / revision / name
+    if path.exists():
+        run_sql(path.read_text(encoding="utf-8"))
+
+
+def drop_code() -> None:
+    run_sql(_DROP_CODE)
+
+
+def install_code(revision: str | None) -> None:
+    drop_code()
+    if revision is not None:
+        run_frozen(revision, "code.sql")
+
+
+def create_roles() -> None:
+    name = schema()
+    for suffix in ROLE_SUFFIXES:
+        role = f"{name}_{suffix}"
+        run_sql(
+            f"""DO $r$ BEGIN
+                IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{role}') THEN
+                    CREATE ROLE "{role}" NOLOGIN;
+                END IF;
+            END $r$;
+            GRANT USAGE ON SCHEMA "{name}" TO "{role}";"""
+        )
+
+
+def drop_roles() -> None:
+    name = schema()
+    for suffix in ROLE_SUFFIXES:
+        role = f"{name}_{suffix}"
+        # Roles are cluster-wide: one still used by another database stays.
+        run_sql(
+            f"""DO $r$ BEGIN
+                IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{role}') THEN
+                    REVOKE ALL ON SCHEMA "{name}" FROM "{role}";
+                    DROP ROLE "{role}";
+                END IF;
+            EXCEPTION WHEN dependent_objects_still_exist THEN
+                RAISE NOTICE 'role % is still used elsewhere and was kept', '{role}';
+            END $r$;"""
+        )

@@ -1,0 +1,78 @@
+-- Privileges: executed after every function of a revision is (re)created.
+--
+-- EXECUTE is revoked from PUBLIC on every function of the schema (a per-schema
+-- ALTER DEFAULT PRIVILEGES cannot revoke the global PUBLIC default, so each
+-- install revokes explicitly), then each public function is granted to the
+-- role of its SPEC section. Roles are named <schema>_<role> so that two
+-- installs in one database stay independent. No role gets any table privilege.
+DO $grants$
+DECLARE
+    v_schema text := current_schema();
+    v_fn record;
+BEGIN
+    FOR v_fn IN
+        SELECT p.oid::regprocedure AS signature
+        FROM pg_catalog.pg_proc AS p
+        WHERE p.pronamespace = v_schema::regnamespace
+    LOOP
+        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', v_fn.signature);
+    END LOOP;
+
+    FOR v_fn IN
+        SELECT
+            p.oid::regprocedure AS signature,
+            v_schema || '_' || g.role_suffix AS grantee
+        FROM (
+            VALUES
+            ('get_schema_version', 'producer'),
+            ('get_schema_version', 'worker'),
+            ('get_schema_version', 'relay'),
+            ('get_schema_version', 'admin'),
+            ('enqueue_run', 'producer'),
+            ('append_events', 'producer'),
+            ('signal_run', 'producer'),
+            ('cancel_run', 'producer'),
+            ('claim_attempts', 'worker'),
+            ('heartbeat', 'worker'),
+            ('complete_attempt', 'worker'),
+            ('complete_attempts', 'worker'),
+            ('fail_attempt', 'worker'),
+            ('suspend_attempt', 'worker'),
+            ('prepare_waiting_failure', 'worker'),
+            ('record_runner_terminal', 'worker'),
+            ('claim_detached_terminal', 'worker'),
+            ('read_runner_terminal', 'worker'),
+            ('reap_expired', 'worker'),
+            ('claim_ledger', 'relay'),
+            ('ack_ledger', 'relay'),
+            ('renew_ledger_lease', 'relay'),
+            ('release_ledger', 'relay'),
+            ('fail_ledger', 'relay'),
+            ('ledger_next_due_at', 'relay'),
+            ('requeue_ledger_event', 'admin'),
+            ('prune', 'admin')
+        ) AS g (function_name, role_suffix)
+        INNER JOIN pg_catalog.pg_proc AS p
+            ON
+                p.proname = g.function_name
+                AND p.pronamespace = v_schema::regnamespace
+    LOOP
+        EXECUTE format(
+            'GRANT EXECUTE ON FUNCTION %s TO %I', v_fn.signature, v_fn.grantee
+        );
+    END LOOP;
+
+    FOR v_fn IN
+        SELECT
+            c.oid::regclass AS view_name,
+            v_schema || '_admin' AS grantee
+        FROM pg_catalog.pg_class AS c
+        WHERE
+            c.relnamespace = v_schema::regnamespace
+            AND c.relkind = 'v'
+            AND c.relname IN ('run_stats', 'ledger_stats')
+    LOOP
+        EXECUTE format('GRANT SELECT ON %s TO %I', v_fn.view_name, v_fn.grantee);
+    END LOOP;
+END
+$grants$;

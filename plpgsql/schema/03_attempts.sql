@@ -1,0 +1,54 @@
+-- An attempt: one execution of a run, fenced by its lease token.
+--
+-- outcome/outcome_op record what the write that ended the attempt's live
+-- phase answered, so that the same call repeated after a lost reply answers
+-- the same (SPEC: "Replays are exact"). call_id remembers the claim call that
+-- opened the attempt, for claim replays.
+CREATE TABLE attempts (
+    run_id text NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+    attempt integer NOT NULL,
+    worker text NOT NULL,
+    lease_token uuid NOT NULL,
+    status text NOT NULL,
+    claimed_at timestamptz NOT NULL,
+    heartbeat_at timestamptz,
+    lease_expires_at timestamptz,
+    runner_result jsonb,
+    runner_result_received_at timestamptz,
+    error jsonb,
+    finished_at timestamptz,
+    call_id uuid,
+    wait jsonb,
+    outcome text,
+    outcome_op text,
+    PRIMARY KEY (run_id, attempt),
+    CONSTRAINT attempts_attempt CHECK (attempt >= 1),
+    CONSTRAINT attempts_status CHECK (
+        status IN (
+            'running', 'completed', 'failed', 'cancelled', 'waiting', 'lost',
+            'resumed'
+        )
+    ),
+    CONSTRAINT attempts_running_has_lease CHECK (
+        status <> 'running' OR lease_expires_at IS NOT NULL
+    ),
+    CONSTRAINT attempts_finished_iff_ended CHECK (
+        (status IN ('completed', 'failed', 'cancelled', 'lost', 'resumed'))
+        = (finished_at IS NOT NULL)
+    ),
+    CONSTRAINT attempts_waiting_has_wait CHECK (
+        status <> 'waiting' OR wait IS NOT NULL
+    ),
+    CONSTRAINT attempts_received_has_result CHECK (
+        runner_result_received_at IS NULL OR runner_result IS NOT NULL
+    ),
+    CONSTRAINT attempts_outcome_op CHECK ((outcome IS NULL) = (outcome_op IS NULL))
+);
+
+-- The reaper's path: live leases by expiry.
+CREATE INDEX attempts_lease_expiry_idx ON attempts (lease_expires_at)
+WHERE status = 'running';
+
+-- Claim replays: the attempts a claim call opened.
+CREATE INDEX attempts_call_id_idx ON attempts (call_id)
+WHERE call_id IS NOT NULL;

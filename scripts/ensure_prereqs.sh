@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Make sure the system PostgreSQL has what `make test` needs: pgTAP (with
+# pg_prove) and plpgsql_check. Installs the Debian packages when root; says
+# exactly what to install otherwise.
+set -euo pipefail
+
+sharedir=$(pg_config --sharedir 2>/dev/null || true)
+pkglibdir=$(pg_config --pkglibdir 2>/dev/null || true)
+major=$(pg_config --version 2>/dev/null | sed -E 's/^PostgreSQL ([0-9]+).*/\1/' || true)
+if [ -z "$sharedir" ] || [ -z "$major" ]; then
+    echo "ensure_prereqs: pg_config not found; install postgresql-15 (Debian) first" >&2
+    exit 1
+fi
+
+missing=()
+[ -f "$sharedir/extension/pgtap.control" ] || missing+=("postgresql-$major-pgtap")
+[ -f "$pkglibdir/plpgsql_check.so" ] || missing+=("postgresql-$major-plpgsql-check")
+command -v pg_prove >/dev/null 2>&1 || missing+=("libtap-parser-sourcehandler-pgtap-perl")
+command -v pgbouncer >/dev/null 2>&1 || missing+=("pgbouncer")
+
+if [ ${#missing[@]} -eq 0 ]; then
+    exit 0
+fi
+if [ "$(id -u)" -ne 0 ]; then
+    echo "ensure_prereqs: missing Debian packages: ${missing[*]}" >&2
+    echo "  install them with: sudo apt-get install -y ${missing[*]}" >&2
+    exit 1
+fi
+echo "ensure_prereqs: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq "${missing[@]}" >/dev/null

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The steps of `make test`, run against the server in DATABASE_URL (started by
+# runrelay._pgcluster when the caller had none). Any failure fails the run.
+#
+#   scripts/test_suite.sh all     lint, migrations, plpgsql_check, pgTAP, pytest
+#   scripts/test_suite.sh pytest  migrations and pytest only (PostgreSQL 18 run)
+set -euo pipefail
+mode=${1:-all}
+shift || true
+: "${DATABASE_URL:?DATABASE_URL must be set}"
+cd "$(dirname "$0")/.."
+
+step() { printf '\n==> %s\n' "$*"; }
+
+base_url=${DATABASE_URL%/*}
+db_url() { echo "$base_url/$1"; }
+recreate_db() {
+    psql -X -q -d "$DATABASE_URL" -v ON_ERROR_STOP=1 \
+        -c "DROP DATABASE IF EXISTS $1 WITH (FORCE)" -c "CREATE DATABASE $1"
+}
+
+if [ "$mode" = all ]; then
+    step "sqlfluff lint"
+    sqlfluff lint plpgsql/ migrations/frozen/ tests/pgtap/ scripts/sql/
+    step "frozen code of the head revision is current"
+    python -m runrelay._sqlsource check
+fi
+
+step "migration round trip"
+recreate_db rr_migrate
+DATABASE_URL=$(db_url rr_migrate) bash scripts/migration_roundtrip.sh
+
+if [ "$mode" = all ]; then
+    step "plpgsql_check"
+    recreate_db rr_lint
+    DATABASE_URL=$(db_url rr_lint) alembic upgrade head
+    psql -X -q -d "$(db_url rr_lint)" -v ON_ERROR_STOP=1 -f scripts/sql/plpgsql_check.sql
+
+    step "pgTAP"
+    recreate_db rr_pgtap
+    DATABASE_URL=$(db_url rr_pgtap) alembic upgrade head
+    psql -X -q -d "$(db_url rr_pgtap)" -v ON_ERROR_STOP=1 -f tests/pgtap/helpers.sql
+    pg_prove -d "$(db_url rr_pgtap)" --failures tests/pgtap/[0-9]*.sql
+fi
+
+step "pytest (PostgreSQL ${RUNRELAY_PG_VERSION:-from DATABASE_URL})"
+pytest "$@"

@@ -1,0 +1,102 @@
+"""Shared fixtures: a real PostgreSQL database migrated to head.
+
+The server is the one in DATABASE_URL (`make test` starts a throwaway cluster
+and sets it). Each pytest session creates its own database, migrates it with
+Alembic exactly as users do, and enables the test clock. Each test starts from
+empty tables.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+
+REPO = Path(__file__).resolve().parents[2]
+TABLES = ("ledger_lanes", "ledger", "signals", "cancellations", "attempts", "runs")
+
+
+def _server_url() -> str:
+    url = os.environ.get("DATABASE_URL")
+    if not url:
+        pytest.exit("DATABASE_URL is not set: run the tests with `make test`", returncode=2)
+    return url
+
+
+def url_for(dbname: str) -> str:
+    base = _server_url().rsplit("/", 1)[0]
+    return f"{base}/{dbname}"
+
+
+def alembic(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "alembic", "-x", f"url={url}", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+
+
+def create_database(name: str) -> str:
+    with psycopg.connect(_server_url(), autocommit=True) as c:
+        c.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        c.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    return url_for(name)
+
+
+def drop_database(name: str) -> None:
+    with psycopg.connect(_server_url(), autocommit=True) as c:
+        c.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture(scope="session")
+def db_url() -> Iterator[str]:
+    name = f"rr_pytest_{os.getpid()}"
+    url = create_database(name)
+    alembic(url, "upgrade", "head")
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute("UPDATE runrelay.settings SET allow_clock_override = true")
+    yield url
+    drop_database(name)
+
+
+def reset(conn: psycopg.Connection) -> None:
+    conn.execute(
+        sql.SQL("TRUNCATE {} CASCADE").format(
+            sql.SQL(", ").join(sql.Identifier("runrelay", t) for t in TABLES)
+        )
+    )
+    conn.execute(
+        "DELETE FROM runrelay.settings;"
+        " INSERT INTO runrelay.settings (allow_clock_override) VALUES (true)"
+    )
+
+
+@pytest.fixture
+def connect(db_url: str) -> Iterator[Callable[..., psycopg.Connection]]:
+    """Open extra autocommit connections (each a real session); all closed after the test."""
+    opened: list[psycopg.Connection] = []
+
+    def _connect(autocommit: bool = True, **kwargs: object) -> psycopg.Connection:
+        c = psycopg.connect(db_url, autocommit=autocommit, **kwargs)  # type: ignore[arg-type]
+        opened.append(c)
+        return c
+
+    yield _connect
+    for c in opened:
+        c.close()
+
+
+@pytest.fixture
+def db(db_url: str, connect: Callable[..., psycopg.Connection]) -> psycopg.Connection:
+    """A superuser autocommit connection to a database with empty runrelay tables."""
+    conn = connect()
+    reset(conn)
+    return conn

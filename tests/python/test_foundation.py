@@ -1,0 +1,281 @@
+"""The foundation: schema, constraints, roles, clock, isolation, migrations."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import errors
+
+from conftest import alembic, create_database, drop_database
+from runrelay import _sqlsource
+
+ROLES = ("runrelay_producer", "runrelay_worker", "runrelay_relay", "runrelay_admin")
+SET_CLAUSE = {"settings": "singleton = true", "signals": "name = name", "ledger": "lane = lane"}
+TABLES = ("runs", "attempts", "cancellations", "signals", "ledger", "ledger_lanes", "settings")
+
+
+def insert_run(conn: psycopg.Connection, run_id: str = "r1", **overrides: object) -> None:
+    row: dict[str, object] = {
+        "run_id": run_id,
+        "queue": "default",
+        "status": "queued",
+        "payload": "{}",
+        "run_at": "now",
+        "max_attempts": 3,
+        "created_at": "now",
+        "updated_at": "now",
+    }
+    row.update(overrides)
+    cols = ", ".join(row)
+    vals = ", ".join(["%s"] * len(row))
+    conn.execute(f"INSERT INTO runrelay.runs ({cols}) VALUES ({vals})", list(row.values()))
+
+
+def test_tables_have_the_spec_columns(db: psycopg.Connection) -> None:
+    spec = {
+        "runs": "run_id queue status priority concurrency_key payload run_at max_attempts "
+        "attempt_count wait resume result error payload_retention created_at updated_at "
+        "finished_at",
+        "attempts": "run_id attempt worker lease_token status claimed_at heartbeat_at "
+        "lease_expires_at runner_result runner_result_received_at error finished_at",
+        "cancellations": "run_id reason requested_at",
+        "ledger": "event_id run_id lane seq type payload delivery_key transport_only "
+        "created_at lease_owner lease_expires_at batch_id batch_started_at "
+        "delivery_attempts next_attempt_at failed_at last_error delivered_at",
+    }
+    for table, columns in spec.items():
+        have = {
+            r[0]
+            for r in db.execute(
+                "SELECT column_name FROM information_schema.columns"
+                " WHERE table_schema = 'runrelay' AND table_name = %s",
+                [table],
+            )
+        }
+        assert set(columns.split()) <= have, (table, set(columns.split()) - have)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "constraint"),
+    [
+        ({"status": "done"}, "runs_status"),
+        ({"status": "failed"}, "runs_finished_iff_terminal"),
+        ({"status": "waiting", "attempt_count": 1}, "runs_wait_iff_waiting"),
+        ({"payload_retention": "forever"}, "runs_payload_retention"),
+        ({"max_attempts": 0}, "runs_max_attempts"),
+        ({"run_id": ""}, "runs_run_id_length"),
+        ({"run_id": "x" * 201}, "runs_run_id_length"),
+        ({"key_held": True}, "runs_key_held_only_queued"),
+        ({"concurrency_key": "k"}, "runs_key_position_iff_key"),
+        ({"status": "running"}, "runs_started_has_attempt"),
+    ],
+)
+def test_run_constraints_reject_illegal_rows(
+    db: psycopg.Connection, overrides: dict[str, object], constraint: str
+) -> None:
+    with pytest.raises(errors.CheckViolation) as exc:
+        insert_run(db, **overrides)
+    assert exc.value.diag.constraint_name == constraint
+    assert db.execute("SELECT count(*) FROM runrelay.runs").fetchone() == (0,)
+
+
+def test_attempt_and_ledger_constraints(db: psycopg.Connection) -> None:
+    insert_run(db)
+    with pytest.raises(errors.CheckViolation) as exc:
+        db.execute(
+            "INSERT INTO runrelay.attempts (run_id, attempt, worker, lease_token, status,"
+            " claimed_at) VALUES ('r1', 1, 'w', gen_random_uuid(), 'running', now())"
+        )
+    assert exc.value.diag.constraint_name == "attempts_running_has_lease"
+    with pytest.raises(errors.CheckViolation) as exc:
+        db.execute(
+            "INSERT INTO runrelay.attempts (run_id, attempt, worker, lease_token, status,"
+            " claimed_at, lease_expires_at) VALUES ('r1', 1, 'w', gen_random_uuid(),"
+            " 'exploded', now(), now())"
+        )
+    assert exc.value.diag.constraint_name == "attempts_status"
+    base = (
+        "INSERT INTO runrelay.ledger (run_id, lane, seq, type, delivery_key, created_at,"
+        " next_attempt_at, state, lease_owner, lease_expires_at, delivered_at)"
+        " VALUES ('r1', %s, 1, 't', 'k', now(), now(), %s, %s, %s, %s)"
+    )
+    cases = [
+        (("sideband", "pending", None, None, None), "ledger_lane"),
+        (("lifecycle", "leased", None, None, None), "ledger_leased_has_owner"),
+        (("lifecycle", "delivered", "relay", "now", "now"), "ledger_leased_has_owner"),
+        (("lifecycle", "delivered", None, None, None), "ledger_delivered_iff_at"),
+    ]
+    for params, constraint in cases:
+        with pytest.raises(errors.CheckViolation) as exc:
+            db.execute(base, params)
+        assert exc.value.diag.constraint_name == constraint
+
+
+@pytest.mark.parametrize("role", ROLES)
+@pytest.mark.parametrize("table", TABLES)
+def test_roles_cannot_touch_tables(db_url: str, role: str, table: str) -> None:
+    with psycopg.connect(db_url, autocommit=True) as c:
+        c.execute(f"SET ROLE {role}")
+        for statement in (
+            f"SELECT 1 FROM runrelay.{table} LIMIT 1",
+            f"DELETE FROM runrelay.{table}",
+            f"UPDATE runrelay.{table} SET {SET_CLAUSE.get(table, 'run_id = run_id')}",
+        ):
+            with pytest.raises(errors.InsufficientPrivilege):
+                c.execute(statement)
+
+
+def test_no_function_is_executable_by_public(db: psycopg.Connection) -> None:
+    rows = db.execute(
+        """
+        SELECT p.oid::regprocedure::text
+        FROM pg_proc AS p
+        WHERE p.pronamespace = 'runrelay'::regnamespace
+          AND (p.proacl IS NULL
+               OR EXISTS (SELECT 1 FROM aclexplode(p.proacl) AS a
+                          WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE'))
+        """
+    ).fetchall()
+    assert rows == []
+
+
+def test_internal_helpers_are_granted_to_nobody(db: psycopg.Connection) -> None:
+    for role in ROLES:
+        for fn in ("runrelay._now()", "runrelay._require_read_committed()"):
+            allowed = db.execute(
+                "SELECT has_function_privilege(%s, %s, 'EXECUTE')", [role, fn]
+            ).fetchone()
+            assert allowed == (False,), (role, fn)
+
+
+def test_schema_version_is_readable_by_every_role(db_url: str) -> None:
+    head = _sqlsource.head_revision()
+    with psycopg.connect(db_url, autocommit=True) as c:
+        for role in ROLES:
+            c.execute(f"SET ROLE {role}")
+            assert c.execute("SELECT runrelay.get_schema_version()").fetchone() == (head,)
+            c.execute("RESET ROLE")
+
+
+def test_clock_override_needs_the_installation_flag(db: psycopg.Connection) -> None:
+    with db.transaction():
+        db.execute("SET LOCAL runrelay.clock_offset = '2 hours'")
+        shifted = db.execute("SELECT runrelay._now() - statement_timestamp()").fetchone()
+    assert shifted is not None and shifted[0].total_seconds() == 7200
+    db.execute("UPDATE runrelay.settings SET allow_clock_override = false")
+    with db.transaction():
+        db.execute("SET LOCAL runrelay.clock_offset = '2 hours'")
+        ignored = db.execute("SELECT runrelay._now() - statement_timestamp()").fetchone()
+    assert ignored is not None and ignored[0].total_seconds() == 0
+
+
+@pytest.mark.parametrize("level", ["REPEATABLE READ", "SERIALIZABLE"])
+def test_wrong_isolation_level_raises_25000(db: psycopg.Connection, level: str) -> None:
+    with pytest.raises(errors.InvalidTransactionState) as exc, db.transaction():
+        db.execute(f"SET TRANSACTION ISOLATION LEVEL {level}")
+        db.execute("SELECT runrelay._require_read_committed()")
+    assert exc.value.sqlstate == "25000"
+    assert exc.value.diag.message_hint and "READ COMMITTED" in exc.value.diag.message_hint
+    db.execute("SELECT runrelay._require_read_committed()")
+
+
+def _dump(url: str) -> str:
+    bindir = os.environ.get("RUNRELAY_PG_BINDIR")
+    pg_dump = str(Path(bindir) / "pg_dump") if bindir else "pg_dump"
+    out = subprocess.run(
+        [
+            pg_dump,
+            "--schema-only",
+            "--no-owner",
+            "--schema=runrelay",
+            "--exclude-table=runrelay.alembic_version",
+            "-d",
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    skip = ("--", "\\restrict", "\\unrestrict")
+    lines = [ln for ln in out.splitlines() if not ln.startswith(skip)]
+    return "\n".join(ln for ln in lines if ln.strip())
+
+
+def test_plpgsql_source_and_migrations_build_the_same_schema(db_url: str) -> None:
+    """plpgsql/ (schema + code) and `alembic upgrade head` must agree exactly."""
+    name = f"rr_from_source_{os.getpid()}"
+    url = create_database(name)
+    try:
+        with psycopg.connect(url, autocommit=True) as c:
+            c.execute("CREATE SCHEMA runrelay")
+            c.execute("SET search_path TO runrelay, pg_temp")
+            with c.transaction():
+                c.execute(_sqlsource.build_schema())
+                c.execute(
+                    "GRANT USAGE ON SCHEMA runrelay TO runrelay_producer, runrelay_worker,"
+                    " runrelay_relay, runrelay_admin"
+                )
+                c.execute(_sqlsource.build_code())
+        from_source = _dump(url)
+    finally:
+        drop_database(name)
+    with psycopg.connect(db_url, autocommit=True) as c:
+        c.execute("UPDATE runrelay.settings SET allow_clock_override = false")
+    try:
+        from_migrations = _dump(db_url)
+    finally:
+        with psycopg.connect(db_url, autocommit=True) as c:
+            c.execute("UPDATE runrelay.settings SET allow_clock_override = true")
+    assert from_source == from_migrations
+
+
+def test_migrations_are_reversible_and_idempotent_with_data() -> None:
+    name = f"rr_roundtrip_{os.getpid()}"
+    url = create_database(name)
+    try:
+        alembic(url, "upgrade", "head")
+        alembic(url, "upgrade", "head")
+        assert "(head)" in alembic(url, "current").stdout
+        with psycopg.connect(url, autocommit=True) as c:
+            insert_run(c, "kept")
+        alembic(url, "downgrade", "base")
+        with psycopg.connect(url, autocommit=True) as c:
+            left = c.execute(
+                "SELECT count(*) FROM pg_namespace WHERE nspname = 'runrelay'"
+            ).fetchone()
+            assert left == (0,)
+        alembic(url, "upgrade", "head")
+    finally:
+        drop_database(name)
+
+
+def test_two_installs_share_one_database() -> None:
+    name = f"rr_two_{os.getpid()}"
+    url = create_database(name)
+    try:
+        alembic(url, "upgrade", "head")
+        alembic(url, "-x", "schema=tenant_b", "upgrade", "head")
+        with psycopg.connect(url, autocommit=True) as c:
+            insert_run(c, "a-only")
+            assert c.execute("SELECT count(*) FROM tenant_b.runs").fetchone() == (0,)
+            proconfig = c.execute(
+                "SELECT proconfig FROM pg_proc"
+                " WHERE proname = 'get_schema_version' AND pronamespace = 'tenant_b'::regnamespace"
+            ).fetchone()
+            assert proconfig == (["search_path=tenant_b, pg_temp"],)
+            c.execute("SET ROLE tenant_b_worker")
+            with pytest.raises(errors.InsufficientPrivilege):
+                c.execute("SELECT runrelay.get_schema_version()")
+        alembic(url, "-x", "schema=tenant_b", "downgrade", "base")
+        with psycopg.connect(url, autocommit=True) as c:
+            assert c.execute("SELECT count(*) FROM runrelay.runs").fetchone() == (1,)
+    finally:
+        drop_database(name)
+
+
+def test_frozen_code_of_head_matches_plpgsql_source() -> None:
+    assert _sqlsource.main(["check"]) == 0
