@@ -4,11 +4,11 @@
 CREATE FUNCTION get_schema_version()
 RETURNS text
 LANGUAGE sql
-STABLE
+VOLATILE
 SECURITY DEFINER
 SET search_path FROM CURRENT
 AS $$
-    SELECT '0001'::text;
+    SELECT '0002'::text;
 $$;
 
 COMMENT ON FUNCTION get_schema_version() IS

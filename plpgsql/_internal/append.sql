@@ -1,0 +1,112 @@
+-- _append(): the one routine that writes the run ledger.
+--
+-- Precondition: the caller holds the run's row lock (custody), so advancing
+-- runs.ledger_seq serialises appends to one run and per-run seq order equals
+-- commit order. `p_events` must come from _normalize_events() or the engine.
+--
+-- Also keeps ledger_lanes current: a lane that had nothing pending gets its
+-- head and becomes available now (and a runrelay_ledger notification); a lane
+-- with pending events keeps its head. The upsert locks the lane row, which is
+-- what makes an append and a relay's ack of the last pending event safe in
+-- either order (the ack re-reads the tail after taking the lane lock).
+CREATE TYPE append_result AS (
+    event_id bigint,
+    seq bigint,
+    delivery_key text
+);
+
+CREATE FUNCTION _append(p_run_id text, p_events jsonb)
+RETURNS SETOF append_result
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_count integer := jsonb_array_length(p_events);
+    v_now timestamptz := _now();
+BEGIN
+    IF v_count = 0 THEN
+        RETURN;
+    END IF;
+    -- One statement: reserve seqs, insert the events, move lane heads, notify.
+    -- ON CONFLICT ... WHERE locks a lane row that already has a head without
+    -- rewriting it; RETURNING yields exactly the lanes that became available.
+    RETURN QUERY
+    WITH bumped AS (
+        UPDATE runs AS r
+        SET ledger_seq = r.ledger_seq + v_count
+        WHERE r.run_id = p_run_id
+        RETURNING r.ledger_seq - v_count AS base
+    ),
+    inserted AS (
+        INSERT INTO ledger AS l (
+            run_id, lane, seq, type, payload, delivery_key, transport_only,
+            created_at, next_attempt_at
+        )
+        SELECT
+            p_run_id,
+            e.value ->> 'lane',
+            b.base + e.ordinality,
+            e.value ->> 'type',
+            e.value -> 'payload',
+            coalesce(e.value ->> 'delivery_key', p_run_id || ':' || (b.base + e.ordinality)),
+            (e.value ->> 'transport_only')::boolean,
+            v_now,
+            v_now
+        FROM bumped AS b
+        CROSS JOIN jsonb_array_elements(p_events) WITH ORDINALITY AS e (value, ordinality)
+        ORDER BY e.ordinality
+        RETURNING l.event_id, l.seq, l.delivery_key, l.lane
+    ),
+    firsts AS (
+        SELECT i.lane, min(i.seq) AS first_seq
+        FROM inserted AS i
+        GROUP BY i.lane
+    ),
+    became_available AS (
+        INSERT INTO ledger_lanes AS ll (run_id, lane, head_seq, available_at)
+        SELECT p_run_id, f.lane, f.first_seq, v_now
+        FROM firsts AS f
+        ON CONFLICT (run_id, lane) DO UPDATE
+        SET head_seq = excluded.head_seq,
+            available_at = excluded.available_at
+        WHERE ll.head_seq IS NULL
+        RETURNING ll.lane
+    ),
+    notified AS (
+        SELECT pg_notify('runrelay_ledger', p_run_id)
+        FROM became_available
+        LIMIT 1
+    )
+    SELECT i.event_id, i.seq, i.delivery_key
+    FROM inserted AS i
+    CROSS JOIN (SELECT count(*) AS n FROM notified) AS n
+    ORDER BY i.seq;
+END;
+$$;
+
+COMMENT ON FUNCTION _append(text, jsonb) IS
+'Appends normalised events to a run''s ledger under the caller''s run lock; maintains ledger_lanes.';
+
+-- _emit(): one engine lifecycle event (run.started, run.completed, ...).
+CREATE FUNCTION _emit(
+    p_run_id text, p_type text, p_payload jsonb, p_transport_only boolean DEFAULT FALSE
+)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    PERFORM _append(p_run_id, jsonb_build_array(jsonb_build_object(
+        'type', p_type,
+        'payload', p_payload,
+        'lane', 'lifecycle',
+        'delivery_key', NULL,
+        'transport_only', p_transport_only
+    )));
+END;
+$$;
+
+COMMENT ON FUNCTION _emit(text, text, jsonb, boolean) IS
+'Appends one engine lifecycle event to a run''s lifecycle lane (caller holds the run lock).';

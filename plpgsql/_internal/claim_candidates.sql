@@ -1,0 +1,104 @@
+-- _claim_candidates(): lock up to p_limit runnable runs, best first, without
+-- waiting. With a queue list, each queue's best are read from its own range
+-- of runs_claim_queue_idx and merged, so the cost is O(queues x limit)
+-- whatever the backlog (a single `queue = ANY(...)` scan would have to sort
+-- every runnable run of those queues). The rows are locked FOR UPDATE SKIP
+-- LOCKED; a few more than p_limit may be locked until commit when several
+-- queues are given.
+CREATE FUNCTION _claim_candidates(p_queues text[], p_limit integer, p_now timestamptz)
+RETURNS TABLE (run_id text)
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    IF p_queues IS NULL THEN
+        RETURN QUERY
+        SELECT r.run_id
+        FROM runs AS r
+        WHERE r.status = 'queued' AND NOT r.key_held AND r.run_at <= p_now
+        ORDER BY r.priority DESC, r.run_at
+        LIMIT p_limit
+        FOR UPDATE SKIP LOCKED;
+    ELSIF cardinality(p_queues) = 1 THEN
+        RETURN QUERY
+        SELECT r.run_id
+        FROM runs AS r
+        WHERE
+            r.queue = p_queues[1]
+            AND r.status = 'queued' AND NOT r.key_held AND r.run_at <= p_now
+        ORDER BY r.priority DESC, r.run_at
+        LIMIT p_limit
+        FOR UPDATE SKIP LOCKED;
+    ELSE
+        RETURN QUERY
+        SELECT c.run_id
+        FROM unnest(p_queues) AS q (name)
+        CROSS JOIN LATERAL (
+            SELECT r.run_id, r.priority, r.run_at
+            FROM runs AS r
+            WHERE
+                r.queue = q.name
+                AND r.status = 'queued' AND NOT r.key_held AND r.run_at <= p_now
+            ORDER BY r.priority DESC, r.run_at
+            LIMIT p_limit
+            FOR UPDATE SKIP LOCKED
+        ) AS c
+        ORDER BY c.priority DESC, c.run_at
+        LIMIT p_limit;
+    END IF;
+END;
+$$;
+
+COMMENT ON FUNCTION _claim_candidates(text[], integer, timestamptz) IS
+'Locks up to p_limit runnable runs, best first, SKIP LOCKED, by index ranges per queue.';
+
+-- _wake_due(): wake up to p_limit waits whose time has come (a due sleep, or
+-- an event/detached_runner wait past its timeout), SKIP LOCKED. Runs with a
+-- cancel marker are cancelled instead, when their key lock is free.
+CREATE FUNCTION _wake_due(p_queues text[], p_limit integer)
+RETURNS integer
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_now timestamptz := _now();
+    v_run runs;
+    v_run_id text;
+    v_woken integer := 0;
+BEGIN
+    FOR v_run_id IN
+        SELECT w.run_id
+        FROM runs AS w
+        WHERE
+            w.wake_at <= v_now
+            AND (p_queues IS NULL OR w.queue = ANY(p_queues))
+        ORDER BY w.wake_at
+        LIMIT p_limit
+        FOR UPDATE SKIP LOCKED
+    LOOP
+        SELECT r.* INTO v_run FROM runs AS r WHERE r.run_id = v_run_id;
+        -- Re-checked on the locked row: a signal or a runner terminal may have won.
+        IF v_run.status <> 'waiting' OR v_run.wake_at IS NULL OR v_run.wake_at > v_now THEN
+            CONTINUE;
+        END IF;
+        IF (_cancel_reason(v_run.run_id)).requested THEN
+            IF v_run.concurrency_key IS NULL
+                OR pg_try_advisory_xact_lock(_key_lock_id(v_run.concurrency_key)) THEN
+                PERFORM _apply_marker(v_run);
+            END IF;
+            CONTINUE;
+        END IF;
+        PERFORM _wake(v_run, CASE
+            WHEN v_run.wait ->> 'kind' = 'sleep' THEN jsonb_build_object('slept', TRUE)
+            ELSE jsonb_build_object('timed_out', TRUE)
+        END);
+        v_woken := v_woken + 1;
+    END LOOP;
+    RETURN v_woken;
+END;
+$$;
+
+COMMENT ON FUNCTION _wake_due(text[], integer) IS
+'Wakes up to p_limit due sleeps and timed-out waits (SKIP LOCKED); applies pending cancel markers.';

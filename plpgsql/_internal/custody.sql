@@ -1,0 +1,108 @@
+-- Custody locks. The one lock order every writer follows:
+--
+--   1. the advisory locks of the runs' concurrency keys, ascending by lock id
+--      (only for runs that have a key);
+--   2. run rows, ascending by run_id;
+--   3. attempt rows, ascending by attempt.
+--
+-- Blocking acquisitions always follow this order, so writers never deadlock.
+-- SKIP LOCKED paths (claims, the reaper, cancel_run) may try a key lock after
+-- a row lock: a try never waits, so it cannot close a cycle.
+--
+-- Why keys come first: a run that ends must promote the next run of its key
+-- (clear key_held), which locks that run's row; whoever else could hold that
+-- row would have taken the key first and is therefore not running.
+
+CREATE FUNCTION _key_lock_id(p_key text)
+RETURNS bigint
+LANGUAGE sql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+    -- Per install: the schema name is part of the hash.
+    SELECT hashtextextended(current_schema() || '/' || p_key, 0);
+$$;
+
+COMMENT ON FUNCTION _key_lock_id(text) IS
+'The advisory lock id of a concurrency key, distinct per install.';
+
+CREATE FUNCTION _lock_keys(p_run_ids text[])
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_lock_id bigint;
+BEGIN
+    -- concurrency_key never changes after enqueue, so reading it unlocked is safe.
+    FOR v_lock_id IN
+        SELECT DISTINCT _key_lock_id(r.concurrency_key) AS lock_id
+        FROM runs AS r
+        WHERE r.run_id = ANY(p_run_ids) AND r.concurrency_key IS NOT NULL
+        ORDER BY lock_id
+    LOOP
+        PERFORM pg_advisory_xact_lock(v_lock_id);
+    END LOOP;
+END;
+$$;
+
+COMMENT ON FUNCTION _lock_keys(text[]) IS
+'Takes the concurrency-key locks of the given runs in lock-id order (custody step 1).';
+
+CREATE FUNCTION _lock_run(p_run_id text)
+RETURNS runs
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_run runs;
+BEGIN
+    PERFORM _lock_keys(ARRAY[p_run_id]);
+    SELECT r.* INTO v_run FROM runs AS r WHERE r.run_id = p_run_id FOR NO KEY UPDATE;
+    RETURN v_run;
+END;
+$$;
+
+COMMENT ON FUNCTION _lock_run(text) IS
+'Takes a run''s custody locks (key, then row), waiting; returns the row as locked, or NULL.';
+
+-- The attempt row, locked; a NULL row when it does not exist.
+CREATE FUNCTION _lock_attempt(p_run_id text, p_attempt integer)
+RETURNS attempts
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_attempt attempts;
+BEGIN
+    SELECT a.* INTO v_attempt
+    FROM attempts AS a
+    WHERE a.run_id = p_run_id AND a.attempt = p_attempt
+    FOR NO KEY UPDATE;
+    RETURN v_attempt;
+END;
+$$;
+
+COMMENT ON FUNCTION _lock_attempt(text, integer) IS
+'Locks one attempt row (custody step 3); NULL when it does not exist.';
+
+-- Re-read after the locks are held: a fresh statement, so a marker committed
+-- while we waited is seen. VOLATILE for that reason.
+CREATE FUNCTION _cancel_reason(p_run_id text, OUT requested boolean, OUT reason text)
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    SELECT TRUE, c.reason INTO requested, reason
+    FROM cancellations AS c
+    WHERE c.run_id = p_run_id;
+    requested := coalesce(requested, FALSE);
+END;
+$$;
+
+COMMENT ON FUNCTION _cancel_reason(text) IS
+'Whether a cancel marker exists for the run (read in a fresh snapshot), and its reason.';

@@ -1,0 +1,82 @@
+-- _normalize_events(): validates an events array (append_events, final_events)
+-- and returns it with every default filled in, so the append routine never
+-- sees a malformed element. Explicit delivery keys must be unique within the
+-- array and unused; keys of the form <existing run_id>:<number> are reserved
+-- for the default keys.
+CREATE FUNCTION _normalize_events(p_parameter text, p_events jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_event jsonb;
+    v_index integer := 0;
+    v_out jsonb := '[]'::jsonb;
+    v_key text;
+    v_keys text[] := '{}'::text[];
+    v_hint constant text :=
+        'Pass an array of objects {type, payload?, lane?, delivery_key?, transport_only?}; '
+        'lane is lifecycle or observability.';
+BEGIN
+    PERFORM _check_json(p_parameter, p_events, 'array');
+    IF jsonb_array_length(p_events) > 1000 THEN
+        PERFORM _invalid(p_parameter, format('has %s events; at most 1000 per call', jsonb_array_length(p_events)), v_hint);
+    END IF;
+    FOR v_event IN SELECT e.value FROM jsonb_array_elements(p_events) AS e (value) LOOP
+        v_index := v_index + 1;
+        IF jsonb_typeof(v_event) <> 'object' THEN
+            PERFORM _invalid(p_parameter, format('element %s is a JSON %s, not an object', v_index, jsonb_typeof(v_event)), v_hint);
+        END IF;
+        IF EXISTS (
+            SELECT 1 FROM jsonb_object_keys(v_event) AS k (name)
+            WHERE k.name NOT IN ('type', 'payload', 'lane', 'delivery_key', 'transport_only')
+        ) THEN
+            PERFORM _invalid(p_parameter, format('element %s has an unknown field', v_index), v_hint);
+        END IF;
+        IF jsonb_typeof(v_event -> 'type') IS DISTINCT FROM 'string'
+            OR length(v_event ->> 'type') NOT BETWEEN 1 AND 200
+            OR btrim(v_event ->> 'type') = '' THEN
+            PERFORM _invalid(p_parameter, format('element %s needs a type: a string of 1 to 200 characters', v_index), v_hint);
+        END IF;
+        IF v_event ? 'lane' AND (v_event ->> 'lane') IS DISTINCT FROM 'lifecycle'
+            AND (v_event ->> 'lane') IS DISTINCT FROM 'observability' THEN
+            PERFORM _invalid(p_parameter, format('element %s has an unknown lane %s', v_index, v_event -> 'lane'), v_hint);
+        END IF;
+        IF v_event ? 'transport_only' AND jsonb_typeof(v_event -> 'transport_only') <> 'boolean' THEN
+            PERFORM _invalid(p_parameter, format('element %s: transport_only must be a boolean', v_index), v_hint);
+        END IF;
+        v_key := NULL;
+        IF v_event ? 'delivery_key' AND jsonb_typeof(v_event -> 'delivery_key') <> 'null' THEN
+            v_key := v_event ->> 'delivery_key';
+            IF jsonb_typeof(v_event -> 'delivery_key') <> 'string' OR length(v_key) NOT BETWEEN 1 AND 400 THEN
+                PERFORM _invalid(p_parameter, format('element %s: delivery_key must be a string of 1 to 400 characters', v_index), v_hint);
+            END IF;
+            IF v_key = ANY(v_keys) THEN
+                PERFORM _invalid(p_parameter, format('element %s repeats delivery_key %L', v_index, v_key), 'Delivery keys must be unique.');
+            END IF;
+            IF EXISTS (SELECT 1 FROM ledger AS l WHERE l.delivery_key = v_key) THEN
+                PERFORM _invalid(p_parameter, format('element %s: delivery_key %L is already used', v_index, v_key), 'Delivery keys must be unique.');
+            END IF;
+            IF v_key ~ ':[0-9]+$' AND EXISTS (
+                SELECT 1 FROM runs AS r WHERE r.run_id = substring(v_key FROM '^(.*):[0-9]+$')
+            ) THEN
+                PERFORM _invalid(p_parameter, format('element %s: delivery_key %L has the reserved form <run_id>:<seq>', v_index, v_key),
+                    'Omit delivery_key to get the default <run_id>:<seq>, or choose a key of another form.');
+            END IF;
+            v_keys := v_keys || v_key;
+        END IF;
+        v_out := v_out || jsonb_build_array(jsonb_build_object(
+            'type', v_event ->> 'type',
+            'payload', coalesce(v_event -> 'payload', '{}'::jsonb),
+            'lane', coalesce(v_event ->> 'lane', 'lifecycle'),
+            'delivery_key', v_key,
+            'transport_only', coalesce((v_event ->> 'transport_only')::boolean, FALSE)
+        ));
+    END LOOP;
+    RETURN v_out;
+END;
+$$;
+
+COMMENT ON FUNCTION _normalize_events(text, jsonb) IS
+'Validates an events array and fills in defaults (payload {}, lane lifecycle, transport_only false).';

@@ -1,0 +1,239 @@
+-- State transitions shared by the public functions. Every one of them assumes
+-- the caller holds the run's custody locks (and, for transitions that end a
+-- run with a concurrency key, the key lock).
+
+-- Promote the next run of a key: among its live runs the one with the
+-- smallest key_position becomes claimable. Called under the key lock after
+-- a run of the key ended, so the invariant "exactly the key's head is not
+-- key_held" holds at every commit.
+CREATE FUNCTION _promote_key(p_key text)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_queue text;
+    v_run_at timestamptz;
+BEGIN
+    UPDATE runs AS r
+    SET key_held = FALSE
+    FROM (
+        SELECT h.run_id
+        FROM runs AS h
+        WHERE
+            h.concurrency_key = p_key
+            AND h.status IN ('queued', 'running', 'waiting')
+        ORDER BY h.key_position
+        LIMIT 1
+    ) AS head
+    WHERE r.run_id = head.run_id AND r.key_held
+    RETURNING r.queue, r.run_at INTO v_queue, v_run_at;
+    IF v_queue IS NOT NULL AND v_run_at <= _now() THEN
+        PERFORM pg_notify('runrelay_runs', v_queue);
+    END IF;
+END;
+$$;
+
+COMMENT ON FUNCTION _promote_key(text) IS
+'Makes the oldest live run of a concurrency key claimable (caller holds the key lock).';
+
+-- Bookkeeping when a run reaches a terminal status.
+CREATE FUNCTION _ended(p_run_id text, p_status text, p_key text)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    DELETE FROM cancellations AS c WHERE c.run_id = p_run_id;
+    PERFORM pg_notify('runrelay_terminal', json_build_object('run_id', p_run_id, 'status', p_status)::text);
+    IF p_key IS NOT NULL THEN
+        PERFORM _promote_key(p_key);
+    END IF;
+END;
+$$;
+
+COMMENT ON FUNCTION _ended(text, text, text) IS
+'After a run ends: drops its cancel marker, notifies runrelay_terminal, promotes its key.';
+
+-- Apply a cancellation: live attempts and the run become cancelled.
+CREATE FUNCTION _cancel(p_run runs, p_reason text, p_outcome_op text DEFAULT NULL, p_attempt integer DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_now timestamptz := _now();
+BEGIN
+    UPDATE attempts AS a
+    SET status = 'cancelled',
+        finished_at = v_now,
+        outcome = CASE WHEN a.attempt = p_attempt THEN 'cancelled' ELSE a.outcome END,
+        outcome_op = CASE WHEN a.attempt = p_attempt THEN p_outcome_op ELSE a.outcome_op END
+    WHERE a.run_id = p_run.run_id AND a.status IN ('running', 'waiting');
+    UPDATE runs AS r
+    SET status = 'cancelled',
+        finished_at = v_now,
+        updated_at = v_now,
+        wait = NULL,
+        wake_at = NULL,
+        key_held = FALSE
+    WHERE r.run_id = p_run.run_id;
+    PERFORM _emit(p_run.run_id, 'run.cancelled',
+        jsonb_build_object('attempt', p_run.attempt_count, 'reason', p_reason));
+    PERFORM _ended(p_run.run_id, 'cancelled', p_run.concurrency_key);
+END;
+$$;
+
+COMMENT ON FUNCTION _cancel(runs, text, text, integer) IS
+'Cancels a run and its live attempts, emits run.cancelled (caller holds the custody locks).';
+
+-- If a cancel marker exists (fresh snapshot), apply it and return true.
+CREATE FUNCTION _apply_marker(p_run runs, p_outcome_op text DEFAULT NULL, p_attempt integer DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_marker record;
+BEGIN
+    v_marker := _cancel_reason(p_run.run_id);
+    IF NOT v_marker.requested THEN
+        RETURN FALSE;
+    END IF;
+    PERFORM _cancel(p_run, v_marker.reason, p_outcome_op, p_attempt);
+    RETURN TRUE;
+END;
+$$;
+
+COMMENT ON FUNCTION _apply_marker(runs, text, integer) IS
+'Applies a pending cancel marker after the custody locks are held; true if it did.';
+
+-- A waiting run wakes: its waiting (or prepared) attempt is resumed and the
+-- run is queued again with `p_resume` for its next attempt.
+CREATE FUNCTION _wake(p_run runs, p_resume jsonb)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_now timestamptz := _now();
+BEGIN
+    UPDATE attempts AS a
+    SET status = 'resumed', finished_at = v_now
+    WHERE
+        a.run_id = p_run.run_id
+        AND a.attempt = p_run.attempt_count
+        AND a.status IN ('waiting', 'running');
+    UPDATE runs AS r
+    SET status = 'queued',
+        wait = NULL,
+        wake_at = NULL,
+        resume = p_resume,
+        run_at = v_now,
+        updated_at = v_now
+    WHERE r.run_id = p_run.run_id;
+    PERFORM _emit(p_run.run_id, 'run.resumed',
+        jsonb_build_object('attempt', p_run.attempt_count, 'resume', p_resume),
+        p_run.wait ->> 'kind' = 'detached_runner');
+    PERFORM pg_notify('runrelay_runs', p_run.queue);
+END;
+$$;
+
+COMMENT ON FUNCTION _wake(runs, jsonb) IS
+'Resumes a waiting run: attempt resumed, run queued with resume, run.resumed emitted.';
+
+-- Exponential backoff with jitter for the n-th failure: base * 2^(n-1),
+-- capped, then scaled by a random factor in [0.5, 1).
+CREATE FUNCTION _backoff(p_failures integer)
+RETURNS interval
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_base double precision;
+    v_max double precision;
+BEGIN
+    SELECT s.retry_base_seconds, s.retry_max_seconds INTO v_base, v_max FROM settings AS s;
+    RETURN make_interval(secs => least(v_max, v_base * power(2, least(p_failures - 1, 30)))
+        * (0.5 + random() * 0.5));
+END;
+$$;
+
+COMMENT ON FUNCTION _backoff(integer) IS
+'Retry delay after the n-th failure: exponential from settings.retry_base_seconds, capped, with jitter.';
+
+-- End an attempt in failure (status failed or lost) and decide the run:
+-- another attempt if fewer than max_attempts have failed, else failed.
+-- Returns 'retry_scheduled' or 'failed'.
+CREATE FUNCTION _fail(
+    p_run runs,
+    p_attempt integer,
+    p_attempt_status text,
+    p_error jsonb,
+    p_retry_at timestamptz,
+    p_outcome_op text
+)
+RETURNS text
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_now timestamptz := _now();
+    v_failures integer;
+    v_outcome text;
+    v_run_at timestamptz;
+BEGIN
+    SELECT count(*) + 1 INTO v_failures
+    FROM attempts AS a
+    WHERE a.run_id = p_run.run_id AND a.status IN ('failed', 'lost') AND a.attempt <> p_attempt;
+    v_outcome := CASE WHEN v_failures < p_run.max_attempts THEN 'retry_scheduled' ELSE 'failed' END;
+
+    UPDATE attempts AS a
+    SET status = p_attempt_status,
+        error = p_error,
+        finished_at = v_now,
+        outcome = v_outcome,
+        outcome_op = p_outcome_op
+    WHERE a.run_id = p_run.run_id AND a.attempt = p_attempt;
+
+    IF v_outcome = 'retry_scheduled' THEN
+        v_run_at := coalesce(p_retry_at, v_now + _backoff(v_failures));
+        UPDATE runs AS r
+        SET status = 'queued',
+            run_at = v_run_at,
+            error = p_error,
+            wait = NULL,
+            wake_at = NULL,
+            updated_at = v_now
+        WHERE r.run_id = p_run.run_id;
+        PERFORM _emit(p_run.run_id, 'run.retry_scheduled', jsonb_build_object(
+            'attempt', p_attempt, 'run_at', v_run_at, 'error', p_error));
+        IF v_run_at <= v_now THEN
+            PERFORM pg_notify('runrelay_runs', p_run.queue);
+        END IF;
+    ELSE
+        UPDATE runs AS r
+        SET status = 'failed',
+            error = p_error,
+            wait = NULL,
+            wake_at = NULL,
+            finished_at = v_now,
+            updated_at = v_now
+        WHERE r.run_id = p_run.run_id;
+        PERFORM _emit(p_run.run_id, 'run.failed', jsonb_build_object(
+            'attempt', p_attempt, 'error', p_error));
+        PERFORM _ended(p_run.run_id, 'failed', p_run.concurrency_key);
+    END IF;
+    RETURN v_outcome;
+END;
+$$;
+
+COMMENT ON FUNCTION _fail(runs, integer, text, jsonb, timestamptz, text) IS
+'Ends an attempt in failure and retries or fails the run by max_attempts (caller holds the custody locks).';

@@ -1,0 +1,156 @@
+-- Input validation. Bad input raises SQLSTATE 22023 (invalid_parameter_value)
+-- with a message naming the parameter, the parameter in the COLUMN field (for
+-- clients that map errors to arguments) and a HINT with what is allowed; an
+-- oversized JSON value raises 54000. Validation runs before any write, so a
+-- call that raises changes nothing.
+
+CREATE FUNCTION _invalid(p_parameter text, p_problem text, p_hint text)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    RAISE EXCEPTION 'runrelay: invalid %: %', p_parameter, p_problem
+        USING ERRCODE = 'invalid_parameter_value',
+              COLUMN = p_parameter,
+              HINT = p_hint;
+END;
+$$;
+
+COMMENT ON FUNCTION _invalid(text, text, text) IS
+'Raises SQLSTATE 22023 naming the parameter, with a hint.';
+
+CREATE FUNCTION _check_id(p_parameter text, p_value text, p_nullable boolean DEFAULT FALSE)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    IF p_value IS NULL THEN
+        IF NOT p_nullable THEN
+            PERFORM _invalid(p_parameter, 'must not be null',
+                'Pass a non-empty identifier of at most 200 characters.');
+        END IF;
+        RETURN;
+    END IF;
+    IF length(p_value) > 200 OR btrim(p_value) = '' THEN
+        PERFORM _invalid(p_parameter,
+            format('must be 1 to 200 characters and not blank (got %s)', length(p_value)),
+            'Pass a non-empty identifier of at most 200 characters.');
+    END IF;
+END;
+$$;
+
+COMMENT ON FUNCTION _check_id(text, text, boolean) IS
+'Validates an identifier: not null (unless nullable), not blank, at most 200 characters.';
+
+CREATE FUNCTION _check_json(
+    p_parameter text, p_value jsonb, p_kind text DEFAULT 'any', p_nullable boolean DEFAULT FALSE
+)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_cap integer;
+    v_size integer;
+BEGIN
+    IF p_value IS NULL THEN
+        IF NOT p_nullable THEN
+            PERFORM _invalid(p_parameter, 'must not be null',
+                format('Pass a JSON %s.', CASE WHEN p_kind = 'any' THEN 'value' ELSE p_kind END));
+        END IF;
+        RETURN;
+    END IF;
+    IF p_kind <> 'any' AND jsonb_typeof(p_value) <> p_kind THEN
+        PERFORM _invalid(p_parameter,
+            format('must be a JSON %s, not %s', p_kind, jsonb_typeof(p_value)),
+            format('Pass a JSON %s.', p_kind));
+    END IF;
+    SELECT s.max_payload_bytes INTO v_cap FROM settings AS s;
+    v_size := octet_length(p_value::text);
+    IF v_size > v_cap THEN
+        RAISE EXCEPTION 'runrelay: % is too large: % bytes, the limit is %', p_parameter, v_size, v_cap
+            USING ERRCODE = 'program_limit_exceeded',
+                  COLUMN = p_parameter,
+                  HINT = 'Store large data elsewhere and pass a reference; the limit is settings.max_payload_bytes.';
+    END IF;
+END;
+$$;
+
+COMMENT ON FUNCTION _check_json(text, jsonb, text, boolean) IS
+'Validates a JSON argument: not null (unless nullable), of the expected type, within the payload cap (54000).';
+
+CREATE FUNCTION _check_int(p_parameter text, p_value integer, p_min integer, p_max integer)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    IF p_value IS NULL OR p_value < p_min OR p_value > p_max THEN
+        PERFORM _invalid(p_parameter,
+            format('must be between %s and %s (got %s)', p_min, p_max, coalesce(p_value::text, 'null')),
+            format('Pass an integer from %s to %s.', p_min, p_max));
+    END IF;
+END;
+$$;
+
+COMMENT ON FUNCTION _check_int(text, integer, integer, integer) IS
+'Validates an integer argument against an inclusive range; null is invalid.';
+
+CREATE FUNCTION _check_time(p_parameter text, p_value timestamptz, p_nullable boolean DEFAULT TRUE)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    IF p_value IS NULL THEN
+        IF NOT p_nullable THEN
+            PERFORM _invalid(p_parameter, 'must not be null', 'Pass a finite timestamp with time zone.');
+        END IF;
+        RETURN;
+    END IF;
+    IF NOT isfinite(p_value) THEN
+        PERFORM _invalid(p_parameter, format('must be finite (got %s)', p_value),
+            'Pass a finite timestamp with time zone.');
+    END IF;
+END;
+$$;
+
+COMMENT ON FUNCTION _check_time(text, timestamptz, boolean) IS
+'Validates a timestamp argument: finite, and not null unless nullable.';
+
+CREATE FUNCTION _check_token(p_attempt integer, p_lease_token uuid)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    PERFORM _check_int('attempt', p_attempt, 1, 2147483647);
+    IF p_lease_token IS NULL THEN
+        PERFORM _invalid('lease_token', 'must not be null', 'Pass the lease_token that claim_attempts returned.');
+    END IF;
+END;
+$$;
+
+COMMENT ON FUNCTION _check_token(integer, uuid) IS
+'Validates the (attempt, lease_token) pair a fenced write presents.';
+
+-- Lease lengths are clamped, not rejected (SPEC §5): null means the default.
+CREATE FUNCTION _lease(p_seconds integer)
+RETURNS interval
+LANGUAGE sql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+    SELECT make_interval(secs => least(300, greatest(5, coalesce(p_seconds, 30))));
+$$;
+
+COMMENT ON FUNCTION _lease(integer) IS
+'A lease length in seconds clamped to 5..300 (null: 30), as an interval.';

@@ -1,0 +1,59 @@
+-- _normalize_wait(): validates suspend_attempt's wait and returns it in
+-- canonical form (timestamps normalised), so that "the very same
+-- suspension" can be compared with plain jsonb equality.
+CREATE FUNCTION _normalize_wait(p_wait jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_hint constant text :=
+        'Pass {"kind":"sleep","until":ts}, {"kind":"event","name":n,"timeout_at":ts?} '
+        'or {"kind":"detached_runner","runner":r,"timeout_at":ts?}.';
+    v_kind text;
+    v_allowed text[];
+    v_time_key text;
+    v_name_key text;
+    v_time timestamptz;
+    v_out jsonb;
+BEGIN
+    PERFORM _check_json('wait', p_wait, 'object');
+    v_kind := p_wait ->> 'kind';
+    CASE v_kind
+        WHEN 'sleep' THEN v_allowed := ARRAY['kind', 'until']; v_time_key := 'until';
+        WHEN 'event' THEN v_allowed := ARRAY['kind', 'name', 'timeout_at']; v_time_key := 'timeout_at'; v_name_key := 'name';
+        WHEN 'detached_runner' THEN v_allowed := ARRAY['kind', 'runner', 'timeout_at']; v_time_key := 'timeout_at'; v_name_key := 'runner';
+        ELSE
+            PERFORM _invalid('wait', format('unknown kind %s', coalesce(p_wait -> 'kind', 'null'::jsonb)), v_hint);
+    END CASE;
+    IF EXISTS (SELECT 1 FROM jsonb_object_keys(p_wait) AS k (name) WHERE k.name <> ALL(v_allowed)) THEN
+        PERFORM _invalid('wait', format('unknown field for a %s wait', v_kind), v_hint);
+    END IF;
+    v_out := jsonb_build_object('kind', v_kind);
+    IF v_name_key IS NOT NULL THEN
+        IF jsonb_typeof(p_wait -> v_name_key) IS DISTINCT FROM 'string' THEN
+            PERFORM _invalid('wait', format('a %s wait needs %s: a string', v_kind, v_name_key), v_hint);
+        END IF;
+        PERFORM _check_id('wait', p_wait ->> v_name_key);
+        v_out := v_out || jsonb_build_object(v_name_key, p_wait ->> v_name_key);
+    END IF;
+    IF p_wait ? v_time_key AND jsonb_typeof(p_wait -> v_time_key) <> 'null' THEN
+        BEGIN
+            v_time := (p_wait ->> v_time_key)::timestamptz;
+        EXCEPTION WHEN invalid_datetime_format OR datetime_field_overflow OR invalid_text_representation THEN
+            PERFORM _invalid('wait', format('%s is not a timestamp: %s', v_time_key, p_wait -> v_time_key), v_hint);
+        END;
+        IF jsonb_typeof(p_wait -> v_time_key) <> 'string' OR NOT isfinite(v_time) THEN
+            PERFORM _invalid('wait', format('%s must be a finite timestamp string', v_time_key), v_hint);
+        END IF;
+        v_out := v_out || jsonb_build_object(v_time_key, v_time);
+    ELSIF v_kind = 'sleep' THEN
+        PERFORM _invalid('wait', 'a sleep wait needs until', v_hint);
+    END IF;
+    RETURN v_out;
+END;
+$$;
+
+COMMENT ON FUNCTION _normalize_wait(jsonb) IS
+'Validates a wait object and returns it canonicalised (kind, name/runner, until/timeout_at).';

@@ -1,0 +1,68 @@
+-- cancel_run(): cancel a run; never lost, never waits for custody locks.
+--
+-- 1. Writes the cancel marker (first reason wins) without waiting for any
+--    custody lock (the marker table has no foreign key to runs).
+-- 2. Tries the custody locks without waiting (key try-lock, run row and
+--    attempt rows SKIP LOCKED):
+--      cancelled        — locks taken and the run still live: the run and its
+--                         live attempts are cancelled, run.cancelled emitted,
+--                         runrelay_terminal notified;
+--      cancel_requested — a writer holds a lock; every writer re-checks the
+--                         marker after taking the locks and applies it, and
+--                         reap_expired sweeps markers nobody applied;
+--      already_terminal — the run had ended (its marker is not kept);
+--      not_found        — no such run.
+-- Repeating a cancel is safe: it answers already_terminal once applied.
+CREATE FUNCTION cancel_run(
+    run_id text,
+    reason text DEFAULT NULL
+)
+RETURNS text
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_status text;
+    v_run runs;
+BEGIN
+    PERFORM _require_read_committed();
+    PERFORM _check_id('run_id', cancel_run.run_id);
+    IF length(cancel_run.reason) > 2000 THEN
+        PERFORM _invalid('reason', format('is %s characters; at most 2000', length(cancel_run.reason)),
+            'Pass a reason of at most 2000 characters, or null.');
+    END IF;
+
+    SELECT r.status INTO v_status FROM runs AS r WHERE r.run_id = cancel_run.run_id;
+    IF v_status IS NULL THEN
+        RETURN 'not_found';
+    END IF;
+    IF v_status IN ('completed', 'failed', 'cancelled') THEN
+        RETURN 'already_terminal';
+    END IF;
+    INSERT INTO cancellations (run_id, reason, requested_at)
+    VALUES (cancel_run.run_id, cancel_run.reason, _now())
+    ON CONFLICT ON CONSTRAINT cancellations_pkey DO NOTHING;
+
+    v_run := _try_lock_run(cancel_run.run_id);
+    IF v_run.run_id IS NULL THEN
+        RETURN 'cancel_requested';
+    END IF;
+    IF v_run.status IN ('completed', 'failed', 'cancelled') THEN
+        DELETE FROM cancellations AS c WHERE c.run_id = cancel_run.run_id;
+        RETURN 'already_terminal';
+    END IF;
+    -- Attempt rows are only ever locked by a holder of the run row, which we
+    -- now are: this cannot wait.
+    PERFORM 1 FROM attempts AS a
+    WHERE a.run_id = cancel_run.run_id AND a.status IN ('running', 'waiting')
+    ORDER BY a.attempt
+    FOR NO KEY UPDATE;
+    PERFORM _apply_marker(v_run);
+    RETURN 'cancelled';
+END;
+$$;
+
+COMMENT ON FUNCTION cancel_run(text, text) IS
+'Cancels a run without waiting for its custody locks: cancelled, cancel_requested, already_terminal or not_found.';

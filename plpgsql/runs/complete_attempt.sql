@@ -1,0 +1,39 @@
+-- complete_attempt(): finish an attempt successfully; the run is completed.
+--
+-- Locks: key, run row, attempt row (waiting under a function-local
+-- lock_timeout); then the fence and the cancel marker in fresh snapshots.
+-- Outcomes: completed, cancelled (a cancel marker won), fence_lost.
+-- final_events are appended before run.completed in the same transaction.
+-- Replay: repeated with the same attempt and token after it committed, the
+-- call answers what it answered then and writes nothing.
+CREATE FUNCTION complete_attempt(
+    run_id text,
+    attempt integer,
+    lease_token uuid,
+    result jsonb DEFAULT '{}',
+    final_events jsonb DEFAULT '[]'
+)
+RETURNS text
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path FROM CURRENT
+SET lock_timeout = '10s'
+AS $$
+DECLARE
+    v_events jsonb;
+BEGIN
+    PERFORM _require_read_committed();
+    PERFORM _check_id('run_id', complete_attempt.run_id);
+    PERFORM _check_token(complete_attempt.attempt, complete_attempt.lease_token);
+    PERFORM _check_json('result', complete_attempt.result);
+    v_events := _normalize_events('final_events', complete_attempt.final_events);
+    PERFORM _lock_keys(ARRAY[complete_attempt.run_id]);
+    RETURN _complete(
+        complete_attempt.run_id, complete_attempt.attempt, complete_attempt.lease_token,
+        complete_attempt.result, v_events);
+END;
+$$;
+
+COMMENT ON FUNCTION complete_attempt(text, integer, uuid, jsonb, jsonb) IS
+'Completes a run from its live attempt: completed, cancelled (a cancel marker won) or fence_lost.';

@@ -1,0 +1,81 @@
+-- complete_attempts(): the batch form of complete_attempt, one round trip.
+--
+-- items: [{run_id, attempt, lease_token, result?}, ...], at most 1000, one
+-- item per run. Each item is fenced and decided exactly as complete_attempt
+-- would, independently of the others. Locks: every key lock of the batch in
+-- lock-id order, then the runs one by one in run_id order, so concurrent
+-- batches (and single calls) never deadlock.
+CREATE TYPE complete_attempts_result AS (
+    run_id text,
+    attempt integer,
+    outcome text
+);
+
+CREATE FUNCTION complete_attempts(items jsonb)
+RETURNS SETOF complete_attempts_result
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path FROM CURRENT
+SET lock_timeout = '10s'
+AS $$
+DECLARE
+    v_item jsonb;
+    v_index integer := 0;
+    v_run_ids text[] := '{}'::text[];
+    v_hint constant text := 'Pass an array of {run_id, attempt, lease_token, result?} objects, one per run, at most 1000.';
+BEGIN
+    PERFORM _require_read_committed();
+    PERFORM _check_json('items', complete_attempts.items, 'array');
+    IF jsonb_array_length(complete_attempts.items) > 1000 THEN
+        PERFORM _invalid('items', format('has %s items; at most 1000', jsonb_array_length(complete_attempts.items)), v_hint);
+    END IF;
+    FOR v_item IN SELECT i.value FROM jsonb_array_elements(complete_attempts.items) AS i (value) LOOP
+        v_index := v_index + 1;
+        IF jsonb_typeof(v_item) <> 'object'
+            OR jsonb_typeof(v_item -> 'run_id') IS DISTINCT FROM 'string'
+            OR jsonb_typeof(v_item -> 'attempt') IS DISTINCT FROM 'number'
+            OR jsonb_typeof(v_item -> 'lease_token') IS DISTINCT FROM 'string'
+            OR (v_item ? 'result' AND jsonb_typeof(v_item -> 'result') = 'null')
+            OR EXISTS (
+                SELECT 1 FROM jsonb_object_keys(v_item) AS k (name)
+                WHERE k.name NOT IN ('run_id', 'attempt', 'lease_token', 'result')
+            ) THEN
+            PERFORM _invalid('items', format('item %s is malformed', v_index), v_hint);
+        END IF;
+        PERFORM _check_id('items', v_item ->> 'run_id');
+        IF (v_item ->> 'attempt') !~ '^[0-9]{1,9}$' OR (v_item ->> 'attempt')::integer < 1 THEN
+            PERFORM _invalid('items', format('item %s: attempt must be a positive integer', v_index), v_hint);
+        END IF;
+        IF (v_item ->> 'lease_token') !~* '^[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$' THEN
+            PERFORM _invalid('items', format('item %s: lease_token is not a uuid', v_index), v_hint);
+        END IF;
+        IF (v_item ->> 'run_id') = ANY(v_run_ids) THEN
+            PERFORM _invalid('items', format('item %s repeats run_id %L', v_index, v_item ->> 'run_id'), v_hint);
+        END IF;
+        v_run_ids := v_run_ids || (v_item ->> 'run_id');
+    END LOOP;
+    PERFORM _check_json('items', complete_attempts.items);
+
+    PERFORM _lock_keys(v_run_ids);
+    RETURN QUERY
+    SELECT
+        i.value ->> 'run_id',
+        (i.value ->> 'attempt')::integer,
+        _complete(
+            i.value ->> 'run_id',
+            (i.value ->> 'attempt')::integer,
+            (i.value ->> 'lease_token')::uuid,
+            coalesce(i.value -> 'result', '{}'::jsonb),
+            '[]'::jsonb
+        )
+    FROM (
+        SELECT e.value
+        FROM jsonb_array_elements(complete_attempts.items) AS e (value)
+        ORDER BY e.value ->> 'run_id' COLLATE "C"
+    ) AS i;
+END;
+$$;
+
+COMMENT ON FUNCTION complete_attempts(jsonb) IS
+'Completes a batch of attempts in one round trip, each decided as complete_attempt would, locking in run_id order.';

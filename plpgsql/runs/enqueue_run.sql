@@ -1,0 +1,114 @@
+-- enqueue_run(): create a run, or return the existing one.
+--
+-- Idempotent on run_id: the same run_id with the same queue and payload
+-- returns the existing run with created = false; a different queue or payload
+-- raises 22023. Concurrent enqueues of one run_id resolve through the primary
+-- key (ON CONFLICT waits for the other transaction), so exactly one creates.
+--
+-- Locks: for a run with a concurrency key, the key's advisory lock (custody
+-- step 1) before deciding whether the run is the key's head; no run row lock
+-- is needed for a row no one else can see yet. Emits run.queued. Called inside
+-- a caller's transaction it commits or rolls back with the caller's writes.
+CREATE TYPE enqueue_run_result AS (
+    run_id text,
+    status text,
+    created boolean
+);
+
+CREATE FUNCTION enqueue_run(
+    run_id text,
+    queue text DEFAULT 'default',
+    payload jsonb DEFAULT '{}',
+    run_at timestamptz DEFAULT now(),
+    priority integer DEFAULT 0,
+    max_attempts integer DEFAULT 3,
+    payload_retention text DEFAULT 'keep',
+    concurrency_key text DEFAULT NULL
+)
+RETURNS SETOF enqueue_run_result
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path FROM CURRENT
+SET lock_timeout = '10s'
+AS $$
+DECLARE
+    v_now timestamptz;
+    v_run_at timestamptz;
+    v_existing runs;
+    v_held boolean := FALSE;
+    v_inserted text;
+BEGIN
+    PERFORM _require_read_committed();
+    PERFORM _check_id('run_id', enqueue_run.run_id);
+    PERFORM _check_id('queue', enqueue_run.queue);
+    PERFORM _check_json('payload', enqueue_run.payload);
+    PERFORM _check_time('run_at', enqueue_run.run_at);
+    PERFORM _check_int('priority', enqueue_run.priority, -1000000, 1000000);
+    PERFORM _check_int('max_attempts', enqueue_run.max_attempts, 1, 1000);
+    IF enqueue_run.payload_retention IS NULL
+        OR enqueue_run.payload_retention NOT IN ('keep', 'drop_on_delivery') THEN
+        PERFORM _invalid('payload_retention',
+            format('must be keep or drop_on_delivery (got %s)', coalesce(enqueue_run.payload_retention, 'null')),
+            'Pass keep or drop_on_delivery.');
+    END IF;
+    PERFORM _check_id('concurrency_key', enqueue_run.concurrency_key, TRUE);
+
+    v_now := _now();
+    v_run_at := coalesce(enqueue_run.run_at, v_now);
+
+    SELECT r.* INTO v_existing FROM runs AS r WHERE r.run_id = enqueue_run.run_id;
+    IF v_existing.run_id IS NULL THEN
+        IF enqueue_run.concurrency_key IS NOT NULL THEN
+            PERFORM pg_advisory_xact_lock(_key_lock_id(enqueue_run.concurrency_key));
+            -- Fresh snapshot after the key lock: the key's live runs as committed now.
+            v_held := EXISTS (
+                SELECT 1 FROM runs AS k
+                WHERE
+                    k.concurrency_key = enqueue_run.concurrency_key
+                    AND k.status IN ('queued', 'running', 'waiting')
+            );
+        END IF;
+        INSERT INTO runs AS r (
+            run_id, queue, status, priority, concurrency_key, key_position, key_held,
+            payload, run_at, max_attempts, payload_retention, created_at, updated_at
+        )
+        VALUES (
+            enqueue_run.run_id, enqueue_run.queue, 'queued', enqueue_run.priority,
+            enqueue_run.concurrency_key,
+            CASE WHEN enqueue_run.concurrency_key IS NOT NULL THEN nextval('runs_key_position_seq') END,
+            v_held, enqueue_run.payload, v_run_at, enqueue_run.max_attempts,
+            enqueue_run.payload_retention, v_now, v_now
+        )
+        ON CONFLICT ON CONSTRAINT runs_pkey DO NOTHING
+        RETURNING r.run_id INTO v_inserted;
+        IF v_inserted IS NOT NULL THEN
+            PERFORM _emit(enqueue_run.run_id, 'run.queued', jsonb_build_object(
+                'queue', enqueue_run.queue,
+                'run_at', v_run_at,
+                'priority', enqueue_run.priority,
+                'concurrency_key', enqueue_run.concurrency_key));
+            IF NOT v_held AND v_run_at <= v_now THEN
+                PERFORM pg_notify('runrelay_runs', enqueue_run.queue);
+            END IF;
+            RETURN QUERY SELECT enqueue_run.run_id, 'queued'::text, TRUE;
+            RETURN;
+        END IF;
+        -- Lost a race with a concurrent enqueue of the same run_id, which committed.
+        SELECT r.* INTO v_existing FROM runs AS r WHERE r.run_id = enqueue_run.run_id;
+    END IF;
+
+    IF v_existing.queue IS DISTINCT FROM enqueue_run.queue
+        OR v_existing.payload IS DISTINCT FROM enqueue_run.payload THEN
+        RAISE EXCEPTION 'runrelay: invalid run_id: run % already exists with a different queue or payload',
+            enqueue_run.run_id
+            USING ERRCODE = 'invalid_parameter_value',
+                  COLUMN = 'run_id',
+                  HINT = 'Repeat an enqueue with the same queue and payload, or choose a new run_id.';
+    END IF;
+    RETURN QUERY SELECT v_existing.run_id, v_existing.status, FALSE;
+END;
+$$;
+
+COMMENT ON FUNCTION enqueue_run(text, text, jsonb, timestamptz, integer, integer, text, text) IS
+'Creates a run (emitting run.queued), or returns the existing run with the same run_id, queue and payload.';

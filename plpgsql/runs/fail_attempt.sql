@@ -1,0 +1,81 @@
+-- fail_attempt(): end a live attempt in failure; retry or fail the run.
+--
+-- Locks: key, run row, attempt row (waiting under a function-local
+-- lock_timeout); then, in fresh snapshots, the fence and the cancel marker.
+-- Outcomes:
+--   retry_scheduled — fewer than max_attempts attempts have failed: the run
+--                     is queued again at retry_at, or after exponential
+--                     backoff with jitter;
+--   failed          — attempts exhausted: the run is failed;
+--   cancelled       — a cancel marker won;
+--   fence_lost      — not the live current attempt, wrong token, or (with
+--                     protect_waiting_suspension) the run no longer waits on
+--                     the suspension this attempt recorded;
+--   superseded      — with preserve_runner_terminal: a detached runner pushed
+--                     its terminal after the claim; it is authoritative and
+--                     nothing is written.
+-- With protect_waiting_suspension (after prepare_waiting_failure) the failure
+-- applies only while the run still waits on the very same suspension, no
+-- cancel marker exists and no newer attempt exists, all checked after the
+-- custody locks. final_events are appended before the run.retry_scheduled /
+-- run.failed event. Replays answer the recorded outcome and write nothing.
+CREATE FUNCTION fail_attempt(
+    run_id text,
+    attempt integer,
+    lease_token uuid,
+    error jsonb,
+    retry_at timestamptz DEFAULT NULL,
+    final_events jsonb DEFAULT '[]',
+    preserve_runner_terminal boolean DEFAULT FALSE,
+    protect_waiting_suspension boolean DEFAULT FALSE
+)
+RETURNS text
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path FROM CURRENT
+SET lock_timeout = '10s'
+AS $$
+DECLARE
+    v_run runs;
+    v_attempt attempts;
+    v_outcome text;
+    v_events jsonb;
+BEGIN
+    PERFORM _require_read_committed();
+    PERFORM _check_id('run_id', fail_attempt.run_id);
+    PERFORM _check_token(fail_attempt.attempt, fail_attempt.lease_token);
+    PERFORM _check_json('error', fail_attempt.error);
+    PERFORM _check_time('retry_at', fail_attempt.retry_at);
+    v_events := _normalize_events('final_events', fail_attempt.final_events);
+    IF fail_attempt.preserve_runner_terminal IS NULL THEN
+        PERFORM _invalid('preserve_runner_terminal', 'must not be null', 'Pass true or false.');
+    END IF;
+    IF fail_attempt.protect_waiting_suspension IS NULL THEN
+        PERFORM _invalid('protect_waiting_suspension', 'must not be null', 'Pass true or false.');
+    END IF;
+
+    v_run := _lock_run(fail_attempt.run_id);
+    v_attempt := _lock_attempt(fail_attempt.run_id, fail_attempt.attempt);
+    v_outcome := _fence(v_run, v_attempt, fail_attempt.lease_token, 'fail');
+    IF v_outcome IS NOT NULL THEN
+        RETURN v_outcome;
+    END IF;
+    IF fail_attempt.protect_waiting_suspension THEN
+        IF v_run.status <> 'waiting' OR v_run.wait IS DISTINCT FROM v_attempt.wait THEN
+            RETURN 'fence_lost';
+        END IF;
+    END IF;
+    IF _apply_marker(v_run, 'fail', fail_attempt.attempt) THEN
+        RETURN 'cancelled';
+    END IF;
+    IF fail_attempt.preserve_runner_terminal AND v_attempt.runner_result_received_at IS NOT NULL THEN
+        RETURN 'superseded';
+    END IF;
+    PERFORM _append(fail_attempt.run_id, v_events);
+    RETURN _fail(v_run, fail_attempt.attempt, 'failed', fail_attempt.error, fail_attempt.retry_at, 'fail');
+END;
+$$;
+
+COMMENT ON FUNCTION fail_attempt(text, integer, uuid, jsonb, timestamptz, jsonb, boolean, boolean) IS
+'Fails a live attempt: retry_scheduled, failed, cancelled, fence_lost or superseded.';

@@ -1,0 +1,60 @@
+-- record_runner_terminal(): a detached runner pushes its authoritative result.
+--
+-- No lease token: the runner is outside the worker's custody. Locks: key,
+-- run row, attempt row. First write wins:
+--   recorded  — stored on the attempt (runner_result, received_at); the
+--               wait's timeout is disarmed and the run is announced on
+--               runrelay_runs so its owner can claim_detached_terminal;
+--   duplicate — the same result was already recorded;
+--   conflict  — a different result was already recorded (kept);
+--   too_late  — the wait already ended (timed out, or the run moved on or
+--               was cancelled); nothing changes;
+--   not_found — no such attempt, or it never waited on a detached runner.
+CREATE FUNCTION record_runner_terminal(
+    run_id text,
+    attempt integer,
+    result jsonb
+)
+RETURNS text
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path FROM CURRENT
+SET lock_timeout = '10s'
+AS $$
+DECLARE
+    v_run runs;
+    v_attempt attempts;
+    v_now timestamptz;
+BEGIN
+    PERFORM _require_read_committed();
+    PERFORM _check_id('run_id', record_runner_terminal.run_id);
+    PERFORM _check_int('attempt', record_runner_terminal.attempt, 1, 2147483647);
+    PERFORM _check_json('result', record_runner_terminal.result);
+
+    v_run := _lock_run(record_runner_terminal.run_id);
+    v_attempt := _lock_attempt(record_runner_terminal.run_id, record_runner_terminal.attempt);
+    IF v_run.run_id IS NULL OR v_attempt.run_id IS NULL
+        OR v_attempt.wait ->> 'kind' IS DISTINCT FROM 'detached_runner' THEN
+        RETURN 'not_found';
+    END IF;
+    IF v_attempt.runner_result_received_at IS NOT NULL THEN
+        RETURN CASE WHEN v_attempt.runner_result = record_runner_terminal.result THEN 'duplicate' ELSE 'conflict' END;
+    END IF;
+    IF v_attempt.status <> 'waiting' OR v_run.status <> 'waiting' OR v_attempt.attempt <> v_run.attempt_count THEN
+        RETURN 'too_late';
+    END IF;
+    v_now := _now();
+    UPDATE attempts AS a
+    SET runner_result = record_runner_terminal.result, runner_result_received_at = v_now
+    WHERE a.run_id = record_runner_terminal.run_id AND a.attempt = record_runner_terminal.attempt;
+    UPDATE runs AS r
+    SET wake_at = NULL, updated_at = v_now
+    WHERE r.run_id = record_runner_terminal.run_id;
+    PERFORM pg_notify('runrelay_runs', v_run.queue);
+    RETURN 'recorded';
+END;
+$$;
+
+COMMENT ON FUNCTION record_runner_terminal(text, integer, jsonb) IS
+'A detached runner pushes its terminal result (first write wins): recorded, duplicate, conflict, too_late or not_found.';
