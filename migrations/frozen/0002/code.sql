@@ -1912,8 +1912,8 @@ COMMENT ON FUNCTION reap_expired(integer) IS
 --               runrelay_runs so its owner can claim_detached_terminal;
 --   duplicate — the same result was already recorded;
 --   conflict  — a different result was already recorded (kept);
---   too_late  — the wait already ended (timed out, or the run moved on or
---               was cancelled); nothing changes;
+--   too_late  — the wait already ended (its timeout_at has passed, woken or
+--               not, or the run moved on or was cancelled); nothing changes;
 --   not_found — no such attempt, or it never waited on a detached runner.
 CREATE FUNCTION record_runner_terminal(
     run_id text,
@@ -1946,10 +1946,14 @@ BEGIN
     IF v_attempt.runner_result_received_at IS NOT NULL THEN
         RETURN CASE WHEN v_attempt.runner_result = record_runner_terminal.result THEN 'duplicate' ELSE 'conflict' END;
     END IF;
-    IF v_attempt.status <> 'waiting' OR v_run.status <> 'waiting' OR v_attempt.attempt <> v_run.attempt_count THEN
+    v_now := _now();
+    -- Past timeout_at the wait has ended even if no claim has woken it yet:
+    -- the timeout is authoritative, and the next claim delivers it.
+    IF v_attempt.status <> 'waiting' OR v_run.status <> 'waiting'
+        OR v_attempt.attempt <> v_run.attempt_count
+        OR v_run.wake_at <= v_now THEN
         RETURN 'too_late';
     END IF;
-    v_now := _now();
     UPDATE attempts AS a
     SET runner_result = record_runner_terminal.result, runner_result_received_at = v_now
     WHERE a.run_id = record_runner_terminal.run_id AND a.attempt = record_runner_terminal.attempt;

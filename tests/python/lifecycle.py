@@ -1,0 +1,106 @@
+"""Checks of the scheduler's state machine over a finished database, shared by
+the randomized and fault-injection suites."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import psycopg
+
+TERMINAL = {"run.completed", "run.failed", "run.cancelled"}
+# The run's state after each lifecycle event, from the state before it.
+TRANSITIONS: dict[str, dict[str, str]] = {
+    "new": {"run.queued": "queued"},
+    "queued": {"run.started": "running", "run.cancelled": "end"},
+    "running": {
+        "run.completed": "end",
+        "run.failed": "end",
+        "run.cancelled": "end",
+        "run.retry_scheduled": "queued",
+        "run.waiting": "waiting",
+    },
+    "waiting": {
+        "run.resumed": "maybe_queued",
+        "run.cancelled": "end",
+        "run.failed": "end",
+        "run.retry_scheduled": "queued",
+        "run.completed": "end",
+    },
+    # A detached wait's run.resumed (claim_detached_terminal) leaves the run
+    # waiting for its owner's terminal; any other resume queues it.
+    "maybe_queued": {
+        "run.started": "running",
+        "run.cancelled": "end",
+        "run.completed": "end",
+        "run.failed": "end",
+        "run.retry_scheduled": "queued",
+    },
+    "end": {},
+}
+FINAL = {"queued": "queued", "running": "running", "waiting": "waiting"}
+
+
+def check_database(conn: psycopg.Connection) -> dict[str, int]:
+    """Assert every invariant of the scheduler tables; return run counts by status."""
+    bad = conn.execute(
+        """
+        SELECT r.run_id FROM runrelay.runs AS r
+        WHERE (SELECT count(*) FROM runrelay.attempts AS a
+               WHERE a.run_id = r.run_id AND a.status IN ('running', 'waiting')) > 1
+        """
+    ).fetchall()
+    assert bad == [], f"more than one live attempt: {bad}"
+    bad = conn.execute(
+        """
+        SELECT r.run_id FROM runrelay.runs AS r
+        WHERE r.attempt_count <> (SELECT count(*) FROM runrelay.attempts AS a
+                                  WHERE a.run_id = r.run_id)
+           OR r.attempt_count <> coalesce((SELECT max(a.attempt) FROM runrelay.attempts AS a
+                                           WHERE a.run_id = r.run_id), 0)
+        """
+    ).fetchall()
+    assert bad == [], f"attempt numbers not dense: {bad}"
+    bad = conn.execute(
+        """
+        SELECT a.run_id, a.attempt, a.status, r.status FROM runrelay.attempts AS a
+        JOIN runrelay.runs AS r USING (run_id)
+        WHERE a.status IN ('running', 'waiting')
+          AND (r.status NOT IN ('running', 'waiting') OR a.attempt <> r.attempt_count)
+        """
+    ).fetchall()
+    assert bad == [], f"live attempt of a run that is not running: {bad}"
+    bad = conn.execute(
+        """
+        SELECT run_id FROM runrelay.ledger
+        GROUP BY run_id HAVING count(*) <> count(DISTINCT seq)
+        """
+    ).fetchall()
+    assert bad == [], f"duplicate seq: {bad}"
+
+    history: dict[str, list[str]] = defaultdict(list)
+    for run_id, kind in conn.execute(
+        "SELECT run_id, type FROM runrelay.ledger WHERE lane = 'lifecycle'"
+        " AND type LIKE 'run.%%' ORDER BY run_id, seq"
+    ):
+        history[run_id].append(kind)
+    statuses: dict[str, int] = defaultdict(int)
+    for run_id, status in conn.execute("SELECT run_id, status FROM runrelay.runs"):
+        state = "new"
+        for kind in history[run_id]:
+            nxt = TRANSITIONS[state].get(kind)
+            assert nxt is not None, f"{run_id}: {kind} after state {state}: {history[run_id]}"
+            state = nxt
+        if state == "end":
+            assert status in ("completed", "failed", "cancelled"), (run_id, status)
+            expected_event = {
+                "completed": "run.completed",
+                "failed": "run.failed",
+                "cancelled": "run.cancelled",
+            }[status]
+            assert history[run_id][-1] == expected_event, (run_id, history[run_id])
+        elif state == "maybe_queued":
+            assert status in ("queued", "waiting"), (run_id, status, history[run_id])
+        else:
+            assert status == FINAL[state], (run_id, status, history[run_id])
+        statuses[status] += 1
+    return dict(statuses)

@@ -1,0 +1,96 @@
+"""Plain SQL calls of the runrelay API for tests that exercise the SQL layer
+directly (the Python client has its own tests). Named arguments, as users of
+other languages would call them."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+JSON_PARAMS = {"payload", "result", "error", "wait", "final_events", "events", "items"}
+
+
+def call(conn: psycopg.Connection, function: str, **kwargs: Any) -> list[dict[str, Any]]:
+    """SELECT * FROM runrelay.<function>(name => value, ...) and return dict rows."""
+    args = sql.SQL(", ").join(
+        sql.SQL("{} => {}").format(sql.Identifier(k), sql.Placeholder(k)) for k in kwargs
+    )
+    query = sql.SQL("SELECT * FROM runrelay.{}({})").format(sql.Identifier(function), args)
+    params = {k: Jsonb(v) if k in JSON_PARAMS and v is not None else v for k, v in kwargs.items()}
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(query, params)
+        return cur.fetchall()
+
+
+def scalar(conn: psycopg.Connection, function: str, **kwargs: Any) -> Any:
+    """Call a function returning one value (an outcome string, a bool, ...)."""
+    rows = call(conn, function, **kwargs)
+    assert len(rows) == 1, rows
+    return next(iter(rows[0].values()))
+
+
+def enqueue(conn: psycopg.Connection, run_id: str, **kwargs: Any) -> dict[str, Any]:
+    return call(conn, "enqueue_run", run_id=run_id, **kwargs)[0]
+
+
+def claim_one(conn: psycopg.Connection, worker: str = "w1", **kwargs: Any) -> dict[str, Any]:
+    rows = call(conn, "claim_attempts", worker=worker, **kwargs)
+    assert len(rows) == 1, rows
+    return rows[0]
+
+
+def fenced(claim: dict[str, Any]) -> dict[str, Any]:
+    """The (run_id, attempt, lease_token) arguments of a fenced write."""
+    return {k: claim[k] for k in ("run_id", "attempt", "lease_token")}
+
+
+def events(conn: psycopg.Connection, run_id: str, lane: str = "lifecycle") -> list[str]:
+    rows = conn.execute(
+        "SELECT type FROM runrelay.ledger WHERE run_id = %s AND lane = %s ORDER BY seq",
+        [run_id, lane],
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def run_row(conn: psycopg.Connection, run_id: str) -> dict[str, Any]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute("SELECT * FROM runrelay.runs WHERE run_id = %s", [run_id])
+        row = cur.fetchone()
+    assert row is not None
+    return row
+
+
+def backend_pid(conn: psycopg.Connection) -> int:
+    return int(conn.info.backend_pid)
+
+
+def wait_until_blocked(observer: psycopg.Connection, pid: int, timeout: float = 10.0) -> None:
+    """Wait until backend `pid` is waiting on a lock (pg_stat_activity)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        row = observer.execute(
+            "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [pid]
+        ).fetchone()
+        if row and row[0] == "Lock":
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"backend {pid} never waited on a lock")
+
+
+def table_checksum(conn: psycopg.Connection) -> str:
+    """A digest of every runrelay table's contents: equal before and after a
+    call means the call changed nothing."""
+    parts = []
+    for table in ("runs", "attempts", "cancellations", "signals", "ledger", "ledger_lanes"):
+        row = conn.execute(
+            f"SELECT md5(coalesce(string_agg(t::text, '|' ORDER BY t::text), ''))"
+            f" FROM runrelay.{table} AS t"
+        ).fetchone()
+        assert row is not None
+        parts.append(f"{table}:{row[0]}")
+    return ";".join(parts)
