@@ -21,7 +21,9 @@ recreate_db() {
 
 if [ "$mode" = all ]; then
     step "sqlfluff lint"
-    sqlfluff lint plpgsql/ migrations/frozen/ tests/pgtap/ scripts/sql/
+    # Frozen code.sql files are generated from plpgsql/, which is linted.
+    sqlfluff lint plpgsql/ migrations/frozen/*/upgrade.sql migrations/frozen/*/downgrade.sql \
+        tests/pgtap/ scripts/sql/
     step "frozen code of the head revision is current"
     python -m runrelay._sqlsource check
 fi
@@ -39,7 +41,9 @@ if [ "$mode" = all ]; then
     step "pgTAP"
     recreate_db rr_pgtap
     DATABASE_URL=$(db_url rr_pgtap) alembic upgrade head
-    psql -X -q -d "$(db_url rr_pgtap)" -v ON_ERROR_STOP=1 -f tests/pgtap/helpers.sql
+    for helpers in tests/pgtap/helpers*.sql; do
+        psql -X -q -d "$(db_url rr_pgtap)" -v ON_ERROR_STOP=1 -f "$helpers"
+    done
     pg_prove -d "$(db_url rr_pgtap)" --failures tests/pgtap/[0-9]*.sql
 fi
 

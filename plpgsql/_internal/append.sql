@@ -5,16 +5,11 @@
 -- commit order. `p_events` must come from _normalize_events() or the engine.
 --
 -- Also keeps ledger_lanes current: a lane that had nothing pending gets its
--- head and becomes available now (and a runrelay_ledger notification); a lane
--- with pending events keeps its head. The upsert locks the lane row, which is
+-- head and becomes available now (and a runrelay_ledger notification), as
+-- does a dormant lane (a transport-only head waiting for a successor); a
+-- lane with a claimable, leased or blocked head keeps its state. The upsert locks the lane row, which is
 -- what makes an append and a relay's ack of the last pending event safe in
 -- either order (the ack re-reads the tail after taking the lane lock).
-CREATE TYPE append_result AS (
-    event_id bigint,
-    seq bigint,
-    delivery_key text
-);
-
 CREATE FUNCTION _append(p_run_id text, p_events jsonb)
 RETURNS SETOF append_result
 LANGUAGE plpgsql
@@ -29,8 +24,9 @@ BEGIN
         RETURN;
     END IF;
     -- One statement: reserve seqs, insert the events, move lane heads, notify.
-    -- ON CONFLICT ... WHERE locks a lane row that already has a head without
-    -- rewriting it; RETURNING yields exactly the lanes that became available.
+    -- ON CONFLICT ... WHERE locks a lane row that already has a live head
+    -- without rewriting it; RETURNING yields exactly the lanes that became
+    -- available.
     RETURN QUERY
     WITH bumped AS (
         UPDATE runs AS r
@@ -56,26 +52,35 @@ BEGIN
         FROM bumped AS b
         CROSS JOIN jsonb_array_elements(p_events) WITH ORDINALITY AS e (value, ordinality)
         ORDER BY e.ordinality
-        RETURNING l.event_id, l.seq, l.delivery_key, l.lane
+        RETURNING l.event_id, l.seq, l.delivery_key, l.lane, l.transport_only
     ),
     firsts AS (
-        SELECT i.lane, min(i.seq) AS first_seq
+        -- A lane whose only new event is transport-only rests (available_at
+        -- NULL) until a successor arrives: nothing in it is claimable.
+        SELECT
+            i.lane,
+            min(i.seq) AS first_seq,
+            CASE
+                WHEN count(*) = 1 AND bool_and(i.transport_only) THEN NULL
+                ELSE v_now
+            END AS available_at
         FROM inserted AS i
         GROUP BY i.lane
     ),
     became_available AS (
         INSERT INTO ledger_lanes AS ll (run_id, lane, head_seq, available_at)
-        SELECT p_run_id, f.lane, f.first_seq, v_now
+        SELECT p_run_id, f.lane, f.first_seq, f.available_at
         FROM firsts AS f
         ON CONFLICT (run_id, lane) DO UPDATE
-        SET head_seq = excluded.head_seq,
-            available_at = excluded.available_at
-        WHERE ll.head_seq IS NULL
-        RETURNING ll.lane
+        SET head_seq = coalesce(ll.head_seq, excluded.head_seq),
+            available_at = CASE WHEN ll.head_seq IS NULL THEN excluded.available_at ELSE v_now END
+        WHERE ll.head_seq IS NULL OR (ll.available_at IS NULL AND NOT ll.blocked)
+        RETURNING ll.available_at
     ),
     notified AS (
         SELECT pg_notify('runrelay_ledger', p_run_id)
-        FROM became_available
+        FROM became_available AS a
+        WHERE a.available_at IS NOT NULL
         LIMIT 1
     )
     SELECT i.event_id, i.seq, i.delivery_key

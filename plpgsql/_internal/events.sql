@@ -1,8 +1,8 @@
 -- _normalize_events(): validates an events array (append_events, final_events)
 -- and returns it with every default filled in, so the append routine never
 -- sees a malformed element. Explicit delivery keys must be unique within the
--- array and unused; keys of the form <existing run_id>:<number> are reserved
--- for the default keys.
+-- array and unused; keys ending in :<number> are reserved for the default
+-- keys <run_id>:<seq>.
 CREATE FUNCTION _normalize_events(p_parameter text, p_events jsonb)
 RETURNS jsonb
 LANGUAGE plpgsql
@@ -58,11 +58,11 @@ BEGIN
             IF EXISTS (SELECT 1 FROM ledger AS l WHERE l.delivery_key = v_key) THEN
                 PERFORM _invalid(p_parameter, format('element %s: delivery_key %L is already used', v_index, v_key), 'Delivery keys must be unique.');
             END IF;
-            IF v_key ~ ':[0-9]+$' AND EXISTS (
-                SELECT 1 FROM runs AS r WHERE r.run_id = substring(v_key FROM '^(.*):[0-9]+$')
-            ) THEN
-                PERFORM _invalid(p_parameter, format('element %s: delivery_key %L has the reserved form <run_id>:<seq>', v_index, v_key),
-                    'Omit delivery_key to get the default <run_id>:<seq>, or choose a key of another form.');
+            -- Default keys are <run_id>:<seq>, for runs that may not exist yet:
+            -- an explicit key of that form could collide with one later.
+            IF v_key ~ ':[0-9]+$' THEN
+                PERFORM _invalid(p_parameter, format('element %s: delivery_key %L ends in :<number>, the form reserved for default keys <run_id>:<seq>', v_index, v_key),
+                    'Omit delivery_key to get the default, or choose a key that does not end in a colon and digits (e.g. order-123).');
             END IF;
             v_keys := v_keys || v_key;
         END IF;

@@ -25,6 +25,9 @@ CREATE TABLE ledger (
     delivered_at timestamptz,
     delivered_by text,
     call_id uuid,
+    -- A transport-only head acknowledged by a claim rather than delivered;
+    -- kept apart so that a replayed claim can report it again.
+    acked_locally boolean NOT NULL DEFAULT FALSE,
     CONSTRAINT ledger_delivery_key_unique UNIQUE (delivery_key),
     CONSTRAINT ledger_lane CHECK (lane IN ('lifecycle', 'observability')),
     CONSTRAINT ledger_state CHECK (
@@ -48,7 +51,10 @@ CREATE TABLE ledger (
     CONSTRAINT ledger_batch_started CHECK (
         (batch_id IS NULL) = (batch_started_at IS NULL)
     ),
-    CONSTRAINT ledger_delivery_attempts CHECK (delivery_attempts >= 0)
+    CONSTRAINT ledger_delivery_attempts CHECK (delivery_attempts >= 0),
+    CONSTRAINT ledger_acked_locally_delivered CHECK (
+        NOT acked_locally OR state = 'delivered'
+    )
 ) WITH (fillfactor = 90);
 
 -- Each run lane's undelivered tail in order: heads and prefixes are seeks.

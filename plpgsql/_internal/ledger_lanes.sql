@@ -1,0 +1,154 @@
+-- Ledger lane bookkeeping. Lock order for relays: ledger_lanes rows (by
+-- run_id, lane), then the lane's ledger rows. Appenders hold the run row and
+-- then upsert the lane row; relays never lock run rows, so the two never
+-- wait on each other in a cycle.
+
+CREATE FUNCTION _check_lane(p_lane text)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    IF p_lane IS NULL OR p_lane NOT IN ('lifecycle', 'observability') THEN
+        PERFORM _invalid('lane', format('unknown lane %s', coalesce(p_lane, 'null')),
+            'Pass lifecycle or observability.');
+    END IF;
+END;
+$$;
+
+COMMENT ON FUNCTION _check_lane(text) IS
+'Validates a lane name: lifecycle or observability.';
+
+CREATE FUNCTION _check_event_ids(p_event_ids bigint[])
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    IF p_event_ids IS NULL OR cardinality(p_event_ids) > 10000 OR array_position(p_event_ids, NULL) IS NOT NULL THEN
+        PERFORM _invalid('event_ids', 'must be an array of at most 10000 event ids without nulls',
+            'Pass the event_id values a claim returned.');
+    END IF;
+END;
+$$;
+
+COMMENT ON FUNCTION _check_event_ids(bigint[]) IS
+'Validates an event_ids argument: not null, no null element, at most 10000 ids.';
+
+-- Lock the lane rows of the given events in (run_id, lane) order, waiting.
+CREATE FUNCTION _lock_event_lanes(p_event_ids bigint[])
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    PERFORM 1
+    FROM ledger_lanes AS ll
+    WHERE (ll.run_id, ll.lane) IN (
+        SELECT l.run_id, l.lane FROM ledger AS l WHERE l.event_id = ANY(p_event_ids)
+    )
+    ORDER BY ll.run_id, ll.lane
+    FOR UPDATE OF ll;
+END;
+$$;
+
+COMMENT ON FUNCTION _lock_event_lanes(bigint[]) IS
+'Locks the ledger_lanes rows of the given events in (run_id, lane) order.';
+
+-- Recompute a lane's head and availability after its events changed. The
+-- caller holds the lane row lock; this reads the tail in a fresh snapshot.
+-- Returns the new available_at (NULL: nothing claimable until something
+-- happens — empty, blocked by a failed head, or a transport-only head
+-- waiting for a successor).
+CREATE FUNCTION _refresh_lane(p_run_id text, p_lane text)
+RETURNS timestamptz
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_head ledger;
+    v_next timestamptz;
+    v_available timestamptz;
+    v_blocked boolean := FALSE;
+BEGIN
+    SELECT l.* INTO v_head
+    FROM ledger AS l
+    WHERE l.run_id = p_run_id AND l.lane = p_lane AND l.state <> 'delivered'
+    ORDER BY l.seq
+    LIMIT 1;
+    IF v_head.event_id IS NULL THEN
+        v_available := NULL;
+    ELSIF v_head.state = 'failed' THEN
+        v_blocked := TRUE;
+    ELSIF v_head.state = 'leased' THEN
+        v_available := v_head.lease_expires_at;
+    ELSIF v_head.transport_only THEN
+        SELECT l.next_attempt_at INTO v_next
+        FROM ledger AS l
+        WHERE
+            l.run_id = p_run_id AND l.lane = p_lane AND l.state <> 'delivered'
+            AND l.seq > v_head.seq
+        ORDER BY l.seq
+        LIMIT 1;
+        -- Without a successor the head rests (NULL): greatest() would ignore the NULL.
+        v_available := CASE WHEN v_next IS NOT NULL THEN greatest(v_head.next_attempt_at, v_next) END;
+    ELSE
+        v_available := v_head.next_attempt_at;
+    END IF;
+    UPDATE ledger_lanes AS ll
+    SET head_seq = v_head.seq, available_at = v_available, blocked = v_blocked
+    WHERE
+        ll.run_id = p_run_id AND ll.lane = p_lane
+        AND (
+            ll.head_seq IS DISTINCT FROM v_head.seq
+            OR ll.available_at IS DISTINCT FROM v_available
+            OR ll.blocked IS DISTINCT FROM v_blocked
+        );
+    RETURN v_available;
+END;
+$$;
+
+COMMENT ON FUNCTION _refresh_lane(text, text) IS
+'Recomputes a lane''s head and availability from its pending tail (caller holds the lane lock).';
+
+-- Whether event e can be claimed by p_relay at p_now (ignoring order).
+CREATE FUNCTION _ledger_claimable(p_event ledger, p_relay text, p_now timestamptz)
+RETURNS boolean
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    IF p_event.state = 'leased' THEN
+        RETURN p_event.lease_owner = p_relay OR p_event.lease_expires_at <= p_now;
+    END IF;
+    RETURN p_event.state = 'pending' AND p_event.next_attempt_at <= p_now;
+END;
+$$;
+
+COMMENT ON FUNCTION _ledger_claimable(ledger, text, timestamptz) IS
+'Whether one ledger event is claimable by a relay now: pending and due, or leased to it, or its lease expired.';
+
+CREATE FUNCTION _ledger_row(p_kind text, p_event ledger, p_now timestamptz)
+RETURNS claim_ledger_result
+LANGUAGE sql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+    SELECT ROW(
+        p_kind, p_event.event_id, p_event.run_id, p_event.seq, p_event.type, p_event.payload,
+        p_event.delivery_key, p_event.created_at, p_event.batch_id IS NOT NULL,
+        p_event.lease_expires_at,
+        CASE
+            WHEN p_event.lease_expires_at IS NOT NULL
+                THEN floor(extract(EPOCH FROM p_event.lease_expires_at - p_now) * 1000)::bigint
+        END
+    )::claim_ledger_result;
+$$;
+
+COMMENT ON FUNCTION _ledger_row(text, ledger, timestamptz) IS
+'Formats one ledger event as a claim_ledger row; lease_remaining_ms measured at p_now.';

@@ -1,0 +1,117 @@
+-- claim_ledger(): lease the next deliverable events of one run's lane.
+--
+-- run_id NULL: discover the run whose lane head has been claimable longest
+-- (ledger_lanes by available_at: one row per run lane, never per event),
+-- lock its lane row SKIP LOCKED — two relays never contend on one run — and
+-- claim its prefix; if that run yields nothing (a resting transport-only
+-- head), try the next, up to 10. With run_id: that run only; its lane row is
+-- locked SKIP LOCKED, or with wait_for_run waited for under a function-local
+-- lock_timeout (55P03 when it lapses).
+-- The head blocks everything behind it (failed, not due, leased to another
+-- relay); a head leased to this relay is re-claimed with its lease extended,
+-- so a retry after a lost reply is safe. See _claim_lane for transport-only
+-- heads (kind local_ack) and frozen batches (batch => true).
+-- Replay: with call_id, if an earlier call with that id committed, its local
+-- acks come back as local_ack and its still-held leases as claimed, and
+-- nothing else is done; otherwise the call works afresh.
+-- lease_remaining_ms is measured at statement time.
+CREATE FUNCTION claim_ledger(
+    relay text,
+    lane text DEFAULT 'lifecycle',
+    run_id text DEFAULT NULL,
+    max_events integer DEFAULT 1,
+    lease_seconds integer DEFAULT 30,
+    wait_for_run boolean DEFAULT FALSE,
+    expected_head bigint DEFAULT NULL,
+    batch boolean DEFAULT FALSE,
+    call_id uuid DEFAULT NULL
+)
+RETURNS SETOF claim_ledger_result
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path FROM CURRENT
+SET lock_timeout = '5s'
+AS $$
+DECLARE
+    v_now timestamptz;
+    v_lease interval := _lease(claim_ledger.lease_seconds);
+    v_run_id text;
+    v_visited text[] := '{}'::text[];
+    v_count integer;
+BEGIN
+    PERFORM _require_read_committed();
+    PERFORM _check_id('relay', claim_ledger.relay);
+    PERFORM _check_lane(claim_ledger.lane);
+    PERFORM _check_id('run_id', claim_ledger.run_id, TRUE);
+    PERFORM _check_int('max_events', claim_ledger.max_events, 1, 1000);
+    IF claim_ledger.wait_for_run IS NULL OR claim_ledger.batch IS NULL THEN
+        PERFORM _invalid(CASE WHEN claim_ledger.batch IS NULL THEN 'batch' ELSE 'wait_for_run' END,
+            'must not be null', 'Pass true or false.');
+    END IF;
+    v_now := _now();
+
+    IF claim_ledger.call_id IS NOT NULL THEN
+        RETURN QUERY
+        SELECT (_ledger_row(CASE WHEN l.acked_locally THEN 'local_ack' ELSE 'claimed' END, l, v_now)).*
+        FROM ledger AS l
+        WHERE
+            l.call_id = claim_ledger.call_id
+            AND (
+                (l.acked_locally AND l.delivered_by = claim_ledger.relay)
+                OR (l.state = 'leased' AND l.lease_owner = claim_ledger.relay)
+            )
+        ORDER BY l.run_id, l.seq;
+        GET DIAGNOSTICS v_count = ROW_COUNT;
+        IF v_count > 0 THEN
+            RETURN;
+        END IF;
+    END IF;
+
+    IF claim_ledger.run_id IS NOT NULL THEN
+        IF claim_ledger.wait_for_run THEN
+            SELECT ll.run_id INTO v_run_id
+            FROM ledger_lanes AS ll
+            WHERE ll.run_id = claim_ledger.run_id AND ll.lane = claim_ledger.lane
+            FOR UPDATE;
+        ELSE
+            SELECT ll.run_id INTO v_run_id
+            FROM ledger_lanes AS ll
+            WHERE ll.run_id = claim_ledger.run_id AND ll.lane = claim_ledger.lane
+            FOR UPDATE SKIP LOCKED;
+        END IF;
+        IF v_run_id IS NOT NULL THEN
+            RETURN QUERY
+            SELECT * FROM _claim_lane(
+                claim_ledger.relay, v_run_id, claim_ledger.lane, claim_ledger.max_events,
+                claim_ledger.batch, v_lease, claim_ledger.call_id, claim_ledger.expected_head);
+        END IF;
+        RETURN;
+    END IF;
+
+    FOR v_count IN 1 .. 10 LOOP
+        SELECT ll.run_id INTO v_run_id
+        FROM ledger_lanes AS ll
+        WHERE
+            ll.lane = claim_ledger.lane
+            AND ll.available_at <= v_now
+            AND ll.run_id <> ALL(v_visited)
+        ORDER BY ll.available_at
+        LIMIT 1
+        FOR UPDATE SKIP LOCKED;
+        EXIT WHEN v_run_id IS NULL;
+        v_visited := v_visited || v_run_id;
+        RETURN QUERY
+        SELECT * FROM _claim_lane(
+            claim_ledger.relay, v_run_id, claim_ledger.lane, claim_ledger.max_events,
+            claim_ledger.batch, v_lease, claim_ledger.call_id, claim_ledger.expected_head);
+        IF FOUND THEN
+            RETURN;
+        END IF;
+        v_run_id := NULL;
+    END LOOP;
+END;
+$$;
+
+COMMENT ON FUNCTION claim_ledger(text, text, text, integer, integer, boolean, bigint, boolean, uuid) IS
+'Leases the head (or a frozen batch) of a run''s ledger lane to a relay, discovering the oldest due run when run_id is null.';

@@ -1,0 +1,79 @@
+-- fail_ledger(): a delivery failed.
+--
+-- For each of event_ids leased by `relay`: delivery_attempts + 1 and
+-- last_error = error, then
+--   retrying — pending again at retry_at, or after exponential backoff with
+--              jitter (settings.retry_base_seconds, capped);
+--   blocked  — permanent, or settings.ledger_max_delivery_attempts reached:
+--              the event is failed and its lane stays blocked behind it until
+--              an operator calls requeue_ledger_event.
+-- Events not leased by `relay` are not touched and not returned. A frozen
+-- batch keeps its membership. Locks the lane rows in (run_id, lane) order.
+CREATE TYPE fail_ledger_result AS (
+    event_id bigint,
+    outcome text
+);
+
+CREATE FUNCTION fail_ledger(
+    relay text,
+    event_ids bigint[],
+    error jsonb,
+    retry_at timestamptz DEFAULT NULL,
+    permanent boolean DEFAULT FALSE
+)
+RETURNS SETOF fail_ledger_result
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path FROM CURRENT
+SET lock_timeout = '10s'
+AS $$
+DECLARE
+    v_now timestamptz;
+    v_max integer;
+    v_lane record;
+BEGIN
+    PERFORM _require_read_committed();
+    PERFORM _check_id('relay', fail_ledger.relay);
+    PERFORM _check_event_ids(fail_ledger.event_ids);
+    PERFORM _check_json('error', fail_ledger.error);
+    PERFORM _check_time('retry_at', fail_ledger.retry_at);
+    IF fail_ledger.permanent IS NULL THEN
+        PERFORM _invalid('permanent', 'must not be null', 'Pass true or false.');
+    END IF;
+    PERFORM _lock_event_lanes(fail_ledger.event_ids);
+    v_now := _now();
+    SELECT s.ledger_max_delivery_attempts INTO v_max FROM settings AS s;
+    RETURN QUERY
+    UPDATE ledger AS l
+    SET delivery_attempts = l.delivery_attempts + 1,
+        last_error = fail_ledger.error,
+        lease_owner = NULL,
+        lease_expires_at = NULL,
+        state = CASE
+            WHEN fail_ledger.permanent OR l.delivery_attempts + 1 >= v_max THEN 'failed'
+            ELSE 'pending'
+        END,
+        failed_at = CASE
+            WHEN fail_ledger.permanent OR l.delivery_attempts + 1 >= v_max THEN v_now
+        END,
+        next_attempt_at = CASE
+            WHEN fail_ledger.permanent OR l.delivery_attempts + 1 >= v_max THEN l.next_attempt_at
+            ELSE coalesce(fail_ledger.retry_at, v_now + _backoff(l.delivery_attempts + 1))
+        END
+    WHERE
+        l.event_id = ANY(fail_ledger.event_ids)
+        AND l.state = 'leased'
+        AND l.lease_owner = fail_ledger.relay
+    RETURNING l.event_id, CASE WHEN l.state = 'failed' THEN 'blocked' ELSE 'retrying' END;
+    FOR v_lane IN
+        SELECT DISTINCT l.run_id, l.lane FROM ledger AS l
+        WHERE l.event_id = ANY(fail_ledger.event_ids)
+    LOOP
+        PERFORM _refresh_lane(v_lane.run_id, v_lane.lane);
+    END LOOP;
+END;
+$$;
+
+COMMENT ON FUNCTION fail_ledger(text, bigint[], jsonb, timestamptz, boolean) IS
+'Records a failed delivery: retrying (with backoff) or blocked (permanent, or attempts exhausted).';

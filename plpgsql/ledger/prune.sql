@@ -1,0 +1,33 @@
+-- prune(): delete delivered ledger events older than a cut-off, at most
+-- max_rows per call (oldest first, through ledger_delivered_idx), so a
+-- scheduled job can keep the table small without long transactions. Rows a
+-- relay still leases or has not delivered are never touched. Returns the
+-- number of events deleted.
+CREATE FUNCTION prune(delivered_before timestamptz, max_rows integer DEFAULT 10000)
+RETURNS integer
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_count integer;
+BEGIN
+    PERFORM _require_read_committed();
+    PERFORM _check_time('delivered_before', prune.delivered_before, FALSE);
+    PERFORM _check_int('max_rows', prune.max_rows, 1, 1000000);
+    DELETE FROM ledger AS l
+    WHERE l.event_id IN (
+        SELECT d.event_id
+        FROM ledger AS d
+        WHERE d.state = 'delivered' AND d.delivered_at < prune.delivered_before
+        ORDER BY d.delivered_at
+        LIMIT prune.max_rows
+    );
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    RETURN v_count;
+END;
+$$;
+
+COMMENT ON FUNCTION prune(timestamptz, integer) IS
+'Deletes up to max_rows delivered ledger events delivered before the cut-off; returns the count.';

@@ -1,0 +1,41 @@
+-- release_ledger(): hand leases back without charging a delivery attempt
+-- (a relay shutting down, or giving up a run it cannot serve now). The
+-- events become claimable at once; a frozen batch keeps its membership.
+-- Returns how many leases were released. Locks the lane rows in order.
+CREATE FUNCTION release_ledger(relay text, event_ids bigint[])
+RETURNS integer
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path FROM CURRENT
+SET lock_timeout = '10s'
+AS $$
+DECLARE
+    v_count integer;
+    v_lane record;
+BEGIN
+    PERFORM _require_read_committed();
+    PERFORM _check_id('relay', release_ledger.relay);
+    PERFORM _check_event_ids(release_ledger.event_ids);
+    PERFORM _lock_event_lanes(release_ledger.event_ids);
+    UPDATE ledger AS l
+    SET state = 'pending', lease_owner = NULL, lease_expires_at = NULL
+    WHERE
+        l.event_id = ANY(release_ledger.event_ids)
+        AND l.state = 'leased'
+        AND l.lease_owner = release_ledger.relay;
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    FOR v_lane IN
+        SELECT DISTINCT l.run_id, l.lane FROM ledger AS l
+        WHERE l.event_id = ANY(release_ledger.event_ids)
+    LOOP
+        IF _refresh_lane(v_lane.run_id, v_lane.lane) <= _now() THEN
+            PERFORM pg_notify('runrelay_ledger', v_lane.run_id);
+        END IF;
+    END LOOP;
+    RETURN v_count;
+END;
+$$;
+
+COMMENT ON FUNCTION release_ledger(text, bigint[]) IS
+'Hands a relay''s leases back without charging a delivery attempt; returns the number released.';

@@ -1,0 +1,49 @@
+-- renew_ledger_lease(): extend the leases a relay still holds, for a slow
+-- delivery. Only events leased by `relay` (even if their lease has lapsed but
+-- was not taken over) are renewed and returned; others are left alone. Locks
+-- the lane rows in (run_id, lane) order.
+CREATE TYPE renew_ledger_lease_result AS (
+    event_id bigint,
+    lease_expires_at timestamptz
+);
+
+CREATE FUNCTION renew_ledger_lease(
+    relay text,
+    event_ids bigint[],
+    lease_seconds integer DEFAULT 30
+)
+RETURNS SETOF renew_ledger_lease_result
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path FROM CURRENT
+SET lock_timeout = '10s'
+AS $$
+DECLARE
+    v_now timestamptz;
+    v_lane record;
+BEGIN
+    PERFORM _require_read_committed();
+    PERFORM _check_id('relay', renew_ledger_lease.relay);
+    PERFORM _check_event_ids(renew_ledger_lease.event_ids);
+    PERFORM _lock_event_lanes(renew_ledger_lease.event_ids);
+    v_now := _now();
+    RETURN QUERY
+    UPDATE ledger AS l
+    SET lease_expires_at = v_now + _lease(renew_ledger_lease.lease_seconds)
+    WHERE
+        l.event_id = ANY(renew_ledger_lease.event_ids)
+        AND l.state = 'leased'
+        AND l.lease_owner = renew_ledger_lease.relay
+    RETURNING l.event_id, l.lease_expires_at;
+    FOR v_lane IN
+        SELECT DISTINCT l.run_id, l.lane FROM ledger AS l
+        WHERE l.event_id = ANY(renew_ledger_lease.event_ids)
+    LOOP
+        PERFORM _refresh_lane(v_lane.run_id, v_lane.lane);
+    END LOOP;
+END;
+$$;
+
+COMMENT ON FUNCTION renew_ledger_lease(text, bigint[], integer) IS
+'Extends the leases a relay still holds on the given events; returns the renewed ones.';

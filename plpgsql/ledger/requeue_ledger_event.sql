@@ -1,0 +1,37 @@
+-- requeue_ledger_event(): an operator unblocks a failed event.
+--
+-- The event becomes pending and due now, with delivery_attempts reset (its
+-- last_error is kept for the record); its lane is unblocked. Returns true if
+-- the event was failed, false otherwise (nothing changes). Locks the lane row.
+CREATE FUNCTION requeue_ledger_event(event_id bigint)
+RETURNS boolean
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path FROM CURRENT
+SET lock_timeout = '10s'
+AS $$
+DECLARE
+    v_event ledger;
+BEGIN
+    PERFORM _require_read_committed();
+    IF requeue_ledger_event.event_id IS NULL THEN
+        PERFORM _invalid('event_id', 'must not be null', 'Pass the event_id of a failed event.');
+    END IF;
+    PERFORM _lock_event_lanes(ARRAY[requeue_ledger_event.event_id]);
+    UPDATE ledger AS l
+    SET state = 'pending', failed_at = NULL, delivery_attempts = 0, next_attempt_at = _now()
+    WHERE l.event_id = requeue_ledger_event.event_id AND l.state = 'failed'
+    RETURNING l.* INTO v_event;
+    IF v_event.event_id IS NULL THEN
+        RETURN FALSE;
+    END IF;
+    IF _refresh_lane(v_event.run_id, v_event.lane) <= _now() THEN
+        PERFORM pg_notify('runrelay_ledger', v_event.run_id);
+    END IF;
+    RETURN TRUE;
+END;
+$$;
+
+COMMENT ON FUNCTION requeue_ledger_event(bigint) IS
+'Unblocks a failed ledger event: pending again and due now; true if it was failed.';

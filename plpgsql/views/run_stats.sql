@@ -1,0 +1,18 @@
+-- run_stats: runs by queue and status, with the age of the oldest runnable
+-- run and how many are held behind a concurrency key. For dashboards and
+-- `runrelay status`; it counts, so it costs O(runs).
+CREATE VIEW run_stats AS
+SELECT
+    r.queue,
+    r.status,
+    count(*) AS runs,
+    count(*) FILTER (WHERE r.key_held) AS held_by_key,
+    min(r.run_at) FILTER (WHERE r.status = 'queued' AND NOT r.key_held) AS oldest_run_at,
+    extract(EPOCH FROM statement_timestamp() - min(r.run_at) FILTER (
+        WHERE r.status = 'queued' AND NOT r.key_held AND r.run_at <= statement_timestamp()
+    )) AS oldest_runnable_age_seconds
+FROM runs AS r
+GROUP BY r.queue, r.status;
+
+COMMENT ON VIEW run_stats IS
+'Runs by queue and status: counts, held-by-key counts and the age of the oldest runnable run.';
