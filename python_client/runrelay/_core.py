@@ -1,0 +1,273 @@
+"""The one core shared by Client and AsyncClient: every SQL statement the
+client runs, its parameters, and how its rows become typed results.
+
+Each operation is exactly one statement — one network round trip — with a
+constant text per schema, so psycopg can prepare it. Arguments are always all
+sent (the Python defaults are the SQL defaults), typed with explicit casts so
+the server resolves the function without guessing.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from . import types as t
+
+Row = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Operation:
+    """One SQL function call: its text and how to read its rows."""
+
+    function: str
+    params: tuple[tuple[str, str], ...]  # (name, SQL type)
+    read: Callable[[list[Row]], Any]
+    set_returning: bool = True
+
+    def query(self, schema: str) -> sql.Composed:
+        args = sql.SQL(", ").join(
+            sql.SQL("{} => {}::{}").format(
+                sql.Identifier(name), sql.Placeholder(name), sql.SQL(sqltype)
+            )
+            for name, sqltype in self.params
+        )
+        target = sql.SQL("SELECT * FROM {}.{}({})")
+        if not self.set_returning:
+            target = sql.SQL("SELECT {}.{}({}) AS value")
+        return target.format(sql.Identifier(schema), sql.Identifier(self.function), args)
+
+    def bind(self, values: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name, sqltype in self.params:
+            value = values[name]
+            if sqltype == "jsonb" and value is not None:
+                value = Jsonb(value)
+            out[name] = value
+        return out
+
+
+def _scalar(rows: list[Row]) -> Any:
+    return rows[0]["value"]
+
+
+def _enum(cls: Callable[[str], Any]) -> Callable[[list[Row]], Any]:
+    return lambda rows: cls(rows[0]["value"])
+
+
+def _each(cls: Callable[..., Any], **convert: Callable[[Any], Any]) -> Callable[[list[Row]], Any]:
+    def read(rows: list[Row]) -> list[Any]:
+        out = []
+        for row in rows:
+            for key, fn in convert.items():
+                if row.get(key) is not None:
+                    row[key] = fn(row[key])
+            out.append(cls(**row))
+        return out
+
+    return read
+
+
+def _one(cls: Callable[..., Any], **convert: Callable[[Any], Any]) -> Callable[[list[Row]], Any]:
+    many = _each(cls, **convert)
+    return lambda rows: many(rows)[0] if rows else None
+
+
+FENCE = (("run_id", "text"), ("attempt", "integer"), ("lease_token", "uuid"))
+
+OPERATIONS: dict[str, Operation] = {
+    op.function: op
+    for op in (
+        Operation("get_schema_version", (), _scalar, set_returning=False),
+        Operation(
+            "enqueue_run",
+            (
+                ("run_id", "text"),
+                ("queue", "text"),
+                ("payload", "jsonb"),
+                ("run_at", "timestamptz"),
+                ("priority", "integer"),
+                ("max_attempts", "integer"),
+                ("payload_retention", "text"),
+                ("concurrency_key", "text"),
+            ),
+            _one(t.EnqueueResult, status=t.RunStatus),
+        ),
+        Operation(
+            "append_events",
+            (("run_id", "text"), ("events", "jsonb")),
+            _each(t.AppendedEvent),
+        ),
+        Operation(
+            "signal_run",
+            (("run_id", "text"), ("name", "text"), ("payload", "jsonb")),
+            _enum(t.SignalOutcome),
+            set_returning=False,
+        ),
+        Operation(
+            "cancel_run",
+            (("run_id", "text"), ("reason", "text")),
+            _enum(t.CancelOutcome),
+            set_returning=False,
+        ),
+        Operation(
+            "claim_attempts",
+            (
+                ("worker", "text"),
+                ("queues", "text[]"),
+                ("max_runs", "integer"),
+                ("lease_seconds", "integer"),
+                ("call_id", "uuid"),
+            ),
+            _each(t.ClaimedAttempt),
+        ),
+        Operation(
+            "heartbeat",
+            (*FENCE, ("lease_seconds", "integer")),
+            _one(t.HeartbeatResult, outcome=t.HeartbeatOutcome),
+        ),
+        Operation(
+            "complete_attempt",
+            (*FENCE, ("result", "jsonb"), ("final_events", "jsonb")),
+            _enum(t.CompleteOutcome),
+            set_returning=False,
+        ),
+        Operation(
+            "complete_attempts",
+            (("items", "jsonb"),),
+            _each(t.CompletedItem, outcome=t.CompleteOutcome),
+        ),
+        Operation(
+            "fail_attempt",
+            (
+                *FENCE,
+                ("error", "jsonb"),
+                ("retry_at", "timestamptz"),
+                ("final_events", "jsonb"),
+                ("preserve_runner_terminal", "boolean"),
+                ("protect_waiting_suspension", "boolean"),
+            ),
+            _enum(t.FailOutcome),
+            set_returning=False,
+        ),
+        Operation(
+            "suspend_attempt",
+            (*FENCE, ("wait", "jsonb"), ("final_events", "jsonb")),
+            _enum(t.SuspendOutcome),
+            set_returning=False,
+        ),
+        Operation("prepare_waiting_failure", FENCE, _enum(t.PrepareOutcome), set_returning=False),
+        Operation(
+            "record_runner_terminal",
+            (("run_id", "text"), ("attempt", "integer"), ("result", "jsonb")),
+            _enum(t.RunnerTerminalOutcome),
+            set_returning=False,
+        ),
+        Operation("claim_detached_terminal", FENCE, _scalar, set_returning=False),
+        Operation(
+            "read_runner_terminal",
+            (("run_id", "text"), ("attempt", "integer")),
+            _one(t.RunnerTerminal),
+        ),
+        Operation(
+            "reap_expired",
+            (("max_attempts", "integer"),),
+            _each(t.ReapedAttempt, outcome=t.ReapOutcome),
+        ),
+        Operation(
+            "claim_ledger",
+            (
+                ("relay", "text"),
+                ("lane", "text"),
+                ("run_id", "text"),
+                ("max_events", "integer"),
+                ("lease_seconds", "integer"),
+                ("wait_for_run", "boolean"),
+                ("expected_head", "bigint"),
+                ("batch", "boolean"),
+                ("call_id", "uuid"),
+            ),
+            _each(t.LedgerEvent, kind=t.LedgerKind),
+        ),
+        Operation(
+            "ack_ledger",
+            (
+                ("relay", "text"),
+                ("run_id", "text"),
+                ("event_ids", "bigint[]"),
+                ("claim_next", "integer"),
+                ("lease_seconds", "integer"),
+                ("batch", "boolean"),
+            ),
+            _each(t.LedgerEvent, kind=t.LedgerKind),
+        ),
+        Operation(
+            "renew_ledger_lease",
+            (("relay", "text"), ("event_ids", "bigint[]"), ("lease_seconds", "integer")),
+            _each(t.RenewedLease),
+        ),
+        Operation(
+            "release_ledger",
+            (("relay", "text"), ("event_ids", "bigint[]")),
+            _scalar,
+            set_returning=False,
+        ),
+        Operation(
+            "fail_ledger",
+            (
+                ("relay", "text"),
+                ("event_ids", "bigint[]"),
+                ("error", "jsonb"),
+                ("retry_at", "timestamptz"),
+                ("permanent", "boolean"),
+            ),
+            _each(t.LedgerFailure, outcome=t.LedgerFailOutcome),
+        ),
+        Operation(
+            "ledger_next_due_at",
+            (("lane", "text"), ("run_id", "text")),
+            _scalar,
+            set_returning=False,
+        ),
+        Operation("requeue_ledger_event", (("event_id", "bigint"),), _scalar, set_returning=False),
+        Operation(
+            "prune",
+            (("delivered_before", "timestamptz"), ("max_rows", "integer")),
+            _scalar,
+            set_returning=False,
+        ),
+    )
+}
+
+
+def view_query(schema: str, view: str) -> sql.Composed:
+    return sql.SQL("SELECT * FROM {}.{} ORDER BY 1, 2").format(
+        sql.Identifier(schema), sql.Identifier(view)
+    )
+
+
+def complete_items(items: Sequence[Any]) -> list[dict[str, Any]]:
+    """complete_attempts items from ClaimedAttempt objects, (attempt, result)
+    pairs or plain dicts."""
+    out: list[dict[str, Any]] = []
+    for item in items:
+        if isinstance(item, dict):
+            row = dict(item)
+            if isinstance(row.get("lease_token"), uuid.UUID):
+                row["lease_token"] = str(row["lease_token"])
+            out.append(row)
+            continue
+        result: Any = None
+        if isinstance(item, tuple):
+            item, result = item
+        row = {"run_id": item.run_id, "attempt": item.attempt, "lease_token": str(item.lease_token)}
+        if result is not None:
+            row["result"] = result
+        out.append(row)
+    return out

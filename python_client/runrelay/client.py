@@ -1,0 +1,514 @@
+"""runrelay.Client and runrelay.AsyncClient: one method per SQL function.
+
+Both take a conninfo string, a psycopg connection or a psycopg_pool pool;
+constructors do no I/O. Every method issues exactly one statement (one round
+trip). ``conn=`` runs the call on the caller's connection — inside the
+caller's transaction if one is open, which is how a producer enqueues a run
+or appends events atomically with its own writes.
+
+The method bodies live once, in `_Methods`; the two classes differ only in
+how a statement is executed.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Awaitable, Iterator, Sequence
+from contextlib import AbstractAsyncContextManager, contextmanager
+from datetime import datetime
+from typing import Any, Generic, TypeVar, cast
+
+import psycopg
+from psycopg.rows import dict_row
+
+from . import _core
+from .errors import translate
+
+R = TypeVar("R")
+Rows = list[dict[str, Any]]
+
+# psycopg prepares a statement after this many executions on a connection.
+# Pass prepare_threshold=None when a pooler in transaction mode cannot keep
+# prepared statements (PgBouncer < 1.21, or max_prepared_statements = 0).
+DEFAULT_PREPARE_THRESHOLD = 5
+
+
+def _raise_typed(error: psycopg.Error) -> None:
+    typed = translate(error)
+    if typed is not None:
+        raise typed from error
+    raise error
+
+
+class _Methods(Generic[R]):
+    """Every API method, written once. `_call` returns the result (sync) or an
+    awaitable of it (async)."""
+
+    def _call(self, function: str, values: dict[str, Any], conn: Any) -> R:
+        raise NotImplementedError
+
+    # §3.1 producers --------------------------------------------------------
+    def enqueue_run(
+        self,
+        run_id: str,
+        queue: str = "default",
+        payload: Any = None,
+        run_at: datetime | None = None,
+        priority: int = 0,
+        max_attempts: int = 3,
+        payload_retention: str = "keep",
+        concurrency_key: str | None = None,
+        *,
+        conn: Any = None,
+    ) -> R:
+        """Create a run (or return the identical existing one) -> EnqueueResult."""
+        return self._call(
+            "enqueue_run",
+            {
+                "run_id": run_id,
+                "queue": queue,
+                "payload": {} if payload is None else payload,
+                "run_at": run_at,
+                "priority": priority,
+                "max_attempts": max_attempts,
+                "payload_retention": payload_retention,
+                "concurrency_key": concurrency_key,
+            },
+            conn,
+        )
+
+    def append_events(self, run_id: str, events: Sequence[Any], *, conn: Any = None) -> R:
+        """Append events to a run's ledger -> list[AppendedEvent]."""
+        return self._call("append_events", {"run_id": run_id, "events": list(events)}, conn)
+
+    def signal_run(self, run_id: str, name: str, payload: Any = None, *, conn: Any = None) -> R:
+        """Send a named event to a run -> SignalOutcome."""
+        values = {"run_id": run_id, "name": name, "payload": {} if payload is None else payload}
+        return self._call("signal_run", values, conn)
+
+    def cancel_run(self, run_id: str, reason: str | None = None, *, conn: Any = None) -> R:
+        """Cancel a run without waiting for its locks -> CancelOutcome."""
+        return self._call("cancel_run", {"run_id": run_id, "reason": reason}, conn)
+
+    # §3.2 workers ----------------------------------------------------------
+    def claim_attempts(
+        self,
+        worker: str,
+        queues: Sequence[str] | None = None,
+        max_runs: int = 1,
+        lease_seconds: int = 30,
+        call_id: uuid.UUID | None = None,
+        *,
+        conn: Any = None,
+    ) -> R:
+        """Claim runnable runs -> list[ClaimedAttempt]."""
+        values = {
+            "worker": worker,
+            "queues": None if queues is None else list(queues),
+            "max_runs": max_runs,
+            "lease_seconds": lease_seconds,
+            "call_id": call_id,
+        }
+        return self._call("claim_attempts", values, conn)
+
+    def heartbeat(
+        self,
+        run_id: str,
+        attempt: int,
+        lease_token: uuid.UUID,
+        lease_seconds: int = 30,
+        *,
+        conn: Any = None,
+    ) -> R:
+        """Extend a lease -> HeartbeatResult."""
+        values = {
+            "run_id": run_id,
+            "attempt": attempt,
+            "lease_token": lease_token,
+            "lease_seconds": lease_seconds,
+        }
+        return self._call("heartbeat", values, conn)
+
+    def complete_attempt(
+        self,
+        run_id: str,
+        attempt: int,
+        lease_token: uuid.UUID,
+        result: Any = None,
+        final_events: Sequence[Any] = (),
+        *,
+        conn: Any = None,
+    ) -> R:
+        """Complete a run from its live attempt -> CompleteOutcome."""
+        values = {
+            "run_id": run_id,
+            "attempt": attempt,
+            "lease_token": lease_token,
+            "result": {} if result is None else result,
+            "final_events": list(final_events),
+        }
+        return self._call("complete_attempt", values, conn)
+
+    def complete_attempts(self, items: Sequence[Any], *, conn: Any = None) -> R:
+        """Complete a batch in one round trip -> list[CompletedItem]. Items are
+        ClaimedAttempt objects, (ClaimedAttempt, result) pairs or dicts."""
+        return self._call("complete_attempts", {"items": _core.complete_items(items)}, conn)
+
+    def fail_attempt(
+        self,
+        run_id: str,
+        attempt: int,
+        lease_token: uuid.UUID,
+        error: Any,
+        retry_at: datetime | None = None,
+        final_events: Sequence[Any] = (),
+        preserve_runner_terminal: bool = False,
+        protect_waiting_suspension: bool = False,
+        *,
+        conn: Any = None,
+    ) -> R:
+        """Fail a live attempt -> FailOutcome."""
+        values = {
+            "run_id": run_id,
+            "attempt": attempt,
+            "lease_token": lease_token,
+            "error": error,
+            "retry_at": retry_at,
+            "final_events": list(final_events),
+            "preserve_runner_terminal": preserve_runner_terminal,
+            "protect_waiting_suspension": protect_waiting_suspension,
+        }
+        return self._call("fail_attempt", values, conn)
+
+    def suspend_attempt(
+        self,
+        run_id: str,
+        attempt: int,
+        lease_token: uuid.UUID,
+        wait: dict[str, Any],
+        final_events: Sequence[Any] = (),
+        *,
+        conn: Any = None,
+    ) -> R:
+        """Suspend a live attempt on a typed wait -> SuspendOutcome."""
+        values = {
+            "run_id": run_id,
+            "attempt": attempt,
+            "lease_token": lease_token,
+            "wait": wait,
+            "final_events": list(final_events),
+        }
+        return self._call("suspend_attempt", values, conn)
+
+    def prepare_waiting_failure(
+        self, run_id: str, attempt: int, lease_token: uuid.UUID, *, conn: Any = None
+    ) -> R:
+        """Prepare a waiting run's attempt for a protected failure -> PrepareOutcome."""
+        values = {"run_id": run_id, "attempt": attempt, "lease_token": lease_token}
+        return self._call("prepare_waiting_failure", values, conn)
+
+    def record_runner_terminal(
+        self, run_id: str, attempt: int, result: Any, *, conn: Any = None
+    ) -> R:
+        """A detached runner pushes its terminal -> RunnerTerminalOutcome."""
+        values = {"run_id": run_id, "attempt": attempt, "result": result}
+        return self._call("record_runner_terminal", values, conn)
+
+    def claim_detached_terminal(
+        self, run_id: str, attempt: int, lease_token: uuid.UUID, *, conn: Any = None
+    ) -> R:
+        """Take a detached wait back for its terminal write -> bool."""
+        values = {"run_id": run_id, "attempt": attempt, "lease_token": lease_token}
+        return self._call("claim_detached_terminal", values, conn)
+
+    def read_runner_terminal(self, run_id: str, attempt: int, *, conn: Any = None) -> R:
+        """The pushed runner terminal -> RunnerTerminal | None (no such attempt)."""
+        return self._call("read_runner_terminal", {"run_id": run_id, "attempt": attempt}, conn)
+
+    def reap_expired(self, max_attempts: int = 100, *, conn: Any = None) -> R:
+        """End expired leases, apply stranded cancellations -> list[ReapedAttempt]."""
+        return self._call("reap_expired", {"max_attempts": max_attempts}, conn)
+
+    # §3.3 relays -----------------------------------------------------------
+    def claim_ledger(
+        self,
+        relay: str,
+        lane: str = "lifecycle",
+        run_id: str | None = None,
+        max_events: int = 1,
+        lease_seconds: int = 30,
+        wait_for_run: bool = False,
+        expected_head: int | None = None,
+        batch: bool = False,
+        call_id: uuid.UUID | None = None,
+        *,
+        conn: Any = None,
+    ) -> R:
+        """Lease the next deliverable events -> list[LedgerEvent]."""
+        values = {
+            "relay": relay,
+            "lane": lane,
+            "run_id": run_id,
+            "max_events": max_events,
+            "lease_seconds": lease_seconds,
+            "wait_for_run": wait_for_run,
+            "expected_head": expected_head,
+            "batch": batch,
+            "call_id": call_id,
+        }
+        return self._call("claim_ledger", values, conn)
+
+    def ack_ledger(
+        self,
+        relay: str,
+        run_id: str,
+        event_ids: Sequence[int],
+        claim_next: int = 0,
+        lease_seconds: int = 30,
+        batch: bool = False,
+        *,
+        conn: Any = None,
+    ) -> R:
+        """Acknowledge delivered events and claim the next prefix -> list[LedgerEvent]."""
+        values = {
+            "relay": relay,
+            "run_id": run_id,
+            "event_ids": list(event_ids),
+            "claim_next": claim_next,
+            "lease_seconds": lease_seconds,
+            "batch": batch,
+        }
+        return self._call("ack_ledger", values, conn)
+
+    def renew_ledger_lease(
+        self, relay: str, event_ids: Sequence[int], lease_seconds: int = 30, *, conn: Any = None
+    ) -> R:
+        """Extend held leases -> list[RenewedLease]."""
+        values = {"relay": relay, "event_ids": list(event_ids), "lease_seconds": lease_seconds}
+        return self._call("renew_ledger_lease", values, conn)
+
+    def release_ledger(self, relay: str, event_ids: Sequence[int], *, conn: Any = None) -> R:
+        """Hand leases back without charging an attempt -> int."""
+        return self._call("release_ledger", {"relay": relay, "event_ids": list(event_ids)}, conn)
+
+    def fail_ledger(
+        self,
+        relay: str,
+        event_ids: Sequence[int],
+        error: Any,
+        retry_at: datetime | None = None,
+        permanent: bool = False,
+        *,
+        conn: Any = None,
+    ) -> R:
+        """Record a failed delivery -> list[LedgerFailure]."""
+        values = {
+            "relay": relay,
+            "event_ids": list(event_ids),
+            "error": error,
+            "retry_at": retry_at,
+            "permanent": permanent,
+        }
+        return self._call("fail_ledger", values, conn)
+
+    def ledger_next_due_at(
+        self, lane: str | None = None, run_id: str | None = None, *, conn: Any = None
+    ) -> R:
+        """The earliest moment claimable ledger work exists -> datetime | None."""
+        return self._call("ledger_next_due_at", {"lane": lane, "run_id": run_id}, conn)
+
+    def requeue_ledger_event(self, event_id: int, *, conn: Any = None) -> R:
+        """Unblock a failed event -> bool."""
+        return self._call("requeue_ledger_event", {"event_id": event_id}, conn)
+
+    def prune(self, delivered_before: datetime, max_rows: int = 10000, *, conn: Any = None) -> R:
+        """Delete delivered events older than the cut-off -> int."""
+        values = {"delivered_before": delivered_before, "max_rows": max_rows}
+        return self._call("prune", values, conn)
+
+    def get_schema_version(self, *, conn: Any = None) -> R:
+        """The Alembic revision of the installed functions -> str."""
+        return self._call("get_schema_version", {}, conn)
+
+
+class Client(_Methods[Any]):
+    """Synchronous client (psycopg 3, autocommit connections)."""
+
+    def __init__(
+        self,
+        source: str | psycopg.Connection[Any] | Any,
+        *,
+        schema: str = "runrelay",
+        prepare_threshold: int | None = DEFAULT_PREPARE_THRESHOLD,
+    ) -> None:
+        self.schema = schema
+        self._source = source
+        self._prepare_threshold = prepare_threshold
+        self._own: psycopg.Connection[Any] | None = None
+        self._lock = threading.Lock()
+        self._queries = {name: op.query(schema) for name, op in _core.OPERATIONS.items()}
+
+    @contextmanager
+    def connection(self) -> Iterator[psycopg.Connection[Any]]:
+        """A connection for one call: the pool's, the one given, or our own."""
+        source = self._source
+        if isinstance(source, psycopg.Connection):
+            yield source
+        elif isinstance(source, str):
+            with self._lock:
+                if self._own is None or self._own.closed:
+                    self._own = psycopg.connect(
+                        source, autocommit=True, prepare_threshold=self._prepare_threshold
+                    )
+                yield self._own
+        else:  # a psycopg_pool.ConnectionPool
+            with source.connection() as pooled:
+                yield pooled
+
+    def _execute(self, function: str, values: dict[str, Any], conn: Any) -> list[dict[str, Any]]:
+        op = _core.OPERATIONS[function]
+        params = op.bind(values)
+        try:
+            if conn is not None:
+                with conn.cursor(row_factory=dict_row) as cur:
+                    return cast(Rows, cur.execute(self._queries[function], params).fetchall())
+            with self.connection() as c, c.cursor(row_factory=dict_row) as cur:
+                return cur.execute(self._queries[function], params).fetchall()
+        except psycopg.Error as error:
+            _raise_typed(error)
+            raise  # unreachable: _raise_typed always raises
+
+    def _call(self, function: str, values: dict[str, Any], conn: Any) -> Any:
+        rows = self._execute(function, values, conn)
+        return _core.OPERATIONS[function].read(rows)
+
+    def run_stats(self, *, conn: Any = None) -> list[dict[str, Any]]:
+        """Rows of the run_stats view (admin role)."""
+        return self._view("run_stats", conn)
+
+    def ledger_stats(self, *, conn: Any = None) -> list[dict[str, Any]]:
+        """Rows of the ledger_stats view (admin role)."""
+        return self._view("ledger_stats", conn)
+
+    def _view(self, view: str, conn: Any) -> list[dict[str, Any]]:
+        query = _core.view_query(self.schema, view)
+        try:
+            if conn is not None:
+                with conn.cursor(row_factory=dict_row) as cur:
+                    return cast(Rows, cur.execute(query).fetchall())
+            with self.connection() as c, c.cursor(row_factory=dict_row) as cur:
+                return cur.execute(query).fetchall()
+        except psycopg.Error as error:
+            _raise_typed(error)
+            raise
+
+    def close(self) -> None:
+        if self._own is not None:
+            self._own.close()
+            self._own = None
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncClient(_Methods[Awaitable[Any]]):
+    """asyncio client; the same methods, awaited."""
+
+    def __init__(
+        self,
+        source: str | psycopg.AsyncConnection[Any] | Any,
+        *,
+        schema: str = "runrelay",
+        prepare_threshold: int | None = DEFAULT_PREPARE_THRESHOLD,
+    ) -> None:
+        import asyncio
+
+        self.schema = schema
+        self._source = source
+        self._prepare_threshold = prepare_threshold
+        self._own: psycopg.AsyncConnection[Any] | None = None
+        self._lock = asyncio.Lock()
+        self._queries = {name: op.query(schema) for name, op in _core.OPERATIONS.items()}
+
+    def connection(self) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]:
+        from contextlib import asynccontextmanager
+
+        @asynccontextmanager
+        async def _conn() -> Any:
+            source = self._source
+            if isinstance(source, psycopg.AsyncConnection):
+                yield source
+            elif isinstance(source, str):
+                async with self._lock:
+                    if self._own is None or self._own.closed:
+                        self._own = await psycopg.AsyncConnection.connect(
+                            source, autocommit=True, prepare_threshold=self._prepare_threshold
+                        )
+                    yield self._own
+            else:  # a psycopg_pool.AsyncConnectionPool
+                async with source.connection() as pooled:
+                    yield pooled
+
+        return _conn()
+
+    async def _execute(
+        self, function: str, values: dict[str, Any], conn: Any
+    ) -> list[dict[str, Any]]:
+        op = _core.OPERATIONS[function]
+        params = op.bind(values)
+        try:
+            if conn is not None:
+                async with conn.cursor(row_factory=dict_row) as cur:
+                    await cur.execute(self._queries[function], params)
+                    return cast(Rows, await cur.fetchall())
+            async with self.connection() as c, c.cursor(row_factory=dict_row) as cur:
+                await cur.execute(self._queries[function], params)
+                return await cur.fetchall()
+        except psycopg.Error as error:
+            _raise_typed(error)
+            raise
+
+    def _call(self, function: str, values: dict[str, Any], conn: Any) -> Awaitable[Any]:
+        async def run() -> Any:
+            rows = await self._execute(function, values, conn)
+            return _core.OPERATIONS[function].read(rows)
+
+        return run()
+
+    async def run_stats(self, *, conn: Any = None) -> list[dict[str, Any]]:
+        return await self._view("run_stats", conn)
+
+    async def ledger_stats(self, *, conn: Any = None) -> list[dict[str, Any]]:
+        return await self._view("ledger_stats", conn)
+
+    async def _view(self, view: str, conn: Any) -> list[dict[str, Any]]:
+        query = _core.view_query(self.schema, view)
+        try:
+            if conn is not None:
+                async with conn.cursor(row_factory=dict_row) as cur:
+                    await cur.execute(query)
+                    return cast(Rows, await cur.fetchall())
+            async with self.connection() as c, c.cursor(row_factory=dict_row) as cur:
+                await cur.execute(query)
+                return await cur.fetchall()
+        except psycopg.Error as error:
+            _raise_typed(error)
+            raise
+
+    async def close(self) -> None:
+        if self._own is not None:
+            await self._own.close()
+            self._own = None
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+__all__ = ["AsyncClient", "Client"]

@@ -1,0 +1,189 @@
+"""Typed results of the runrelay SQL API: frozen dataclasses and outcome enums.
+
+Field names are the SQL result column names; enum values are the SPEC's
+outcome strings, so `outcome == "completed"` and `outcome is
+CompleteOutcome.COMPLETED` both hold.
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+JSON = Any
+
+
+class RunStatus(enum.StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    WAITING = "waiting"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class HeartbeatOutcome(enum.StrEnum):
+    OK = "ok"
+    CANCELLED = "cancelled"
+    FENCE_LOST = "fence_lost"
+
+
+class CompleteOutcome(enum.StrEnum):
+    COMPLETED = "completed"
+    CANCELLED = "cancelled"
+    FENCE_LOST = "fence_lost"
+
+
+class FailOutcome(enum.StrEnum):
+    RETRY_SCHEDULED = "retry_scheduled"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    FENCE_LOST = "fence_lost"
+    SUPERSEDED = "superseded"
+
+
+class SuspendOutcome(enum.StrEnum):
+    WAITING = "waiting"
+    RESUMED = "resumed"
+    CANCELLED = "cancelled"
+    FENCE_LOST = "fence_lost"
+
+
+class PrepareOutcome(enum.StrEnum):
+    PREPARED = "prepared"
+    FENCE_LOST = "fence_lost"
+    NOT_APPLICABLE = "not_applicable"
+
+
+class SignalOutcome(enum.StrEnum):
+    RESUMED = "resumed"
+    STORED = "stored"
+    TERMINAL = "terminal"
+    NOT_FOUND = "not_found"
+
+
+class CancelOutcome(enum.StrEnum):
+    CANCELLED = "cancelled"
+    CANCEL_REQUESTED = "cancel_requested"
+    ALREADY_TERMINAL = "already_terminal"
+    NOT_FOUND = "not_found"
+
+
+class RunnerTerminalOutcome(enum.StrEnum):
+    RECORDED = "recorded"
+    DUPLICATE = "duplicate"
+    CONFLICT = "conflict"
+    TOO_LATE = "too_late"
+    NOT_FOUND = "not_found"
+
+
+class ReapOutcome(enum.StrEnum):
+    RETRY_SCHEDULED = "retry_scheduled"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    WAITING = "waiting"
+
+
+class LedgerKind(enum.StrEnum):
+    CLAIMED = "claimed"
+    LOCAL_ACK = "local_ack"
+    DELIVERED = "delivered"
+
+
+class LedgerFailOutcome(enum.StrEnum):
+    RETRYING = "retrying"
+    BLOCKED = "blocked"
+
+
+class Lane(enum.StrEnum):
+    LIFECYCLE = "lifecycle"
+    OBSERVABILITY = "observability"
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueResult:
+    run_id: str
+    status: RunStatus
+    created: bool
+
+
+@dataclass(frozen=True, slots=True)
+class AppendedEvent:
+    event_id: int
+    seq: int
+    delivery_key: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedAttempt:
+    run_id: str
+    attempt: int
+    lease_token: uuid.UUID
+    queue: str
+    payload: JSON
+    resume: JSON
+    lease_expires_at: datetime
+
+    @property
+    def fence(self) -> dict[str, Any]:
+        """The (run_id, attempt, lease_token) keyword arguments of a fenced write."""
+        return {"run_id": self.run_id, "attempt": self.attempt, "lease_token": self.lease_token}
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatResult:
+    outcome: HeartbeatOutcome
+    lease_expires_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class CompletedItem:
+    run_id: str
+    attempt: int
+    outcome: CompleteOutcome
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerTerminal:
+    result: JSON
+    received_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class ReapedAttempt:
+    run_id: str
+    attempt: int
+    outcome: ReapOutcome
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerEvent:
+    """One row of claim_ledger / ack_ledger."""
+
+    kind: LedgerKind
+    event_id: int
+    run_id: str
+    seq: int
+    type: str
+    payload: JSON
+    delivery_key: str
+    created_at: datetime
+    frozen: bool
+    lease_expires_at: datetime | None
+    lease_remaining_ms: int | None
+    lag_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RenewedLease:
+    event_id: int
+    lease_expires_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerFailure:
+    event_id: int
+    outcome: LedgerFailOutcome
