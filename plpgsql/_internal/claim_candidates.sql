@@ -90,10 +90,7 @@ BEGIN
             END IF;
             CONTINUE;
         END IF;
-        PERFORM _wake(v_run, CASE
-            WHEN v_run.wait ->> 'kind' = 'sleep' THEN jsonb_build_object('slept', TRUE)
-            ELSE jsonb_build_object('timed_out', TRUE)
-        END);
+        PERFORM _wake(v_run, _timeout_resume(v_run));
         v_woken := v_woken + 1;
     END LOOP;
     RETURN v_woken;

@@ -147,6 +147,22 @@ $$;
 COMMENT ON FUNCTION _wake(runs, jsonb) IS
 'Resumes a waiting run: attempt resumed, run queued with resume, run.resumed emitted.';
 
+-- What a wait that ended by time delivers to the next attempt.
+CREATE FUNCTION _timeout_resume(p_run runs)
+RETURNS jsonb
+LANGUAGE sql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+    SELECT CASE
+        WHEN p_run.wait ->> 'kind' = 'sleep' THEN jsonb_build_object('slept', TRUE)
+        ELSE jsonb_build_object('timed_out', TRUE)
+    END;
+$$;
+
+COMMENT ON FUNCTION _timeout_resume(runs) IS
+'The resume of a wait that ended by time: {"slept": true} for a sleep, else {"timed_out": true}.';
+
 -- Exponential backoff with jitter for the n-th failure: base * 2^(n-1),
 -- capped, then scaled by a random factor in [0.5, 1).
 CREATE FUNCTION _backoff(p_failures integer)

@@ -72,7 +72,9 @@ BEGIN
         RETURN;
     END IF;
 
-    PERFORM _wake_due(v_queues, greatest(claim_attempts.max_runs, 10));
+    -- Bounded so one claim never does unbounded work: with more than 1000
+    -- waits falling due at once, each claim wakes the 1000 oldest.
+    PERFORM _wake_due(v_queues, 1000);
 
     v_now := _now();
     FOR v_run_id IN

@@ -62,7 +62,9 @@ BEGIN
         RETURN v_outcome;
     END IF;
     IF fail_attempt.protect_waiting_suspension THEN
-        IF v_run.status <> 'waiting' OR v_run.wait IS DISTINCT FROM v_attempt.wait THEN
+        -- Past its timeout the suspension has ended even if not yet woken.
+        IF v_run.status <> 'waiting' OR v_run.wait IS DISTINCT FROM v_attempt.wait
+            OR v_run.wake_at <= _now() THEN
             RETURN 'fence_lost';
         END IF;
     END IF;

@@ -13,7 +13,8 @@
 --                      or fails by the same rules as fail_attempt.
 -- Also applies up to max_attempts cancel markers that no writer has applied
 -- yet (cancel_run answered cancel_requested and the lock holder finished
--- without seeing the marker), reported as outcome cancelled.
+-- without seeing the marker), reported as outcome cancelled (attempt NULL
+-- for a run that never started).
 CREATE TYPE reap_expired_result AS (
     run_id text,
     attempt integer,
@@ -89,7 +90,7 @@ BEGIN
         END IF;
         PERFORM 1 FROM attempts AS a WHERE a.run_id = v_run.run_id FOR NO KEY UPDATE SKIP LOCKED;
         IF _apply_marker(v_run) THEN
-            RETURN NEXT (v_run.run_id, v_run.attempt_count, 'cancelled')::reap_expired_result;
+            RETURN NEXT (v_run.run_id, nullif(v_run.attempt_count, 0), 'cancelled')::reap_expired_result;
         END IF;
     END LOOP;
 END;

@@ -6,7 +6,9 @@
 --   resumed   — the run waited for `name`: its attempt is resumed and the run
 --               queued again with resume = {name, payload};
 --   stored    — kept; the next suspend_attempt waiting for `name` consumes
---               it (oldest first);
+--               it (oldest first). A wait whose timeout_at (or sleep) has
+--               passed is over even if no claim has woken it yet: the run is
+--               woken with its timeout resume and the signal is stored;
 --   terminal  — the run has ended (or a pending cancellation ended it now);
 --   not_found — no such run.
 -- Not idempotent by itself: a repeated signal is stored again. Callers who
@@ -42,7 +44,12 @@ BEGIN
     IF _apply_marker(v_run) THEN
         RETURN 'terminal';
     END IF;
-    IF v_run.status = 'waiting'
+    IF v_run.status = 'waiting' AND v_run.wake_at <= _now() THEN
+        -- The wait already ended by time (a timeout, a due sleep) even if no
+        -- claim has delivered that yet: the time wins, and the signal is
+        -- kept for a later wait.
+        PERFORM _wake(v_run, _timeout_resume(v_run));
+    ELSIF v_run.status = 'waiting'
         AND v_run.wait ->> 'kind' = 'event'
         AND v_run.wait ->> 'name' = signal_run.name THEN
         PERFORM _wake(v_run, jsonb_build_object('name', signal_run.name, 'payload', signal_run.payload));

@@ -16,3 +16,189 @@ AS $$
     )
     VALUES (p_run_id, 'default', p_status, '{}', now(), 3, now(), now());
 $$;
+
+-- A second session (dblink), for the few outcomes that only a lock held by
+-- someone else produces (cancel_run's cancel_requested). Advisory locks need
+-- no committed data, so the test transaction still rolls everything back.
+CREATE EXTENSION IF NOT EXISTS dblink;
+
+-- What a fenced write presents: (run_id, attempt, lease_token).
+CREATE TYPE tests.claim AS (
+    run_id text,
+    attempt integer,
+    lease_token uuid
+);
+
+-- Claim the next attempt of a run from its own queue (tests give every run
+-- a queue of its own). Raises when the run is not claimable, so a fixture
+-- that silently claimed nothing cannot make an assertion pass.
+CREATE FUNCTION tests.claim_run(p_run_id text, p_worker text DEFAULT 'w1')
+RETURNS tests.claim
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_claim tests.claim;
+BEGIN
+    SELECT c.run_id, c.attempt, c.lease_token INTO v_claim
+    FROM runrelay.claim_attempts(
+        worker => p_worker,
+        queues => ARRAY[(SELECT r.queue FROM runrelay.runs AS r WHERE r.run_id = p_run_id)]
+    ) AS c;
+    IF v_claim.run_id IS DISTINCT FROM p_run_id THEN
+        RAISE EXCEPTION 'tests.claim_run: run % was not claimed (got %)', p_run_id, v_claim.run_id;
+    END IF;
+    RETURN v_claim;
+END;
+$$;
+
+-- Enqueue a run on a queue named after it, and claim its first attempt.
+CREATE FUNCTION tests.start_run(
+    p_run_id text,
+    p_max_attempts integer DEFAULT 3,
+    p_concurrency_key text DEFAULT NULL,
+    p_payload jsonb DEFAULT '{}'
+)
+RETURNS tests.claim
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    PERFORM runrelay.enqueue_run(
+        run_id => p_run_id,
+        queue => p_run_id,
+        payload => p_payload,
+        max_attempts => p_max_attempts,
+        concurrency_key => p_concurrency_key
+    );
+    RETURN tests.claim_run(p_run_id);
+END;
+$$;
+
+-- Start a run and suspend its first attempt on p_wait; raises unless the
+-- outcome is waiting.
+CREATE FUNCTION tests.start_waiting(p_run_id text, p_wait jsonb, p_max_attempts integer DEFAULT 3)
+RETURNS tests.claim
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_claim tests.claim := tests.start_run(p_run_id, p_max_attempts);
+    v_outcome text;
+BEGIN
+    v_outcome := runrelay.suspend_attempt(v_claim.run_id, v_claim.attempt, v_claim.lease_token, p_wait);
+    IF v_outcome IS DISTINCT FROM 'waiting' THEN
+        RAISE EXCEPTION 'tests.start_waiting: % answered %', p_run_id, v_outcome;
+    END IF;
+    RETURN v_claim;
+END;
+$$;
+
+-- The lease token of an attempt.
+CREATE FUNCTION tests.token(p_run_id text, p_attempt integer DEFAULT 1)
+RETURNS uuid
+LANGUAGE sql
+AS $$
+    SELECT a.lease_token FROM runrelay.attempts AS a
+    WHERE a.run_id = p_run_id AND a.attempt = p_attempt;
+$$;
+
+-- A run's lifecycle event types in seq order.
+CREATE FUNCTION tests.lifecycle(p_run_id text)
+RETURNS text[]
+LANGUAGE sql
+AS $$
+    SELECT coalesce(array_agg(l.type ORDER BY l.seq), '{}'::text [])
+    FROM runrelay.ledger AS l
+    WHERE l.run_id = p_run_id AND l.lane = 'lifecycle';
+$$;
+
+-- Every ledger event of a run, both lanes: a replay must not change it.
+CREATE FUNCTION tests.event_count(p_run_id text)
+RETURNS bigint
+LANGUAGE sql
+AS $$
+    SELECT count(*) FROM runrelay.ledger AS l WHERE l.run_id = p_run_id;
+$$;
+
+-- The run's status and its attempts' statuses, e.g. 'running:running,completed'.
+CREATE FUNCTION tests.state(p_run_id text)
+RETURNS text
+LANGUAGE sql
+AS $$
+    SELECT r.status || ':' || coalesce((
+        SELECT string_agg(a.status, ',' ORDER BY a.attempt)
+        FROM runrelay.attempts AS a WHERE a.run_id = r.run_id
+    ), '')
+    FROM runrelay.runs AS r
+    WHERE r.run_id = p_run_id;
+$$;
+
+-- Move runrelay._now() by p_offset from the real clock, for the rest of the
+-- transaction (settings.allow_clock_override is on in the pgTAP database).
+CREATE FUNCTION tests.set_clock(p_offset interval)
+RETURNS void
+LANGUAGE sql
+AS $$
+    SELECT set_config('runrelay.clock_offset', p_offset::text, TRUE);
+$$;
+
+-- The state cancel_run leaves when it answers cancel_requested: a marker that
+-- no writer has applied yet.
+CREATE FUNCTION tests.mark_cancel(p_run_id text, p_reason text DEFAULT 'test')
+RETURNS void
+LANGUAGE sql
+AS $$
+    INSERT INTO runrelay.cancellations (run_id, reason, requested_at)
+    VALUES (p_run_id, p_reason, now());
+$$;
+
+-- Give an existing run a concurrency key without this transaction taking the
+-- key's lock (enqueue_run would hold it until the test ends, and a second
+-- session could then never take it).
+CREATE FUNCTION tests.set_key(p_run_id text, p_key text)
+RETURNS void
+LANGUAGE sql
+AS $$
+    UPDATE runrelay.runs
+    SET concurrency_key = p_key, key_position = nextval('runrelay.runs_key_position_seq')
+    WHERE run_id = p_run_id;
+$$;
+
+-- Hold a concurrency key's advisory lock from a second session, as a writer
+-- in custody of a keyed run would; tests.release_key() ends that session.
+-- Raises instead of waiting when the key is busy (e.g. locked by this
+-- transaction), so a test cannot hang.
+CREATE FUNCTION tests.hold_key(p_key text)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_locked boolean;
+BEGIN
+    PERFORM dblink_connect('tests_holder', format(
+        'dbname=%s port=%s host=%s user=%s',
+        current_database(),
+        current_setting('port'),
+        coalesce(host(inet_server_addr()), split_part(current_setting('unix_socket_directories'), ',', 1)),
+        current_user
+    ));
+    SELECT t.locked INTO v_locked FROM dblink(
+        'tests_holder',
+        format('SELECT pg_try_advisory_lock(%s)', runrelay._key_lock_id(p_key))
+    ) AS t (locked boolean);
+    IF NOT v_locked THEN
+        PERFORM dblink_disconnect('tests_holder');
+        RAISE EXCEPTION 'tests.hold_key: key % is busy', p_key;
+    END IF;
+END;
+$$;
+
+-- Unlocks explicitly: a disconnect alone releases the lock only when the
+-- other backend has exited, which a following try-lock could beat.
+CREATE FUNCTION tests.release_key()
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    PERFORM * FROM dblink('tests_holder', 'SELECT pg_advisory_unlock_all()') AS t (ignored text);
+    PERFORM dblink_disconnect('tests_holder');
+END;
+$$;

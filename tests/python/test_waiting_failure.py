@@ -137,3 +137,19 @@ def test_protected_failure_races_cancel(db: psycopg.Connection, connect: Connect
     ).fetchone()
     assert live == (0,)
     assert call(db, "reap_expired") == []
+
+
+def test_protected_failure_after_timeout_loses_to_the_timeout(db: psycopg.Connection) -> None:
+    """Past timeout_at the suspension is over even before a claim woke it: the
+    protected failure is fenced and the next attempt sees the timeout."""
+    enqueue(db, "t1", queue="t1")
+    claim = claim_one(db, queues=["t1"])
+    wait = {"kind": "event", "name": "approve", "timeout_at": "2000-01-01T00:00:00Z"}
+    assert scalar(db, "suspend_attempt", **fenced(claim), wait=wait) == "waiting"
+    assert scalar(db, "prepare_waiting_failure", **fenced(claim)) == "prepared"
+    outcome = scalar(
+        db, "fail_attempt", **fenced(claim), error={"e": 1}, protect_waiting_suspension=True
+    )
+    assert outcome == "fence_lost"
+    nxt = claim_one(db, queues=["t1"])
+    assert (nxt["attempt"], nxt["resume"]) == (2, {"timed_out": True})

@@ -240,10 +240,7 @@ BEGIN
             END IF;
             CONTINUE;
         END IF;
-        PERFORM _wake(v_run, CASE
-            WHEN v_run.wait ->> 'kind' = 'sleep' THEN jsonb_build_object('slept', TRUE)
-            ELSE jsonb_build_object('timed_out', TRUE)
-        END);
+        PERFORM _wake(v_run, _timeout_resume(v_run));
         v_woken := v_woken + 1;
     END LOOP;
     RETURN v_woken;
@@ -1065,6 +1062,22 @@ $$;
 COMMENT ON FUNCTION _wake(runs, jsonb) IS
 'Resumes a waiting run: attempt resumed, run queued with resume, run.resumed emitted.';
 
+-- What a wait that ended by time delivers to the next attempt.
+CREATE FUNCTION _timeout_resume(p_run runs)
+RETURNS jsonb
+LANGUAGE sql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+    SELECT CASE
+        WHEN p_run.wait ->> 'kind' = 'sleep' THEN jsonb_build_object('slept', TRUE)
+        ELSE jsonb_build_object('timed_out', TRUE)
+    END;
+$$;
+
+COMMENT ON FUNCTION _timeout_resume(runs) IS
+'The resume of a wait that ended by time: {"slept": true} for a sleep, else {"timed_out": true}.';
+
 -- Exponential backoff with jitter for the n-th failure: base * 2^(n-1),
 -- capped, then scaled by a random factor in [0.5, 1).
 CREATE FUNCTION _backoff(p_failures integer)
@@ -1554,7 +1567,9 @@ BEGIN
         RETURN;
     END IF;
 
-    PERFORM _wake_due(v_queues, greatest(claim_attempts.max_runs, 10));
+    -- Bounded so one claim never does unbounded work: with more than 1000
+    -- waits falling due at once, each claim wakes the 1000 oldest.
+    PERFORM _wake_due(v_queues, 1000);
 
     v_now := _now();
     FOR v_run_id IN
@@ -1966,7 +1981,9 @@ BEGIN
         RETURN v_outcome;
     END IF;
     IF fail_attempt.protect_waiting_suspension THEN
-        IF v_run.status <> 'waiting' OR v_run.wait IS DISTINCT FROM v_attempt.wait THEN
+        -- Past its timeout the suspension has ended even if not yet woken.
+        IF v_run.status <> 'waiting' OR v_run.wait IS DISTINCT FROM v_attempt.wait
+            OR v_run.wake_at <= _now() THEN
             RETURN 'fence_lost';
         END IF;
     END IF;
@@ -2157,7 +2174,8 @@ COMMENT ON FUNCTION read_runner_terminal(text, integer) IS
 --                      or fails by the same rules as fail_attempt.
 -- Also applies up to max_attempts cancel markers that no writer has applied
 -- yet (cancel_run answered cancel_requested and the lock holder finished
--- without seeing the marker), reported as outcome cancelled.
+-- without seeing the marker), reported as outcome cancelled (attempt NULL
+-- for a run that never started).
 CREATE TYPE reap_expired_result AS (
     run_id text,
     attempt integer,
@@ -2233,7 +2251,7 @@ BEGIN
         END IF;
         PERFORM 1 FROM attempts AS a WHERE a.run_id = v_run.run_id FOR NO KEY UPDATE SKIP LOCKED;
         IF _apply_marker(v_run) THEN
-            RETURN NEXT (v_run.run_id, v_run.attempt_count, 'cancelled')::reap_expired_result;
+            RETURN NEXT (v_run.run_id, nullif(v_run.attempt_count, 0), 'cancelled')::reap_expired_result;
         END IF;
     END LOOP;
 END;
@@ -2317,7 +2335,9 @@ COMMENT ON FUNCTION record_runner_terminal(text, integer, jsonb) IS
 --   resumed   — the run waited for `name`: its attempt is resumed and the run
 --               queued again with resume = {name, payload};
 --   stored    — kept; the next suspend_attempt waiting for `name` consumes
---               it (oldest first);
+--               it (oldest first). A wait whose timeout_at (or sleep) has
+--               passed is over even if no claim has woken it yet: the run is
+--               woken with its timeout resume and the signal is stored;
 --   terminal  — the run has ended (or a pending cancellation ended it now);
 --   not_found — no such run.
 -- Not idempotent by itself: a repeated signal is stored again. Callers who
@@ -2353,7 +2373,12 @@ BEGIN
     IF _apply_marker(v_run) THEN
         RETURN 'terminal';
     END IF;
-    IF v_run.status = 'waiting'
+    IF v_run.status = 'waiting' AND v_run.wake_at <= _now() THEN
+        -- The wait already ended by time (a timeout, a due sleep) even if no
+        -- claim has delivered that yet: the time wins, and the signal is
+        -- kept for a later wait.
+        PERFORM _wake(v_run, _timeout_resume(v_run));
+    ELSIF v_run.status = 'waiting'
         AND v_run.wait ->> 'kind' = 'event'
         AND v_run.wait ->> 'name' = signal_run.name THEN
         PERFORM _wake(v_run, jsonb_build_object('name', signal_run.name, 'payload', signal_run.payload));

@@ -1,0 +1,243 @@
+-- Detached runners (SPEC §3.2): suspend on a detached_runner wait (its
+-- run.waiting / run.resumed are transport-only), record_runner_terminal
+-- (recorded, duplicate, conflict, too_late, not_found), read_runner_terminal,
+-- claim_detached_terminal, and fail_attempt's superseded.
+BEGIN;
+SELECT plan(51);
+
+-- The wait.
+SELECT tests.start_run('d1');
+SELECT is(
+    runrelay.suspend_attempt(
+        'd1', 1, tests.token('d1'),
+        jsonb_build_object('kind', 'detached_runner', 'runner', 'gpu-7', 'timeout_at', now() + interval '1 hour')
+    ),
+    'waiting', 'suspend on a detached_runner wait answers waiting'
+);
+SELECT results_eq(
+    $$SELECT r.status, r.wait ->> 'kind', r.wait ->> 'runner', a.status, a.runner_result ->> 'status'
+      FROM runrelay.runs AS r INNER JOIN runrelay.attempts AS a USING (run_id) WHERE r.run_id = 'd1'$$,
+    $$VALUES ('waiting', 'detached_runner', 'gpu-7', 'waiting', 'suspended')$$,
+    'the run waits on the runner and the attempt keeps its suspension receipt'
+);
+SELECT results_eq(
+    $$SELECT type, transport_only FROM runrelay.ledger WHERE run_id = 'd1' ORDER BY seq$$,
+    $$VALUES ('run.queued', FALSE), ('run.started', FALSE), ('run.waiting', TRUE)$$,
+    'run.waiting of a detached_runner wait is transport-only'
+);
+
+-- read_runner_terminal before anything was pushed.
+SELECT results_eq(
+    $$SELECT * FROM runrelay.read_runner_terminal('d1', 1)$$,
+    $$VALUES (NULL::jsonb, NULL::timestamptz)$$,
+    'before a push, read_runner_terminal returns one row of nulls (the receipt is not a terminal)'
+);
+SELECT is_empty(
+    $$SELECT * FROM runrelay.read_runner_terminal('d1', 2)$$, 'read_runner_terminal of a missing attempt: no row'
+);
+SELECT is_empty(
+    $$SELECT * FROM runrelay.read_runner_terminal('d-none', 1)$$, 'read_runner_terminal of a missing run: no row'
+);
+SELECT is(
+    runrelay.claim_detached_terminal('d1', 1, tests.token('d1')), FALSE,
+    'claim_detached_terminal before a push answers false'
+);
+SELECT is(tests.state('d1'), 'waiting:waiting', 'and changes nothing');
+
+-- record_runner_terminal.
+SELECT is(
+    runrelay.record_runner_terminal('d1', 1, '{"status": "ok", "out": 1}'), 'recorded',
+    'the first push answers recorded'
+);
+SELECT results_eq(
+    $$SELECT result, received_at IS NOT NULL FROM runrelay.read_runner_terminal('d1', 1)$$,
+    $$VALUES ('{"status": "ok", "out": 1}'::jsonb, TRUE)$$,
+    'read_runner_terminal returns the pushed result and when it arrived'
+);
+SELECT is(tests.state('d1'), 'waiting:waiting', 'a push does not itself end the wait');
+SELECT is(tests.event_count('d1'), 3::bigint, 'a push emits nothing');
+SELECT is(
+    runrelay.record_runner_terminal('d1', 1, '{"out": 1, "status": "ok"}'), 'duplicate',
+    'pushing the same result again answers duplicate'
+);
+SELECT is(
+    runrelay.record_runner_terminal('d1', 1, '{"status": "error"}'), 'conflict',
+    'pushing a different result answers conflict'
+);
+SELECT is(
+    (SELECT result FROM runrelay.read_runner_terminal('d1', 1)), '{"status": "ok", "out": 1}'::jsonb,
+    'the first result is kept'
+);
+SELECT tests.set_clock('2 hours');
+SELECT is_empty(
+    $$SELECT * FROM runrelay.claim_attempts(worker => 'w1', queues => ARRAY['d1'])$$,
+    'once a terminal is recorded the wait''s timeout is disarmed: a claim past timeout_at does not wake it'
+);
+SELECT tests.set_clock('0');
+
+-- claim_detached_terminal.
+SELECT is(
+    runrelay.claim_detached_terminal('d1', 1, gen_random_uuid()), FALSE, 'claim_detached_terminal with a wrong token: false'
+);
+SELECT is(
+    runrelay.claim_detached_terminal('d1', 2, tests.token('d1')), FALSE,
+    'claim_detached_terminal of an attempt that does not exist: false'
+);
+SELECT is(tests.state('d1'), 'waiting:waiting', 'failed claims change nothing');
+SELECT is(
+    runrelay.claim_detached_terminal('d1', 1, tests.token('d1')), TRUE,
+    'the owner claims the pushed terminal: true'
+);
+SELECT results_eq(
+    $$SELECT r.status, a.status, a.lease_expires_at - a.heartbeat_at
+      FROM runrelay.runs AS r INNER JOIN runrelay.attempts AS a USING (run_id) WHERE r.run_id = 'd1'$$,
+    $$VALUES ('waiting', 'running', interval '30 seconds')$$,
+    'the waiting attempt is moved to running with a fresh lease'
+);
+SELECT results_eq(
+    $$SELECT type, transport_only FROM runrelay.ledger WHERE run_id = 'd1' ORDER BY seq$$,
+    $$VALUES ('run.queued', FALSE), ('run.started', FALSE), ('run.waiting', TRUE), ('run.resumed', TRUE)$$,
+    'the wait ends with a transport-only run.resumed'
+);
+SELECT is(
+    runrelay.claim_detached_terminal('d1', 1, tests.token('d1')), TRUE, 'a replayed claim_detached_terminal answers true'
+);
+SELECT is(tests.event_count('d1'), 4::bigint, 'the replay emits no second run.resumed');
+
+-- superseded: the pushed terminal is authoritative.
+SELECT is(
+    runrelay.fail_attempt('d1', 1, tests.token('d1'), '{"e": "worker gave up"}', preserve_runner_terminal => TRUE),
+    'superseded', 'fail_attempt with preserve_runner_terminal after a push answers superseded'
+);
+SELECT results_eq(
+    $$SELECT r.status, r.error, a.status, a.error FROM runrelay.runs AS r INNER JOIN runrelay.attempts AS a USING (run_id)
+      WHERE r.run_id = 'd1'$$,
+    $$VALUES ('waiting', NULL::jsonb, 'running', NULL::jsonb)$$,
+    'superseded writes nothing'
+);
+SELECT is(tests.event_count('d1'), 4::bigint, 'superseded emits nothing');
+SELECT is(
+    runrelay.complete_attempt('d1', 1, tests.token('d1'), (SELECT result FROM runrelay.read_runner_terminal('d1', 1))),
+    'completed', 'the owner writes the runner''s terminal with complete_attempt'
+);
+SELECT results_eq(
+    $$SELECT status, result, wait FROM runrelay.runs WHERE run_id = 'd1'$$,
+    $$VALUES ('completed', '{"status": "ok", "out": 1}'::jsonb, NULL::jsonb)$$,
+    'the run is completed with the runner''s result'
+);
+SELECT is(
+    tests.lifecycle('d1'), ARRAY['run.queued', 'run.started', 'run.waiting', 'run.resumed', 'run.completed'],
+    'the lifecycle of a detached run'
+);
+SELECT is(
+    runrelay.record_runner_terminal('d1', 1, '{"status": "ok", "out": 1}'), 'duplicate',
+    'the runner repeating its push after the run ended still answers duplicate'
+);
+
+-- preserve_runner_terminal without a push fails normally.
+SELECT tests.start_run('d2');
+SELECT is(
+    runrelay.fail_attempt('d2', 1, tests.token('d2'), '{}', retry_at => now(), preserve_runner_terminal => TRUE),
+    'retry_scheduled', 'preserve_runner_terminal without a pushed terminal: the failure applies'
+);
+
+-- not_found.
+SELECT tests.start_run('d3');
+SELECT is(
+    runrelay.record_runner_terminal('d3', 1, '{}'), 'not_found',
+    'a push for an attempt that never waited on a detached runner answers not_found'
+);
+SELECT is(runrelay.record_runner_terminal('d3', 2, '{}'), 'not_found', 'a push for a missing attempt: not_found');
+SELECT is(runrelay.record_runner_terminal('d-none', 1, '{}'), 'not_found', 'a push for a missing run: not_found');
+SELECT runrelay.suspend_attempt('d3', 1, tests.token('d3'), '{"kind": "event", "name": "go"}');
+SELECT is(
+    runrelay.record_runner_terminal('d3', 1, '{}'), 'not_found', 'a push for an event wait answers not_found'
+);
+SELECT is(
+    (SELECT received_at FROM runrelay.read_runner_terminal('d3', 1)), NULL::timestamptz,
+    'not_found records nothing'
+);
+
+-- too_late: the wait timed out and the run moved on.
+SELECT tests.start_waiting(
+    'd4', jsonb_build_object('kind', 'detached_runner', 'runner', 'r', 'timeout_at', now() + interval '1 minute')
+);
+SELECT tests.set_clock('2 minutes');
+SELECT results_eq(
+    $$SELECT run_id, attempt, resume FROM runrelay.claim_attempts(worker => 'w1', queues => ARRAY['d4'])$$,
+    $$VALUES ('d4', 2, '{"timed_out": true}'::jsonb)$$,
+    'a detached wait past timeout_at is woken by the next claim with resume {"timed_out": true}'
+);
+SELECT is(
+    (
+        SELECT transport_only FROM runrelay.ledger
+        WHERE run_id = 'd4' AND type = 'run.resumed'
+    ), TRUE,
+    'the run.resumed that ends a detached wait is transport-only'
+);
+SELECT is(
+    runrelay.record_runner_terminal('d4', 1, '{"late": true}'), 'too_late',
+    'a push for a wait that timed out answers too_late'
+);
+SELECT is(
+    (SELECT received_at FROM runrelay.read_runner_terminal('d4', 1)), NULL::timestamptz, 'too_late records nothing'
+);
+SELECT is(
+    runrelay.claim_detached_terminal('d4', 1, tests.token('d4', 1)), FALSE,
+    'claim_detached_terminal of a timed-out attempt answers false'
+);
+SELECT tests.set_clock('0');
+
+-- too_late: pushed after timeout_at, before any claim woke the wait. The wait
+-- has timed out whether or not a claim has run yet.
+SELECT tests.start_waiting(
+    'd5', jsonb_build_object('kind', 'detached_runner', 'runner', 'r', 'timeout_at', now() + interval '1 minute')
+);
+SELECT tests.set_clock('2 minutes');
+SELECT is(
+    runrelay.record_runner_terminal('d5', 1, '{"late": true}'), 'too_late',
+    'a push after timeout_at answers too_late even before a claim woke the wait'
+);
+SELECT results_eq(
+    $$SELECT run_id, attempt, resume FROM runrelay.claim_attempts(worker => 'w1', queues => ARRAY['d5'])$$,
+    $$VALUES ('d5', 2, '{"timed_out": true}'::jsonb)$$,
+    'the late push changed nothing: the next claim wakes the run with {"timed_out": true}'
+);
+SELECT tests.set_clock('0');
+
+-- too_late: the run was cancelled while waiting.
+SELECT tests.start_waiting('d6', '{"kind": "detached_runner", "runner": "r"}');
+SELECT runrelay.cancel_run('d6');
+SELECT is(runrelay.record_runner_terminal('d6', 1, '{}'), 'too_late', 'a push for a cancelled wait answers too_late');
+SELECT is(tests.state('d6'), 'cancelled:cancelled', 'the cancelled run is unchanged');
+
+-- claim_detached_terminal with a pending cancellation.
+SELECT tests.start_waiting('d7', '{"kind": "detached_runner", "runner": "r"}');
+SELECT runrelay.record_runner_terminal('d7', 1, '{"ok": true}');
+SELECT tests.mark_cancel('d7');
+SELECT is(
+    runrelay.claim_detached_terminal('d7', 1, tests.token('d7')), FALSE,
+    'claim_detached_terminal answers false when a cancel marker is applied instead'
+);
+SELECT is(tests.state('d7'), 'cancelled:cancelled', 'the marker was applied');
+SELECT is(
+    tests.lifecycle('d7'), ARRAY['run.queued', 'run.started', 'run.waiting', 'run.cancelled'],
+    'run.cancelled is emitted, not run.resumed'
+);
+
+-- A claimed terminal whose lease expires goes back to waiting.
+SELECT tests.start_waiting('d8', '{"kind": "detached_runner", "runner": "r"}');
+SELECT runrelay.record_runner_terminal('d8', 1, '{"ok": true}');
+SELECT runrelay.claim_detached_terminal('d8', 1, tests.token('d8'));
+SELECT tests.set_clock('5 minutes');
+SELECT results_eq(
+    $$SELECT * FROM runrelay.reap_expired() WHERE run_id = 'd8'$$,
+    $$VALUES ('d8', 1, 'waiting')$$,
+    'reap_expired sends an expired claimed-for-terminal attempt back to waiting'
+);
+SELECT is(
+    runrelay.claim_detached_terminal('d8', 1, tests.token('d8')), TRUE, 'its owner can claim the terminal again'
+);
+
+SELECT * FROM finish();
+ROLLBACK;
