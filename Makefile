@@ -2,6 +2,7 @@
 #
 #   make demo   the main job: embedded PostgreSQL (unless DATABASE_URL), migrate, demo
 #   make test   every test, on PostgreSQL 15 (system) and 18 (embedded wheel)
+#   make docs   regenerate docs/errors.md and docs/sql-api.md
 
 SHELL := /bin/bash
 VENV ?= .venv
@@ -12,7 +13,7 @@ export PATH := $(BIN):$(PATH)
 # Run a command against DATABASE_URL when set, else against a throwaway cluster.
 WITH_PG = $(if $(DATABASE_URL),,$(PY) -m runrelay._pgcluster exec --flavor $(1) --)
 
-.PHONY: demo test test-pg15 test-pg18 prereqs lint typecheck freeze migrate clean
+.PHONY: demo test test-pg15 test-pg18 prereqs lint typecheck freeze migrate docs clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -47,6 +48,11 @@ freeze: $(VENV)/.installed
 
 migrate: $(VENV)/.installed
 	alembic upgrade head
+
+# Regenerate docs/errors.md (from runrelay.errors) and docs/sql-api.md (from a
+# database migrated to head); tests/python/test_docs.py fails when they are stale.
+docs: $(VENV)/.installed
+	$(call WITH_PG,system) bash -c 'alembic upgrade head && $(PY) -m runrelay._docs'
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

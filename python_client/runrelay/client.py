@@ -13,8 +13,9 @@ how a statement is executed.
 from __future__ import annotations
 
 import threading
+import time
 import uuid
-from collections.abc import Awaitable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, contextmanager
 from datetime import datetime
 from typing import Any, Generic, TypeVar, cast
@@ -39,6 +40,39 @@ def _raise_typed(error: psycopg.Error) -> None:
     if typed is not None:
         raise typed from error
     raise error
+
+
+def _one_flight(conn: psycopg.Connection[Any], query: Any, params: dict[str, Any] | None) -> Rows:
+    """Execute and fetch in one network round trip. Pipeline mode sends Parse,
+    Bind, Execute and Sync together, so even the call on which psycopg first
+    prepares the statement (or opens the caller's transaction) is one flight."""
+    cur = conn.cursor(row_factory=dict_row)
+    with conn.pipeline():
+        cur.execute(query, params)
+    return cur.fetchall()
+
+
+async def _one_flight_async(
+    conn: psycopg.AsyncConnection[Any], query: Any, params: dict[str, Any] | None
+) -> Rows:
+    async with conn.pipeline():
+        cur = conn.cursor(row_factory=dict_row)
+        await cur.execute(query, params)
+    return await cur.fetchall()
+
+
+@contextmanager
+def _autocommit(conn: psycopg.Connection[Any]) -> Iterator[None]:
+    """One call = one statement = its own transaction, whatever the pool's
+    default: an idle connection switches to autocommit locally (no round trip)."""
+    if conn.autocommit:
+        yield
+        return
+    conn.autocommit = True
+    try:
+        yield
+    finally:
+        conn.autocommit = False
 
 
 class _Methods(Generic[R]):
@@ -333,7 +367,10 @@ class _Methods(Generic[R]):
 
 
 class Client(_Methods[Any]):
-    """Synchronous client (psycopg 3, autocommit connections)."""
+    """Synchronous client (psycopg 3, autocommit connections).
+
+    `on_call(function, seconds)`, if given, is called after every successful
+    call with its latency: a hook for metrics and tracing."""
 
     def __init__(
         self,
@@ -341,10 +378,12 @@ class Client(_Methods[Any]):
         *,
         schema: str = "runrelay",
         prepare_threshold: int | None = DEFAULT_PREPARE_THRESHOLD,
+        on_call: Callable[[str, float], None] | None = None,
     ) -> None:
         self.schema = schema
         self._source = source
         self._prepare_threshold = prepare_threshold
+        self._on_call = on_call
         self._own: psycopg.Connection[Any] | None = None
         self._lock = threading.Lock()
         self._queries = {name: op.query(schema) for name, op in _core.OPERATIONS.items()}
@@ -363,24 +402,28 @@ class Client(_Methods[Any]):
                     )
                 yield self._own
         else:  # a psycopg_pool.ConnectionPool
-            with source.connection() as pooled:
+            with source.connection() as pooled, _autocommit(pooled):
                 yield pooled
 
-    def _execute(self, function: str, values: dict[str, Any], conn: Any) -> list[dict[str, Any]]:
-        op = _core.OPERATIONS[function]
-        params = op.bind(values)
+    def _execute(self, function: str, values: dict[str, Any], conn: Any) -> Rows:
+        params = _core.OPERATIONS[function].bind(values)
+        return self._fetch(self._queries[function], params, conn)
+
+    def _fetch(self, query: Any, params: dict[str, Any] | None, conn: Any) -> Rows:
         try:
             if conn is not None:
-                with conn.cursor(row_factory=dict_row) as cur:
-                    return cast(Rows, cur.execute(self._queries[function], params).fetchall())
-            with self.connection() as c, c.cursor(row_factory=dict_row) as cur:
-                return cur.execute(self._queries[function], params).fetchall()
+                return _one_flight(conn, query, params)
+            with self.connection() as c:
+                return _one_flight(c, query, params)
         except psycopg.Error as error:
             _raise_typed(error)
             raise  # unreachable: _raise_typed always raises
 
     def _call(self, function: str, values: dict[str, Any], conn: Any) -> Any:
+        started = time.perf_counter()
         rows = self._execute(function, values, conn)
+        if self._on_call is not None:
+            self._on_call(function, time.perf_counter() - started)
         return _core.OPERATIONS[function].read(rows)
 
     def run_stats(self, *, conn: Any = None) -> list[dict[str, Any]]:
@@ -391,17 +434,8 @@ class Client(_Methods[Any]):
         """Rows of the ledger_stats view (admin role)."""
         return self._view("ledger_stats", conn)
 
-    def _view(self, view: str, conn: Any) -> list[dict[str, Any]]:
-        query = _core.view_query(self.schema, view)
-        try:
-            if conn is not None:
-                with conn.cursor(row_factory=dict_row) as cur:
-                    return cast(Rows, cur.execute(query).fetchall())
-            with self.connection() as c, c.cursor(row_factory=dict_row) as cur:
-                return cur.execute(query).fetchall()
-        except psycopg.Error as error:
-            _raise_typed(error)
-            raise
+    def _view(self, view: str, conn: Any) -> Rows:
+        return self._fetch(_core.view_query(self.schema, view), None, conn)
 
     def close(self) -> None:
         if self._own is not None:
@@ -451,23 +485,27 @@ class AsyncClient(_Methods[Awaitable[Any]]):
                     yield self._own
             else:  # a psycopg_pool.AsyncConnectionPool
                 async with source.connection() as pooled:
-                    yield pooled
+                    if pooled.autocommit:
+                        yield pooled
+                        return
+                    await pooled.set_autocommit(True)
+                    try:
+                        yield pooled
+                    finally:
+                        await pooled.set_autocommit(False)
 
         return _conn()
 
-    async def _execute(
-        self, function: str, values: dict[str, Any], conn: Any
-    ) -> list[dict[str, Any]]:
-        op = _core.OPERATIONS[function]
-        params = op.bind(values)
+    async def _execute(self, function: str, values: dict[str, Any], conn: Any) -> Rows:
+        params = _core.OPERATIONS[function].bind(values)
+        return await self._fetch(self._queries[function], params, conn)
+
+    async def _fetch(self, query: Any, params: dict[str, Any] | None, conn: Any) -> Rows:
         try:
             if conn is not None:
-                async with conn.cursor(row_factory=dict_row) as cur:
-                    await cur.execute(self._queries[function], params)
-                    return cast(Rows, await cur.fetchall())
-            async with self.connection() as c, c.cursor(row_factory=dict_row) as cur:
-                await cur.execute(self._queries[function], params)
-                return await cur.fetchall()
+                return await _one_flight_async(conn, query, params)
+            async with self.connection() as c:
+                return await _one_flight_async(c, query, params)
         except psycopg.Error as error:
             _raise_typed(error)
             raise
@@ -485,19 +523,8 @@ class AsyncClient(_Methods[Awaitable[Any]]):
     async def ledger_stats(self, *, conn: Any = None) -> list[dict[str, Any]]:
         return await self._view("ledger_stats", conn)
 
-    async def _view(self, view: str, conn: Any) -> list[dict[str, Any]]:
-        query = _core.view_query(self.schema, view)
-        try:
-            if conn is not None:
-                async with conn.cursor(row_factory=dict_row) as cur:
-                    await cur.execute(query)
-                    return cast(Rows, await cur.fetchall())
-            async with self.connection() as c, c.cursor(row_factory=dict_row) as cur:
-                await cur.execute(query)
-                return await cur.fetchall()
-        except psycopg.Error as error:
-            _raise_typed(error)
-            raise
+    async def _view(self, view: str, conn: Any) -> Rows:
+        return await self._fetch(_core.view_query(self.schema, view), None, conn)
 
     async def close(self) -> None:
         if self._own is not None:

@@ -1,0 +1,486 @@
+"""`runrelay demo`: the whole system on one machine, checked end to end.
+
+A producer enqueues runs of seven kinds over three queues; workers run them
+(complete, fail then succeed, fail for good, sleep, wait for a signal, get
+cancelled mid-flight, hand off to a detached runner); relays deliver both ledger
+lanes to a local HTTP receiver that injects 5xx errors and slow replies, dedupes
+by delivery key and checks every run's per-lane order. The summary shows final
+statuses, deliveries, and the two numbers that must be zero: ordering
+violations and lost events. The command exits non-zero if an invariant broke.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import random
+import statistics
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import psycopg
+from psycopg_pool import ConnectionPool
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from .client import Client
+from .relay import Relay
+from .sinks import WebhookSink
+from .worker import Job, Retry, Suspend, Worker
+
+KINDS = {  # kind: (share, expected final status)
+    "ok": (0.62, "completed"),
+    "flaky": (0.08, "completed"),
+    "doomed": (0.04, "failed"),
+    "sleeper": (0.07, "completed"),
+    "waiter": (0.07, "completed"),
+    "cancelled": (0.05, "cancelled"),
+    "detached": (0.07, "completed"),
+}
+QUEUES = ("email", "billing", "reports")
+
+
+# -- the receiver -------------------------------------------------------------
+@dataclass
+class Receiver:
+    """A webhook consumer: dedupes by delivery key, checks per-run lane order."""
+
+    fail_rate: float = 0.03
+    reply_lost_rate: float = 0.02  # processed, but the reply fails: a redelivery follows
+    slow_rate: float = 0.002
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    seen: set[str] = field(default_factory=set)
+    last_seq: dict[tuple[str, str], int] = field(default_factory=dict)
+    order: dict[tuple[str, str], list[int]] = field(default_factory=lambda: defaultdict(list))
+    unique: int = 0
+    duplicates: int = 0
+    violations: int = 0
+    injected_errors: int = 0
+    lost_replies: int = 0
+    slow_replies: int = 0
+    requests: int = 0
+
+    def accept(self, body: dict[str, Any]) -> int:
+        rng = random.random()
+        with self.lock:
+            self.requests += 1
+        if rng < self.fail_rate:
+            with self.lock:
+                self.injected_errors += 1
+            return 503
+        if rng > 1 - self.slow_rate:
+            with self.lock:
+                self.slow_replies += 1
+            time.sleep(random.uniform(1.0, 3.0))  # past half the 5 s lease: renewals
+        lane = body["lane"]
+        with self.lock:
+            for event in body["events"]:
+                key = event["delivery_key"]
+                if key in self.seen:
+                    self.duplicates += 1
+                    continue
+                stream = (event["run_id"], lane)
+                if self.last_seq.get(stream, 0) >= event["seq"]:
+                    self.violations += 1
+                self.last_seq[stream] = event["seq"]
+                self.order[stream].append(event["seq"])
+                self.seen.add(key)
+                self.unique += 1
+            if rng < self.fail_rate + self.reply_lost_rate:
+                self.lost_replies += 1
+                return 500
+        return 200
+
+
+@contextmanager
+def serve(receiver: Receiver) -> Iterator[str]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length", "0"))
+            status = receiver.accept(json.loads(self.rfile.read(length)))
+            self.send_response(status)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/hooks"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+# -- latency ------------------------------------------------------------------
+class Latencies:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.samples: dict[str, list[float]] = defaultdict(list)
+
+    def __call__(self, function: str, seconds: float) -> None:
+        with self.lock:
+            self.samples[function].append(seconds)
+
+    def table(self) -> list[tuple[str, int, float, float]]:
+        rows = []
+        for function, values in sorted(self.samples.items()):
+            ordered = sorted(values)
+            p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+            rows.append((function, len(values), statistics.median(ordered) * 1000, p99 * 1000))
+        return rows
+
+
+# -- the scenario ---------------------------------------------------------------
+class Scenario:
+    def __init__(self, url: str, runs: int, workers: int, relays: int, seed: int) -> None:
+        self.url = url
+        self.runs = runs
+        self.workers = workers
+        self.relays = relays
+        self.rng = random.Random(seed)
+        self.latencies = Latencies()
+        self.detached: queue.Queue[Job] = queue.Queue()
+        self.stop = threading.Event()
+        self.expected: dict[str, str] = {}
+        self.kinds: dict[str, str] = {}
+
+    def client(self, size: int) -> Client:
+        pool = ConnectionPool(
+            self.url, min_size=1, max_size=size, kwargs={"autocommit": True}, open=True
+        )
+        return Client(pool, on_call=self.latencies)
+
+    # handlers run in worker threads
+    def handle(self, job: Job) -> Any:
+        kind = job.payload["kind"]
+        if kind == "flaky" and job.attempt.attempt == 1:
+            raise Retry("flaky dependency", after=0.2)
+        if kind == "doomed":
+            raise RuntimeError("this run can never succeed")
+        if kind == "sleeper" and job.resume is None:
+            raise Suspend.sleep(0.5)
+        if kind == "waiter" and job.resume is None:
+            raise Suspend.event("approval", timeout=60)
+        if kind == "cancelled":
+            deadline = time.monotonic() + 20
+            while not job.cancelled.is_set() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            return {"gave_up": True}
+        if kind == "detached" and job.resume is None:
+            self.detached.put(job)
+            raise Suspend.detached("external-runner", timeout=60)
+        return {"kind": kind, "attempt": job.attempt.attempt}
+
+    def produce(self, client: Client) -> None:
+        names = list(KINDS)
+        weights = [KINDS[k][0] for k in names]
+        pending_signals: list[tuple[float, str]] = []
+        pending_cancels: list[tuple[float, str]] = []
+        for i in range(self.runs):
+            kind = self.rng.choices(names, weights)[0]
+            run_id = f"demo-{i:05d}-{kind}"
+            self.kinds[run_id] = kind
+            self.expected[run_id] = KINDS[kind][1]
+            client.enqueue_run(
+                run_id,
+                queue=QUEUES[i % len(QUEUES)],
+                payload={"kind": kind, "n": i},
+                max_attempts=2 if kind == "doomed" else 3,
+            )
+            client.append_events(
+                run_id, [{"type": "demo.progress", "lane": "observability", "payload": {"n": i}}]
+            )
+            now = time.monotonic()
+            if kind == "waiter":
+                pending_signals.append((now + self.rng.uniform(0.2, 1.5), run_id))
+            if kind == "cancelled":
+                pending_cancels.append((now + self.rng.uniform(0.3, 1.0), run_id))
+            self._due(client, pending_signals, pending_cancels, now)
+        while (pending_signals or pending_cancels) and not self.stop.is_set():
+            self._due(client, pending_signals, pending_cancels, time.monotonic())
+            time.sleep(0.05)
+
+    def _due(
+        self,
+        client: Client,
+        signals: list[tuple[float, str]],
+        cancels: list[tuple[float, str]],
+        now: float,
+    ) -> None:
+        while signals and signals[0][0] <= now:
+            _, run_id = signals.pop(0)
+            client.signal_run(run_id, "approval", {"approved_by": "demo"})
+        while cancels and cancels[0][0] <= now:
+            _, run_id = cancels.pop(0)
+            client.cancel_run(run_id, "the demo changed its mind")
+
+    def detached_runner(self, client: Client) -> None:
+        """Plays the external system: pushes a terminal, then the owner claims
+        it back and writes the run's outcome."""
+        while not self.stop.is_set():
+            try:
+                job = self.detached.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            run_id, attempt = job.run_id, job.attempt.attempt
+            result = {"answer": 42, "runner": "external"}
+            for _ in range(200):
+                outcome = client.record_runner_terminal(run_id, attempt, result)
+                if outcome != "not_found":  # not suspended yet: try again
+                    break
+                time.sleep(0.02)
+            if client.claim_detached_terminal(**job.attempt.fence):
+                terminal = client.read_runner_terminal(run_id, attempt)
+                client.complete_attempt(**job.attempt.fence, result=terminal.result)
+
+    def reaper(self, client: Client) -> None:
+        while not self.stop.wait(1.0):
+            client.reap_expired()
+
+
+def run(
+    database_url: str,
+    runs: int = 5000,
+    workers: int = 4,
+    relays: int = 2,
+    seed: int = 7,
+    console: Console | None = None,
+    reset: bool = False,
+) -> int:
+    console = console or Console()
+    scenario = Scenario(database_url, runs, workers, relays, seed)
+    receiver = Receiver()
+    with psycopg.connect(database_url, autocommit=True) as admin:
+        # Demo-sized backoff for the receiver's injected faults (restored below).
+        saved = admin.execute(
+            "SELECT retry_base_seconds, retry_max_seconds FROM runrelay.settings"
+        ).fetchone()
+        if admin.execute("SELECT EXISTS (SELECT 1 FROM runrelay.runs)").fetchone() != (False,):
+            if not reset:
+                console.print(
+                    "[red]runrelay demo needs an empty runrelay schema[/red] (it counts every "
+                    "run and event). Use a fresh database, or pass --reset to delete ALL runs."
+                )
+                return 2
+            admin.execute(
+                "TRUNCATE runrelay.ledger_lanes, runrelay.ledger, runrelay.signals,"
+                " runrelay.cancellations, runrelay.attempts, runrelay.runs"
+            )
+        admin.execute(
+            "UPDATE runrelay.settings SET retry_base_seconds = 0.1, retry_max_seconds = 1"
+        )
+        started = time.monotonic()
+        try:
+            result = _scenario(console, admin, scenario, receiver, started)
+        finally:
+            admin.execute(
+                "UPDATE runrelay.settings SET retry_base_seconds = %s, retry_max_seconds = %s",
+                saved,
+            )
+        return result
+
+
+def _scenario(
+    console: Console,
+    admin: psycopg.Connection[Any],
+    scenario: Scenario,
+    receiver: Receiver,
+    started: float,
+) -> int:
+    """Start the receiver, workers, relays, runner and producer; wait; report."""
+    url = scenario.url
+    with serve(receiver) as hook:
+        workers = [
+            Worker(
+                scenario.client(10),
+                scenario.handle,
+                concurrency=8,
+                name=f"worker-{n}",
+                lease_seconds=10,
+                heartbeat_every=0.5,
+                poll_interval=0.1,
+                listen_dsn=url,
+            )
+            for n in range(scenario.workers)
+        ]
+        relays = [
+            Relay(
+                scenario.client(4),
+                WebhookSink(hook, timeout=10),
+                name=f"relay-{n}",
+                batch_size=100,
+                lease_seconds=5,
+                listen_dsn=url,
+                max_sleep=0.2,
+            )
+            for n in range(scenario.relays)
+        ]
+        helper = scenario.client(4)
+        targets: list[Callable[[], None]] = [w.run for w in workers]
+        targets += [r.run for r in relays]
+        targets += [lambda: scenario.detached_runner(helper), lambda: scenario.reaper(helper)]
+        threads = [threading.Thread(target=target, daemon=True) for target in targets]
+        for thread in threads:
+            thread.start()
+        producer = threading.Thread(
+            target=scenario.produce, args=(scenario.client(2),), daemon=True
+        )
+        producer.start()
+        finished, pending = _progress(console, admin, receiver, scenario.runs, producer)
+        scenario.stop.set()
+        for worker in workers:
+            worker.stop()
+        for relay in relays:
+            relay.stop()
+        for thread in threads:
+            thread.join(timeout=15)
+    elapsed = time.monotonic() - started
+    return _summary(console, admin, scenario, receiver, workers, relays, elapsed, finished, pending)
+
+
+UNDELIVERED = """
+    SELECT count(*) FROM runrelay.ledger AS l
+    WHERE l.state <> 'delivered'
+      AND NOT (l.transport_only AND NOT EXISTS (
+          SELECT 1 FROM runrelay.ledger AS n
+          WHERE n.run_id = l.run_id AND n.lane = l.lane AND n.seq > l.seq))
+"""
+
+
+def _progress(
+    console: Console,
+    admin: psycopg.Connection[Any],
+    receiver: Receiver,
+    runs: int,
+    producer: threading.Thread,
+) -> tuple[bool, int]:
+    columns = (
+        TextColumn("{task.description:<22}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    deadline = time.monotonic() + 170
+    with Progress(*columns, console=console, transient=False) as progress:
+        t_enq = progress.add_task("runs enqueued", total=runs)
+        t_done = progress.add_task("runs finished", total=runs)
+        t_events = progress.add_task("events delivered", total=None)
+        while time.monotonic() < deadline:
+            row = admin.execute(
+                "SELECT count(*), count(*) FILTER (WHERE finished_at IS NOT NULL)"
+                " FROM runrelay.runs"
+            ).fetchone()
+            enqueued, finished = row if row else (0, 0)
+            undelivered_row = admin.execute(UNDELIVERED).fetchone()
+            undelivered = undelivered_row[0] if undelivered_row else 0
+            progress.update(t_enq, completed=enqueued)
+            progress.update(t_done, completed=finished)
+            progress.update(
+                t_events, completed=receiver.unique, total=receiver.unique + undelivered
+            )
+            if not producer.is_alive() and finished == runs and undelivered == 0:
+                return True, 0
+            time.sleep(0.25)
+    return False, int(undelivered)
+
+
+def _summary(
+    console: Console,
+    admin: psycopg.Connection[Any],
+    scenario: Scenario,
+    receiver: Receiver,
+    workers: list[Worker],
+    relays: list[Relay],
+    elapsed: float,
+    finished: bool,
+    pending: int,
+) -> int:
+    statuses = dict(
+        admin.execute("SELECT status, count(*) FROM runrelay.runs GROUP BY 1").fetchall()
+    )
+    final = dict(admin.execute("SELECT run_id, status FROM runrelay.runs").fetchall())
+    wrong = Counter(
+        scenario.kinds[run_id]
+        for run_id, expected in scenario.expected.items()
+        if final.get(run_id) != expected
+    )
+    deliverable = admin.execute(
+        "SELECT run_id, lane, seq, delivery_key FROM runrelay.ledger"
+        " WHERE NOT acked_locally AND state = 'delivered' ORDER BY run_id, lane, seq"
+    ).fetchall()
+    lost = sum(1 for *_, key in deliverable if key not in receiver.seen) + pending
+    expected_order: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for run_id, lane, seq, _ in deliverable:
+        expected_order[(run_id, lane)].append(seq)
+    order_violations = receiver.violations + sum(
+        1 for stream, seqs in expected_order.items() if receiver.order.get(stream) != seqs
+    )
+    local_acks = admin.execute(
+        "SELECT count(*) FROM runrelay.ledger WHERE acked_locally"
+    ).fetchone()
+
+    table = Table(title="runrelay demo", show_lines=False)
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    for status in ("completed", "failed", "cancelled", "queued", "running", "waiting"):
+        if statuses.get(status):
+            table.add_row(f"runs {status}", str(statuses[status]))
+    table.add_row("runs not in their expected final state", str(sum(wrong.values())))
+    table.add_row("events delivered (unique)", str(receiver.unique))
+    table.add_row("redeliveries deduplicated", str(receiver.duplicates))
+    table.add_row("transport-only events acked locally", str(local_acks[0] if local_acks else 0))
+    table.add_row(
+        "receiver 5xx injected / slow replies",
+        f"{receiver.injected_errors} / {receiver.slow_replies}",
+    )
+    table.add_row(
+        "lease renewals (slow deliveries)", str(sum(r.stats.get("renewals", 0) for r in relays))
+    )
+    table.add_row("[bold]ordering violations[/bold]", f"[bold]{order_violations}[/bold]")
+    table.add_row("[bold]lost events[/bold]", f"[bold]{lost}[/bold]")
+    table.add_row("elapsed", f"{elapsed:.1f} s")
+    table.add_row(
+        "throughput",
+        f"{scenario.runs / elapsed:.0f} runs/s, {receiver.unique / elapsed:.0f} events/s",
+    )
+    console.print(table)
+
+    lat = Table(title="latency per operation (client side)")
+    for column in ("operation", "calls", "p50 ms", "p99 ms"):
+        lat.add_column(column, justify="right" if column != "operation" else "left")
+    for function, calls, p50, p99 in scenario.latencies.table():
+        lat.add_row(function, str(calls), f"{p50:.2f}", f"{p99:.2f}")
+    console.print(lat)
+
+    problems = []
+    if not finished:
+        problems.append("the scenario did not finish in time")
+    if wrong:
+        problems.append(f"unexpected final states by kind: {dict(wrong)}")
+    if order_violations:
+        problems.append(f"{order_violations} ordering violations")
+    if lost:
+        problems.append(f"{lost} lost events")
+    for worker in workers:
+        if worker.stats.get("write_errors"):
+            problems.append(f"{worker.name}: {worker.stats['write_errors']} write errors")
+    if problems:
+        console.print("[bold red]FAILED:[/bold red] " + "; ".join(problems))
+        return 1
+    console.print(
+        "[bold green]OK[/bold green]: every run ended as expected; "
+        "0 ordering violations, 0 lost events."
+    )
+    return 0

@@ -1,0 +1,343 @@
+"""The Worker and Relay loops against a real server and a real HTTP receiver."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg_pool import ConnectionPool
+
+from runrelay import Client, LedgerEvent
+from runrelay.relay import Relay
+from runrelay.sinks import DeliveryError, JsonLinesSink, WebhookSink
+from runrelay.worker import Job, Retry, Suspend, Worker, run_in_thread
+
+Connect = Callable[..., psycopg.Connection]
+
+
+@pytest.fixture
+def calls() -> Counter[str]:
+    return Counter()
+
+
+@pytest.fixture
+def client(db: psycopg.Connection, db_url: str, calls: Counter[str]) -> Iterator[Client]:
+    pool = ConnectionPool(db_url, min_size=1, max_size=8, kwargs={"autocommit": True})
+    with pool:
+        yield Client(pool, on_call=lambda fn, _s: calls.update([fn]))
+
+
+def _wait_for(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError("condition not reached in time")
+
+
+def _statuses(db: psycopg.Connection) -> dict[str, str]:
+    return dict(db.execute("SELECT run_id, status FROM runrelay.runs").fetchall())
+
+
+# -- Worker -------------------------------------------------------------------
+def test_worker_maps_handler_outcomes_to_writes(db: psycopg.Connection, client: Client) -> None:
+    def handler(job: Job) -> Any:
+        kind = job.payload["kind"]
+        if kind == "boom":
+            raise ValueError("nope")
+        if kind == "retry" and job.attempt.attempt == 1:
+            raise Retry("later", after=0.05)
+        if kind == "sleep" and job.resume is None:
+            raise Suspend.sleep(0.2)
+        if kind == "event" and job.resume is None:
+            raise Suspend.event("go")
+        return {"kind": kind, "resume": job.resume}
+
+    for kind in ("ok", "boom", "retry", "sleep", "event"):
+        client.enqueue_run(kind, payload={"kind": kind}, max_attempts=2)
+    db.execute("UPDATE runrelay.settings SET retry_base_seconds = 0.05")
+    worker = Worker(client, handler, concurrency=3, poll_interval=0.05, heartbeat_every=0.2)
+    thread, done = run_in_thread(worker)
+    _wait_for(lambda: _statuses(db).get("event") == "waiting")
+    assert client.signal_run("event", "go", {"v": 1}) == "resumed"
+    _wait_for(lambda: all(s in ("completed", "failed") for s in _statuses(db).values()))
+    worker.stop()
+    thread.join(10)
+    done.result(timeout=1)
+    assert _statuses(db) == {
+        "ok": "completed", "boom": "failed", "retry": "completed",
+        "sleep": "completed", "event": "completed",
+    }  # fmt: skip
+    results = dict(db.execute("SELECT run_id, result FROM runrelay.runs").fetchall())
+    assert results["event"]["resume"] == {"name": "go", "payload": {"v": 1}}
+    assert results["sleep"]["resume"] == {"slept": True}
+    error = db.execute("SELECT error FROM runrelay.runs WHERE run_id = 'boom'").fetchone()
+    assert error == ({"type": "ValueError", "message": "nope"},)
+
+
+def test_worker_stops_a_cancelled_handler_through_its_heartbeat(
+    db: psycopg.Connection, client: Client
+) -> None:
+    started, saw_cancel = threading.Event(), threading.Event()
+
+    def handler(job: Job) -> Any:
+        started.set()
+        if job.cancelled.wait(10):
+            saw_cancel.set()
+        return {"finished": True}
+
+    client.enqueue_run("long")
+    worker = Worker(client, handler, concurrency=1, poll_interval=0.05, heartbeat_every=0.1)
+    thread, _ = run_in_thread(worker)
+    assert started.wait(10)
+    assert client.cancel_run("long") in ("cancelled", "cancel_requested")
+    assert saw_cancel.wait(5)
+    worker.stop()
+    thread.join(10)
+    assert _statuses(db) == {"long": "cancelled"}
+    assert worker.stats.get("heartbeat:cancelled") == 1
+    assert worker.stats.get("complete:cancelled") == 1
+
+
+def test_batched_worker_completes_with_one_call_per_batch(
+    db: psycopg.Connection, client: Client, calls: Counter[str]
+) -> None:
+    for i in range(40):
+        client.enqueue_run(f"b{i}")
+    worker = Worker(
+        client, lambda job: {"i": job.run_id}, concurrency=10, batch_size=10, poll_interval=0.05
+    )
+    worker.run(until_idle=0.5)
+    assert set(_statuses(db).values()) == {"completed"}
+    assert calls["complete_attempt"] == 0
+    assert 4 <= calls["complete_attempts"] <= 40
+    assert calls["complete_attempts"] < calls["claim_attempts"] + 1
+
+
+def test_graceful_shutdown_releases_unfinished_work(db: psycopg.Connection, client: Client) -> None:
+    release = threading.Event()
+    client.enqueue_run("stuck", max_attempts=3)
+    worker = Worker(
+        client, lambda job: release.wait(30), concurrency=1, poll_interval=0.05, shutdown_grace=0.3
+    )
+    thread, _ = run_in_thread(worker)
+    _wait_for(lambda: _statuses(db).get("stuck") == "running")
+    worker.stop()
+    thread.join(10)
+    release.set()
+    assert worker.stats.get("released_on_shutdown") == 1
+    assert _statuses(db) == {"stuck": "queued"}  # retried at once by another worker
+    nxt = client.claim_attempts("next")
+    assert [a.attempt for a in nxt] == [2]
+
+
+# -- Relay --------------------------------------------------------------------
+class Hook:
+    """A webhook receiver whose behaviour a test scripts per request."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.bodies: list[dict[str, Any]] = []
+        self.keys: list[str] = []
+        self.headers: list[str] = []
+        self.script: Callable[[int], tuple[int, float]] = lambda n: (200, 0.0)
+        self.process_before_failing = False
+
+    def handle(self, body: dict[str, Any], key: str) -> int:
+        with self.lock:
+            n = len(self.bodies)
+            self.bodies.append(body)
+        status, delay = self.script(n)
+        time.sleep(delay)
+        if status < 300 or self.process_before_failing:
+            with self.lock:
+                self.keys.extend(e["delivery_key"] for e in body["events"])
+                self.headers.append(key)
+        return status
+
+
+@contextmanager
+def serve(hook: Hook) -> Iterator[str]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            status = hook.handle(body, self.headers.get("Idempotency-Key", ""))
+            self.send_response(status)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/hook"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _events_in_db(db: psycopg.Connection) -> list[str]:
+    rows = db.execute(
+        "SELECT delivery_key FROM runrelay.ledger WHERE NOT acked_locally ORDER BY run_id, seq"
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def _make_runs(client: Client, n: int) -> None:
+    for i in range(n):
+        client.enqueue_run(f"r{i}")
+        client.append_events(
+            f"r{i}", [{"type": "step", "payload": {"i": i, "k": k}} for k in range(5)]
+        )
+
+
+def test_relay_survives_a_receiver_outage_in_order(db: psycopg.Connection, client: Client) -> None:
+    _make_runs(client, 10)
+    db.execute("UPDATE runrelay.settings SET retry_base_seconds = 0.05, retry_max_seconds = 0.2")
+    hook = Hook()
+    hook.script = lambda n: (503, 0.0) if n < 8 else (200, 0.0)
+    with serve(hook) as url:
+        relay = Relay(client, WebhookSink(url), batch_size=3, max_sleep=0.05)
+        relay.run(until_idle=1.0)
+    assert sorted(hook.keys) == sorted(_events_in_db(db))
+    assert len(hook.keys) == len(set(hook.keys))
+    for i in range(10):  # per run: delivery order is seq order
+        keys = [k for k in hook.keys if k.startswith(f"r{i}:")]
+        assert keys == sorted(keys, key=lambda k: int(k.split(":")[1]))
+    assert relay.stats["delivery_failures"] >= 8
+    assert relay.stats["batches"] >= 10
+
+
+def test_relay_renews_leases_during_slow_deliveries(
+    db: psycopg.Connection, client: Client, calls: Counter[str]
+) -> None:
+    _make_runs(client, 1)
+    hook = Hook()
+    hook.script = lambda n: (200, 3.5 if n == 0 else 0.0)
+    with serve(hook) as url:
+        relay = Relay(client, WebhookSink(url), batch_size=100, lease_seconds=5, max_sleep=0.05)
+        relay.run(until_idle=0.5)
+    assert calls["renew_ledger_lease"] >= 1
+    assert sorted(hook.keys) == sorted(_events_in_db(db))
+    assert len(hook.keys) == len(set(hook.keys))  # the lease held: no redelivery
+
+
+def test_relay_fast_deliveries_never_renew(
+    db: psycopg.Connection, client: Client, calls: Counter[str]
+) -> None:
+    _make_runs(client, 5)
+    with serve(Hook()) as url:
+        Relay(client, WebhookSink(url), batch_size=100, max_sleep=0.05).run(until_idle=0.5)
+    assert calls["renew_ledger_lease"] == 0
+    assert calls["ack_ledger"] >= 5
+
+
+def test_permanent_rejection_blocks_the_lane(db: psycopg.Connection, client: Client) -> None:
+    _make_runs(client, 1)
+    hook = Hook()
+    hook.script = lambda n: (422, 0.0)
+    with serve(hook) as url:
+        relay = Relay(client, WebhookSink(url), batch_size=100, max_sleep=0.05)
+        relay.run(until_idle=0.5)
+    assert relay.stats["blocked"] >= 1
+    blocked = db.execute("SELECT count(*) FROM runrelay.ledger_lanes WHERE blocked").fetchone()
+    assert blocked == (1,)
+    assert len(hook.bodies) == 1  # no retry of a permanent failure
+
+
+def test_redelivery_after_a_lost_reply_keeps_keys_stable(
+    db: psycopg.Connection, client: Client
+) -> None:
+    """The receiver processes a batch but its reply fails: the relay retries,
+    the frozen batch comes back identical, so the batch key is too."""
+    _make_runs(client, 1)
+    db.execute("UPDATE runrelay.settings SET retry_base_seconds = 0.05")
+    hook = Hook()
+    hook.process_before_failing = True
+    hook.script = lambda n: (500, 0.0) if n == 0 else (200, 0.0)
+    with serve(hook) as url:
+        Relay(client, WebhookSink(url), batch_size=100, max_sleep=0.05).run(until_idle=0.7)
+    assert hook.headers[0] == hook.headers[1]
+    assert Counter(hook.keys).most_common(1)[0][1] == 2
+    assert set(hook.keys) == set(_events_in_db(db))
+
+
+def test_relay_replays_a_claim_whose_reply_was_lost(db: psycopg.Connection, db_url: str) -> None:
+    """The first claim commits but its reply is dropped (OperationalError after
+    the call): the relay repeats it with the same call_id and delivers exactly
+    once, in order."""
+    pool = ConnectionPool(db_url, min_size=1, max_size=4, kwargs={"autocommit": True})
+    with pool:
+        real = Client(pool)
+        _make_runs(real, 2)
+        seen_call_ids: list[Any] = []
+
+        class LossyClient(Client):
+            def claim_ledger(self, *args: Any, **kwargs: Any) -> Any:
+                rows = super().claim_ledger(*args, **kwargs)
+                seen_call_ids.append(kwargs.get("call_id"))
+                if len(seen_call_ids) == 1:
+                    raise psycopg.OperationalError("connection lost after COMMIT")
+                return rows
+
+        delivered: list[LedgerEvent] = []
+        relay = Relay(
+            LossyClient(pool),
+            lambda lane, evs: delivered.extend(evs),
+            batch_size=100,
+            max_sleep=0.05,
+        )
+        relay.run(until_idle=0.5)
+    assert seen_call_ids[0] == seen_call_ids[1]
+    keys = [e.delivery_key for e in delivered]
+    assert sorted(keys) == sorted(_events_in_db(db))
+    assert len(keys) == len(set(keys))
+
+
+def test_jsonl_sink_appends_one_line_per_event(
+    db: psycopg.Connection, client: Client, tmp_path: Path
+) -> None:
+    _make_runs(client, 2)
+    path = tmp_path / "events.jsonl"
+    Relay(client, JsonLinesSink(path), max_sleep=0.05).run(until_idle=0.5)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert sorted(e["delivery_key"] for e in lines) == sorted(_events_in_db(db))
+    assert {e["lane"] for e in lines} == {"lifecycle"}
+
+
+def test_delivery_error_classification() -> None:
+    assert DeliveryError("x", permanent=True).permanent
+    with serve(Hook()) as url:
+        pass
+    with pytest.raises(DeliveryError) as exc:  # the server is gone: transient
+        WebhookSink(url, timeout=1)("lifecycle", [_fake_event()])
+    assert not exc.value.permanent
+    for status, permanent in ((400, True), (404, True), (408, False), (429, False), (500, False)):
+        hook = Hook()
+        hook.script = lambda n, s=status: (s, 0.0)
+        with serve(hook) as url, pytest.raises(DeliveryError) as exc:
+            WebhookSink(url)("lifecycle", [_fake_event()])
+        assert exc.value.permanent is permanent, status
+
+
+def _fake_event() -> LedgerEvent:
+    from datetime import UTC, datetime
+
+    from runrelay import LedgerKind
+
+    return LedgerEvent(
+        LedgerKind.CLAIMED, 1, "r", 1, "t", {}, "r:1", datetime.now(UTC), False, None, None
+    )
