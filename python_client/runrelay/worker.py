@@ -381,3 +381,135 @@ def run_in_thread(worker: Worker, **kwargs: Any) -> tuple[threading.Thread, Futu
     thread = threading.Thread(target=target, name=f"worker-{worker.name}", daemon=True)
     thread.start()
     return thread, future
+
+
+class AsyncWorker:
+    """The asyncio Worker: `concurrency` tasks on an AsyncClient; the handler
+    is a coroutine function taking a Job. Same outcome mapping, heartbeats and
+    cancellation as Worker."""
+
+    def __init__(
+        self,
+        client: Any,
+        handler: Callable[[Job], Any],
+        *,
+        queues: Sequence[str] | None = None,
+        concurrency: int = 4,
+        name: str | None = None,
+        lease_seconds: int = 30,
+        heartbeat_every: float | None = None,
+        poll_interval: float = 1.0,
+    ) -> None:
+        import asyncio
+
+        self.client = client
+        self.handler = handler
+        self.queues = list(queues) if queues is not None else None
+        self.concurrency = max(1, concurrency)
+        self.name = name or _default_name()
+        self.lease_seconds = lease_seconds
+        self.heartbeat_every = heartbeat_every or max(1.0, lease_seconds / 3)
+        self.poll_interval = poll_interval
+        self._stop = asyncio.Event()
+        self._inflight: dict[tuple[str, int], Job] = {}
+        self.stats: dict[str, int] = {}
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _count(self, key: str) -> None:
+        self.stats[key] = self.stats.get(key, 0) + 1
+
+    async def run(self, *, until_idle: float | None = None) -> None:
+        import asyncio
+
+        tasks: set[asyncio.Task[None]] = set()
+        beat = asyncio.create_task(self._heartbeats())
+        idle_since = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                free = self.concurrency - len(tasks)
+                if free <= 0:
+                    await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                    continue
+                claimed = await self.client.claim_attempts(
+                    self.name,
+                    self.queues,
+                    max_runs=free,
+                    lease_seconds=self.lease_seconds,
+                    call_id=uuid.uuid4(),
+                )
+                for attempt in claimed:
+                    job = Job(attempt)
+                    self._inflight[(job.run_id, attempt.attempt)] = job
+                    task = asyncio.create_task(self._run_one(job))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+                if claimed:
+                    idle_since = time.monotonic()
+                    continue
+                idle_for = time.monotonic() - idle_since
+                if until_idle is not None and idle_for > until_idle and not tasks:
+                    break
+                try:
+                    delay = self.poll_interval * (0.5 + random.random())
+                    await asyncio.wait_for(self._stop.wait(), timeout=delay)
+                except TimeoutError:
+                    pass
+            if tasks:
+                await asyncio.wait(tasks)
+        finally:
+            self._stop.set()
+            beat.cancel()
+
+    async def _run_one(self, job: Job) -> None:
+        fence = job.attempt.fence
+        try:
+            try:
+                result = await self.handler(job)
+            except Suspend as s:
+                outcome = await self.client.suspend_attempt(
+                    **fence, wait=s.wait, final_events=s.final_events
+                )
+                self._count(f"suspend:{outcome}")
+                return
+            except Retry as r:
+                retry_at = datetime.now(UTC) + timedelta(seconds=r.after)
+                outcome = await self.client.fail_attempt(
+                    **fence, error={"type": "Retry", "message": str(r)}, retry_at=retry_at
+                )
+                self._count(f"fail:{outcome}")
+                return
+            except Exception as exc:
+                error = {"type": type(exc).__name__, "message": str(exc)[:2000]}
+                self._count(f"fail:{await self.client.fail_attempt(**fence, error=error)}")
+                return
+            outcome = await self.client.complete_attempt(
+                **fence, result={} if result is None else result
+            )
+            self._count(f"complete:{outcome}")
+        except Exception:
+            log.exception("writing the outcome of %s failed", job.run_id)
+            self._count("write_errors")
+        finally:
+            self._inflight.pop((job.run_id, job.attempt.attempt), None)
+
+    async def _heartbeats(self) -> None:
+        import asyncio
+
+        while True:
+            await asyncio.sleep(self.heartbeat_every)
+            for job in list(self._inflight.values()):
+                if job.cancelled.is_set():
+                    continue
+                try:
+                    beat = await self.client.heartbeat(
+                        **job.attempt.fence, lease_seconds=self.lease_seconds
+                    )
+                except Exception:
+                    log.warning("heartbeat for %s failed", job.run_id, exc_info=True)
+                    continue
+                if beat.outcome is not HeartbeatOutcome.OK:
+                    job.lost = beat.outcome is HeartbeatOutcome.FENCE_LOST
+                    job.cancelled.set()
+                    self._count(f"heartbeat:{beat.outcome}")
