@@ -6,8 +6,11 @@
 -- distinct, increasing seq in commit order; called in a producer's
 -- transaction, the events commit (and become claimable) with its writes.
 -- Appending to an ended run is allowed (compensations, late facts). An
--- unknown run raises 22023. Not idempotent by itself: pass explicit delivery
--- keys to make a repeated append fail instead of duplicating.
+-- unknown run raises 22023.
+-- Replay: with explicit delivery keys on every event, repeating a call that
+-- committed returns the events it appended and appends nothing; a reused key
+-- with different content raises 22023. Without keys an append cannot be told
+-- from a new one: pass delivery keys when a lost reply may be retried.
 CREATE FUNCTION append_events(run_id text, events jsonb)
 RETURNS SETOF append_result
 LANGUAGE plpgsql
@@ -19,15 +22,47 @@ AS $$
 DECLARE
     v_events jsonb;
     v_found text;
+    v_count integer;
 BEGIN
     PERFORM _require_read_committed();
     PERFORM _check_id('run_id', append_events.run_id);
-    v_events := _normalize_events('events', append_events.events);
+    PERFORM _check_json('events', append_events.events, 'array');
     SELECT r.run_id INTO v_found FROM runs AS r WHERE r.run_id = append_events.run_id FOR NO KEY UPDATE;
     IF v_found IS NULL THEN
         PERFORM _invalid('run_id', format('no run %L', append_events.run_id),
             'Enqueue the run first (enqueue_run), in the same transaction if need be.');
     END IF;
+
+    -- Exact replay: when every event names its delivery key and each already
+    -- exists on this run with the same type, lane, flag and payload (or a
+    -- payload since dropped on delivery), this is a repeat of a call that
+    -- committed: answer what it answered. Checked under the run lock, so two
+    -- concurrent identical calls resolve to one append and one replay.
+    v_count := jsonb_array_length(append_events.events);
+    IF v_count > 0 AND v_count = (
+        SELECT count(*)
+        FROM jsonb_array_elements(append_events.events) AS e (value)
+        INNER JOIN ledger AS l
+            ON
+                jsonb_typeof(e.value) = 'object'
+                AND l.delivery_key = e.value ->> 'delivery_key'
+                -- default keys (<run_id>:<seq>) are never passed explicitly
+                AND (e.value ->> 'delivery_key') !~ ':[0-9]+$'
+                AND l.run_id = append_events.run_id
+                AND l.type = e.value ->> 'type'
+                AND l.lane = coalesce(e.value ->> 'lane', 'lifecycle')
+                AND to_jsonb(l.transport_only) = coalesce(e.value -> 'transport_only', 'false'::jsonb)
+                AND (l.payload IS NULL OR l.payload = coalesce(e.value -> 'payload', '{}'::jsonb))
+    ) THEN
+        RETURN QUERY
+        SELECT l.event_id, l.seq, l.delivery_key
+        FROM jsonb_array_elements(append_events.events) WITH ORDINALITY AS e (value, ordinality)
+        INNER JOIN ledger AS l ON l.delivery_key = e.value ->> 'delivery_key'
+        ORDER BY e.ordinality;
+        RETURN;
+    END IF;
+
+    v_events := _normalize_events('events', append_events.events);
     RETURN QUERY SELECT a.event_id, a.seq, a.delivery_key FROM _append(append_events.run_id, v_events) AS a;
 END;
 $$;

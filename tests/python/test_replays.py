@@ -140,3 +140,26 @@ def test_stale_writes_after_reap_are_fenced(db: psycopg.Connection) -> None:
     assert call(db, "heartbeat", **fenced(claim))[0]["outcome"] == "fence_lost"
     status = db.execute("SELECT status FROM runrelay.attempts WHERE run_id = 'r1'").fetchone()
     assert status == ("lost",)
+
+
+def test_append_with_delivery_keys_replays_exactly(db: psycopg.Connection) -> None:
+    enqueue(db, "r1")
+    batch = [
+        {"type": "invoice.issued", "delivery_key": "inv-1", "payload": {"n": 1}},
+        {"type": "invoice.sent", "delivery_key": "inv-1-sent", "lane": "observability"},
+    ]
+    first = call(db, "append_events", run_id="r1", events=batch)  # reply "lost"
+    before = table_checksum(db)
+    assert call(db, "append_events", run_id="r1", events=batch) == first
+    assert table_checksum(db) == before
+    changed = [{**batch[0], "payload": {"n": 2}}, batch[1]]
+    with pytest.raises(psycopg.errors.InvalidParameterValue):
+        call(db, "append_events", run_id="r1", events=changed)
+    with pytest.raises(psycopg.errors.InvalidParameterValue):  # a subset is not a replay
+        call(
+            db,
+            "append_events",
+            run_id="r1",
+            events=[batch[0], {"type": "x", "delivery_key": "new"}],
+        )
+    assert table_checksum(db) == before
