@@ -109,6 +109,36 @@ class Job:
 Handler = Callable[[Job], Any]
 
 
+def write_for(job: Job, outcome: Any) -> tuple[str, dict[str, Any]]:
+    """The one write a handler's outcome calls for: (client method, kwargs).
+    `outcome` is what the handler returned, or the exception it raised. Shared
+    by Worker and AsyncWorker so both map outcomes identically."""
+    fence = job.attempt.fence
+    if isinstance(outcome, Suspend):
+        return "suspend_attempt", {
+            **fence,
+            "wait": outcome.wait,
+            "final_events": outcome.final_events,
+        }
+    if isinstance(outcome, Retry):
+        retry_at = datetime.now(UTC) + timedelta(seconds=outcome.after)
+        error = {"type": "Retry", "message": str(outcome)}
+        return "fail_attempt", {**fence, "error": error, "retry_at": retry_at}
+    if isinstance(outcome, Exception):
+        error = {"type": type(outcome).__name__, "message": str(outcome)[:2000]}
+        return "fail_attempt", {**fence, "error": error}
+    return "complete_attempt", {**fence, "result": {} if outcome is None else outcome}
+
+
+def heartbeat_seen(job: Job, outcome: HeartbeatOutcome) -> bool:
+    """Apply a heartbeat's answer to the job; True if the job must stop."""
+    if outcome is HeartbeatOutcome.OK:
+        return False
+    job.lost = outcome is HeartbeatOutcome.FENCE_LOST
+    job.cancelled.set()
+    return True
+
+
 def _default_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
@@ -143,6 +173,7 @@ class Worker:
         self.listen_dsn = listen_dsn
         self.shutdown_grace = shutdown_grace
         self._stop = threading.Event()
+        self._beats_done = threading.Event()
         self._inflight: dict[tuple[str, int], Job] = {}
         self._lock = threading.Lock()
         self._slots = threading.Semaphore(self.concurrency)
@@ -187,6 +218,7 @@ class Worker:
         finally:
             self._shutdown(pool)
             self._stop.set()
+            self._beats_done.set()
             beat.join(timeout=5)
             if listener is not None:
                 listener.close()
@@ -296,28 +328,18 @@ class Worker:
                 self._finish(job)
 
     def _execute(self, job: Job) -> tuple[str, Any] | None:
-        """Run the handler; write suspend/fail here; return ("complete", result)
-        for the caller to write (alone or batched)."""
-        fence = job.attempt.fence
+        """Run the handler and write a suspend or failure here; return
+        ("complete", result) for the caller to write (alone or batched)."""
         try:
-            result = self.handler(job)
-        except Suspend as s:
-            outcome = self.client.suspend_attempt(**fence, wait=s.wait, final_events=s.final_events)
-            self._count(f"suspend:{outcome}")
-            return None
-        except Retry as r:
-            retry_at = datetime.now(UTC) + timedelta(seconds=r.after)
-            outcome = self.client.fail_attempt(
-                **fence, error={"type": "Retry", "message": str(r)}, retry_at=retry_at
-            )
-            self._count(f"fail:{outcome}")
-            return None
+            outcome: Any = self.handler(job)
         except Exception as exc:
-            error = {"type": type(exc).__name__, "message": str(exc)[:2000]}
-            outcome = self.client.fail_attempt(**fence, error=error)
-            self._count(f"fail:{outcome}")
-            return None
-        return ("complete", {} if result is None else result)
+            outcome = exc
+        method, kwargs = write_for(job, outcome)
+        if method == "complete_attempt":
+            return ("complete", kwargs["result"])
+        written = getattr(self.client, method)(**kwargs)
+        self._count(f"{method.split('_')[0]}:{written}")
+        return None
 
     def _write_completion(self, job: Job, outcome: tuple[str, Any]) -> None:
         result = self.client.complete_attempt(**job.attempt.fence, result=outcome[1])
@@ -325,7 +347,9 @@ class Worker:
 
     # -- heartbeats --------------------------------------------------------
     def _heartbeats(self) -> None:
-        while not self._stop.wait(self.heartbeat_every) or self._inflight:
+        # Runs until shutdown is over: in-flight handlers keep their leases
+        # during the grace period too.
+        while not self._beats_done.wait(self.heartbeat_every):
             with self._lock:
                 jobs = list(self._inflight.values())
             for job in jobs:
@@ -338,12 +362,8 @@ class Worker:
                 except Exception:
                     log.warning("heartbeat for %s failed", job.run_id, exc_info=True)
                     continue
-                if beat.outcome is not HeartbeatOutcome.OK:
-                    job.lost = beat.outcome is HeartbeatOutcome.FENCE_LOST
-                    job.cancelled.set()
+                if heartbeat_seen(job, beat.outcome):
                     self._count(f"heartbeat:{beat.outcome}")
-            if self._stop.is_set() and not jobs:
-                return
 
     def _shutdown(self, pool: ThreadPoolExecutor) -> None:
         """Let in-flight handlers finish within the grace period; release the
@@ -463,31 +483,14 @@ class AsyncWorker:
             beat.cancel()
 
     async def _run_one(self, job: Job) -> None:
-        fence = job.attempt.fence
         try:
             try:
-                result = await self.handler(job)
-            except Suspend as s:
-                outcome = await self.client.suspend_attempt(
-                    **fence, wait=s.wait, final_events=s.final_events
-                )
-                self._count(f"suspend:{outcome}")
-                return
-            except Retry as r:
-                retry_at = datetime.now(UTC) + timedelta(seconds=r.after)
-                outcome = await self.client.fail_attempt(
-                    **fence, error={"type": "Retry", "message": str(r)}, retry_at=retry_at
-                )
-                self._count(f"fail:{outcome}")
-                return
+                outcome: Any = await self.handler(job)
             except Exception as exc:
-                error = {"type": type(exc).__name__, "message": str(exc)[:2000]}
-                self._count(f"fail:{await self.client.fail_attempt(**fence, error=error)}")
-                return
-            outcome = await self.client.complete_attempt(
-                **fence, result={} if result is None else result
-            )
-            self._count(f"complete:{outcome}")
+                outcome = exc
+            method, kwargs = write_for(job, outcome)
+            written = await getattr(self.client, method)(**kwargs)
+            self._count(f"{method.split('_')[0]}:{written}")
         except Exception:
             log.exception("writing the outcome of %s failed", job.run_id)
             self._count("write_errors")
@@ -509,7 +512,5 @@ class AsyncWorker:
                 except Exception:
                     log.warning("heartbeat for %s failed", job.run_id, exc_info=True)
                     continue
-                if beat.outcome is not HeartbeatOutcome.OK:
-                    job.lost = beat.outcome is HeartbeatOutcome.FENCE_LOST
-                    job.cancelled.set()
+                if heartbeat_seen(job, beat.outcome):
                     self._count(f"heartbeat:{beat.outcome}")

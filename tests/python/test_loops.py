@@ -134,11 +134,14 @@ def test_graceful_shutdown_releases_unfinished_work(db: psycopg.Connection, clie
     _wait_for(lambda: _statuses(db).get("stuck") == "running")
     worker.stop()
     thread.join(10)
-    release.set()
     assert worker.stats.get("released_on_shutdown") == 1
     assert _statuses(db) == {"stuck": "queued"}  # retried at once by another worker
     nxt = client.claim_attempts("next")
     assert [a.attempt for a in nxt] == [2]
+    # The released handler finishes late: its write is refused, nothing changes.
+    release.set()
+    _wait_for(lambda: worker.stats.get("complete:fence_lost") == 1)
+    assert _statuses(db) == {"stuck": "running"}
 
 
 # -- Relay --------------------------------------------------------------------
