@@ -36,7 +36,7 @@ BEGIN
         END IF;
         IF jsonb_typeof(v_event -> 'type') IS DISTINCT FROM 'string'
             OR length(v_event ->> 'type') NOT BETWEEN 1 AND 200
-            OR btrim(v_event ->> 'type') = '' THEN
+            OR (v_event ->> 'type') ~ '^[[:space:]]*$' THEN
             PERFORM _invalid(p_parameter, format('element %s needs a type: a string of 1 to 200 characters', v_index), v_hint);
         END IF;
         IF v_event ? 'lane' AND (v_event ->> 'lane') IS DISTINCT FROM 'lifecycle'

@@ -27,8 +27,12 @@ VOLATILE
 SET search_path FROM CURRENT
 AS $$
 BEGIN
-    IF p_event_ids IS NULL OR cardinality(p_event_ids) > 10000 OR array_position(p_event_ids, NULL) IS NOT NULL THEN
-        PERFORM _invalid('event_ids', 'must be an array of at most 10000 event ids without nulls',
+    IF p_event_ids IS NULL OR array_ndims(p_event_ids) > 1 OR cardinality(p_event_ids) > 10000 THEN
+        PERFORM _invalid('event_ids', 'must be a one-dimensional array of at most 10000 event ids',
+            'Pass the event_id values a claim returned.');
+    END IF;
+    IF array_position(p_event_ids, NULL) IS NOT NULL THEN
+        PERFORM _invalid('event_ids', 'must not contain null',
             'Pass the event_id values a claim returned.');
     END IF;
 END;

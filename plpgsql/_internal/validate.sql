@@ -35,7 +35,8 @@ BEGIN
         END IF;
         RETURN;
     END IF;
-    IF length(p_value) > 200 OR btrim(p_value) = '' THEN
+    -- [[:space:]] also catches tabs and newlines (btrim() strips only spaces).
+    IF length(p_value) > 200 OR p_value ~ '^[[:space:]]*$' THEN
         PERFORM _invalid(p_parameter,
             format('must be 1 to 200 characters and not blank (got %s)', length(p_value)),
             'Pass a non-empty identifier of at most 200 characters.');
@@ -72,6 +73,14 @@ BEGIN
     END IF;
     SELECT s.max_payload_bytes INTO v_cap FROM settings AS s;
     v_size := octet_length(p_value::text);
+    -- Nesting is capped too: JSON nested thousands deep is valid to
+    -- PostgreSQL but breaks common decoders (Python's json raises
+    -- RecursionError near 1000 levels), and a worker would fail only after
+    -- its claim committed. 512 levels need at least 1024 bytes.
+    IF v_size >= 1024 AND jsonb_path_exists(p_value, 'strict $.**{512}') THEN
+        PERFORM _invalid(p_parameter, 'is nested more than 511 levels deep',
+            'Flatten the JSON value to at most 511 levels of nesting.');
+    END IF;
     IF v_size > v_cap THEN
         RAISE EXCEPTION 'runrelay: % is too large: % bytes, the limit is %', p_parameter, v_size, v_cap
             USING ERRCODE = 'program_limit_exceeded',
@@ -82,7 +91,7 @@ END;
 $$;
 
 COMMENT ON FUNCTION _check_json(text, jsonb, text, boolean) IS
-'Validates a JSON argument: not null (unless nullable), of the expected type, within the payload cap (54000).';
+'Validates a JSON argument: not null (unless nullable), of the expected type, at most 511 levels deep, within the payload cap (54000).';
 
 CREATE FUNCTION _check_int(p_parameter text, p_value integer, p_min integer, p_max integer)
 RETURNS void

@@ -12,6 +12,9 @@ from sqlapi import call, claim_one, enqueue, fenced, table_checksum
 
 TOKEN = "00000000-0000-0000-0000-000000000000"
 LONG = "x" * 201
+DEEP: object = 1
+for _ in range(600):  # deeper than the 511 levels runrelay accepts
+    DEEP = [DEEP]
 
 CASES: list[tuple[str, dict[str, Any], str, str]] = [
     ("enqueue_run", {"run_id": ""}, "22023", "run_id"),
@@ -27,6 +30,8 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
     ("enqueue_run", {"run_id": "n", "concurrency_key": ""}, "22023", "concurrency_key"),
     ("enqueue_run", {"run_id": "n", "payload": {"blob": "y" * 2_000_000}}, "54000", "payload"),
     ("enqueue_run", {"run_id": "existing", "payload": {"other": True}}, "22023", "run_id"),
+    ("enqueue_run", {"run_id": "n", "payload": DEEP}, "22023", "payload"),
+    ("enqueue_run", {"run_id": "\t\n"}, "22023", "run_id"),
     ("claim_attempts", {"worker": ""}, "22023", "worker"),
     ("claim_attempts", {"worker": "w", "max_runs": 0}, "22023", "max_runs"),
     ("claim_attempts", {"worker": "w", "max_runs": 100000}, "22023", "max_runs"),

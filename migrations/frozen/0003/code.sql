@@ -599,7 +599,7 @@ BEGIN
         END IF;
         IF jsonb_typeof(v_event -> 'type') IS DISTINCT FROM 'string'
             OR length(v_event ->> 'type') NOT BETWEEN 1 AND 200
-            OR btrim(v_event ->> 'type') = '' THEN
+            OR (v_event ->> 'type') ~ '^[[:space:]]*$' THEN
             PERFORM _invalid(p_parameter, format('element %s needs a type: a string of 1 to 200 characters', v_index), v_hint);
         END IF;
         IF v_event ? 'lane' AND (v_event ->> 'lane') IS DISTINCT FROM 'lifecycle'
@@ -712,8 +712,12 @@ VOLATILE
 SET search_path FROM CURRENT
 AS $$
 BEGIN
-    IF p_event_ids IS NULL OR cardinality(p_event_ids) > 10000 OR array_position(p_event_ids, NULL) IS NOT NULL THEN
-        PERFORM _invalid('event_ids', 'must be an array of at most 10000 event ids without nulls',
+    IF p_event_ids IS NULL OR array_ndims(p_event_ids) > 1 OR cardinality(p_event_ids) > 10000 THEN
+        PERFORM _invalid('event_ids', 'must be a one-dimensional array of at most 10000 event ids',
+            'Pass the event_id values a claim returned.');
+    END IF;
+    IF array_position(p_event_ids, NULL) IS NOT NULL THEN
+        PERFORM _invalid('event_ids', 'must not contain null',
             'Pass the event_id values a claim returned.');
     END IF;
 END;
@@ -1241,7 +1245,8 @@ BEGIN
         END IF;
         RETURN;
     END IF;
-    IF length(p_value) > 200 OR btrim(p_value) = '' THEN
+    -- [[:space:]] also catches tabs and newlines (btrim() strips only spaces).
+    IF length(p_value) > 200 OR p_value ~ '^[[:space:]]*$' THEN
         PERFORM _invalid(p_parameter,
             format('must be 1 to 200 characters and not blank (got %s)', length(p_value)),
             'Pass a non-empty identifier of at most 200 characters.');
@@ -1278,6 +1283,14 @@ BEGIN
     END IF;
     SELECT s.max_payload_bytes INTO v_cap FROM settings AS s;
     v_size := octet_length(p_value::text);
+    -- Nesting is capped too: JSON nested thousands deep is valid to
+    -- PostgreSQL but breaks common decoders (Python's json raises
+    -- RecursionError near 1000 levels), and a worker would fail only after
+    -- its claim committed. 512 levels need at least 1024 bytes.
+    IF v_size >= 1024 AND jsonb_path_exists(p_value, 'strict $.**{512}') THEN
+        PERFORM _invalid(p_parameter, 'is nested more than 511 levels deep',
+            'Flatten the JSON value to at most 511 levels of nesting.');
+    END IF;
     IF v_size > v_cap THEN
         RAISE EXCEPTION 'runrelay: % is too large: % bytes, the limit is %', p_parameter, v_size, v_cap
             USING ERRCODE = 'program_limit_exceeded',
@@ -1288,7 +1301,7 @@ END;
 $$;
 
 COMMENT ON FUNCTION _check_json(text, jsonb, text, boolean) IS
-'Validates a JSON argument: not null (unless nullable), of the expected type, within the payload cap (54000).';
+'Validates a JSON argument: not null (unless nullable), of the expected type, at most 511 levels deep, within the payload cap (54000).';
 
 CREATE FUNCTION _check_int(p_parameter text, p_value integer, p_min integer, p_max integer)
 RETURNS void
@@ -1536,6 +1549,7 @@ DECLARE
     v_now timestamptz;
     v_lease interval := _lease(claim_attempts.lease_seconds);
     v_queues text[];
+    v_queue text;
     v_run runs;
     v_run_id text;
     v_attempt integer;
@@ -1545,12 +1559,14 @@ BEGIN
     PERFORM _check_id('worker', claim_attempts.worker);
     PERFORM _check_int('max_runs', claim_attempts.max_runs, 1, 1000);
     IF claim_attempts.queues IS NOT NULL THEN
-        IF cardinality(claim_attempts.queues) NOT BETWEEN 1 AND 100 THEN
-            PERFORM _invalid('queues', 'must hold 1 to 100 queue names, or be null for every queue',
+        IF cardinality(claim_attempts.queues) NOT BETWEEN 1 AND 100
+            OR array_ndims(claim_attempts.queues) > 1 THEN
+            PERFORM _invalid('queues',
+                'must be a one-dimensional array of 1 to 100 queue names, or null for every queue',
                 'Pass null to claim from every queue, or a non-empty array of queue names.');
         END IF;
-        FOR v_attempt IN 1 .. cardinality(claim_attempts.queues) LOOP
-            PERFORM _check_id('queues', claim_attempts.queues[v_attempt]);
+        FOREACH v_queue IN ARRAY claim_attempts.queues LOOP
+            PERFORM _check_id('queues', v_queue);
         END LOOP;
         SELECT array_agg(DISTINCT q.name) INTO v_queues FROM unnest(claim_attempts.queues) AS q (name);
     END IF;
