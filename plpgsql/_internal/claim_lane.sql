@@ -2,7 +2,9 @@
 --
 -- Precondition: the caller holds the lane row lock (ledger_lanes). Every read
 -- of the tail below is a fresh statement, so an append that committed while
--- the caller waited for the lock is seen.
+-- the caller waited for the lock is seen. p_from, when given, is a seq no
+-- undelivered event of the lane precedes (ack_ledger passes the seq after the
+-- prefix it just acknowledged): the tail scan starts there.
 --
 -- In order:
 --   * expected_head: if given and the head is another event, nothing;
@@ -27,7 +29,8 @@ CREATE FUNCTION _claim_lane(
     p_batch boolean,
     p_lease interval,
     p_call_id uuid,
-    p_expected_head bigint
+    p_expected_head bigint,
+    p_from bigint DEFAULT NULL
 )
 RETURNS SETOF claim_ledger_result
 LANGUAGE plpgsql
@@ -43,11 +46,20 @@ DECLARE
     v_local_acks integer := 0;
     v_members bigint[] := '{}'::bigint[];
     v_batch uuid;
+    v_from bigint;
 BEGIN
+    -- Start at the lane's known head: delivered events before it may still
+    -- have (dead) entries in ledger_pending_idx until VACUUM, and the scan
+    -- must not step over them (O(batch), never O(delivered history)).
+    SELECT greatest(ll.head_seq, p_from, 0) INTO v_from
+    FROM ledger_lanes AS ll
+    WHERE ll.run_id = p_run_id AND ll.lane = p_lane;
     LOOP
         SELECT l.* INTO v_head
         FROM ledger AS l
-        WHERE l.run_id = p_run_id AND l.lane = p_lane AND l.state <> 'delivered'
+        WHERE
+            l.run_id = p_run_id AND l.lane = p_lane AND l.state <> 'delivered'
+            AND l.seq >= v_from
         ORDER BY l.seq
         LIMIT 1;
         EXIT WHEN v_head.event_id IS NULL;
@@ -105,6 +117,7 @@ BEGIN
             RETURNING l.* INTO v_head;
             v_local_acks := v_local_acks + 1;
             RETURN NEXT _ledger_row('local_ack', v_head, v_now);
+            v_from := v_head.seq + 1;
             CONTINUE;
         END IF;
 
@@ -142,9 +155,9 @@ BEGIN
         ORDER BY r.seq;
         EXIT;
     END LOOP;
-    PERFORM _refresh_lane(p_run_id, p_lane);
+    PERFORM _refresh_lane(p_run_id, p_lane, v_from);
 END;
 $$;
 
-COMMENT ON FUNCTION _claim_lane(text, text, text, integer, boolean, interval, uuid, bigint) IS
+COMMENT ON FUNCTION _claim_lane(text, text, text, integer, boolean, interval, uuid, bigint, bigint) IS
 'Claims one run lane''s head prefix for a relay (caller holds the lane lock); see claim_ledger.';

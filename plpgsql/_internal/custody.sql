@@ -50,6 +50,27 @@ $$;
 COMMENT ON FUNCTION _lock_keys(text[]) IS
 'Takes the concurrency-key locks of the given runs in lock-id order (custody step 1).';
 
+-- The key lock of one run (custody step 1): one primary-key seek; nothing
+-- to lock for a run without a key.
+CREATE FUNCTION _lock_key_of(p_run_id text)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_key text;
+BEGIN
+    SELECT r.concurrency_key INTO v_key FROM runs AS r WHERE r.run_id = p_run_id;
+    IF v_key IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock(_key_lock_id(v_key));
+    END IF;
+END;
+$$;
+
+COMMENT ON FUNCTION _lock_key_of(text) IS
+'Takes one run''s concurrency-key lock, if it has a key (custody step 1).';
+
 CREATE FUNCTION _lock_run(p_run_id text)
 RETURNS runs
 LANGUAGE plpgsql
@@ -59,7 +80,7 @@ AS $$
 DECLARE
     v_run runs;
 BEGIN
-    PERFORM _lock_keys(ARRAY[p_run_id]);
+    PERFORM _lock_key_of(p_run_id);
     SELECT r.* INTO v_run FROM runs AS r WHERE r.run_id = p_run_id FOR NO KEY UPDATE;
     RETURN v_run;
 END;

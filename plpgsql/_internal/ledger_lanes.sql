@@ -63,11 +63,12 @@ COMMENT ON FUNCTION _lock_event_lanes(bigint[]) IS
 'Locks the ledger_lanes rows of the given events in (run_id, lane) order.';
 
 -- Recompute a lane's head and availability after its events changed. The
--- caller holds the lane row lock; this reads the tail in a fresh snapshot.
+-- caller holds the lane row lock; this reads the tail in a fresh snapshot,
+-- from the recorded head (or p_from, a seq no undelivered event precedes).
 -- Returns the new available_at (NULL: nothing claimable until something
 -- happens — empty, blocked by a failed head, or a transport-only head
 -- waiting for a successor).
-CREATE FUNCTION _refresh_lane(p_run_id text, p_lane text)
+CREATE FUNCTION _refresh_lane(p_run_id text, p_lane text, p_from bigint DEFAULT NULL)
 RETURNS timestamptz
 LANGUAGE plpgsql
 VOLATILE
@@ -78,10 +79,17 @@ DECLARE
     v_next timestamptz;
     v_available timestamptz;
     v_blocked boolean := FALSE;
+    v_from bigint;
 BEGIN
+    -- The head only moves forward: the recorded one bounds the scan.
+    SELECT greatest(ll.head_seq, p_from, 0) INTO v_from
+    FROM ledger_lanes AS ll
+    WHERE ll.run_id = p_run_id AND ll.lane = p_lane;
     SELECT l.* INTO v_head
     FROM ledger AS l
-    WHERE l.run_id = p_run_id AND l.lane = p_lane AND l.state <> 'delivered'
+    WHERE
+        l.run_id = p_run_id AND l.lane = p_lane AND l.state <> 'delivered'
+        AND l.seq >= v_from
     ORDER BY l.seq
     LIMIT 1;
     IF v_head.event_id IS NULL THEN
@@ -116,7 +124,7 @@ BEGIN
 END;
 $$;
 
-COMMENT ON FUNCTION _refresh_lane(text, text) IS
+COMMENT ON FUNCTION _refresh_lane(text, text, bigint) IS
 'Recomputes a lane''s head and availability from its pending tail (caller holds the lane lock).';
 
 -- Whether event e can be claimed by p_relay at p_now (ignoring order).

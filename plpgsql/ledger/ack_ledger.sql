@@ -50,6 +50,8 @@ DECLARE
     v_ack bigint[] := '{}'::bigint[];
     v_drop boolean;
     v_last bigint;
+    v_last_seq bigint;
+    v_from bigint;
 BEGIN
     PERFORM _require_read_committed();
     PERFORM _check_id('relay', ack_ledger.relay);
@@ -68,7 +70,8 @@ BEGIN
     END IF;
     v_lane := coalesce(v_lane, 'lifecycle');
 
-    PERFORM 1 FROM ledger_lanes AS ll
+    SELECT coalesce(ll.head_seq, 0) INTO v_from
+    FROM ledger_lanes AS ll
     WHERE ll.run_id = ack_ledger.run_id AND ll.lane = v_lane
     FOR UPDATE;
     v_now := _now();
@@ -77,13 +80,16 @@ BEGIN
     FOR v_event IN
         SELECT l.*
         FROM ledger AS l
-        WHERE l.run_id = ack_ledger.run_id AND l.lane = v_lane AND l.state <> 'delivered'
+        WHERE
+            l.run_id = ack_ledger.run_id AND l.lane = v_lane AND l.state <> 'delivered'
+            AND l.seq >= v_from
         ORDER BY l.seq
         LIMIT cardinality(ack_ledger.event_ids)
     LOOP
         EXIT WHEN NOT (v_event.event_id = ANY(ack_ledger.event_ids))
             OR v_event.state <> 'leased' OR v_event.lease_owner <> ack_ledger.relay;
         v_ack := v_ack || v_event.event_id;
+        v_last_seq := v_event.seq;
     END LOOP;
 
     IF cardinality(v_ack) > 0 THEN
@@ -98,6 +104,8 @@ BEGIN
             payload = CASE WHEN v_drop THEN NULL ELSE l.payload END
         WHERE l.event_id = ANY(v_ack);
         v_last := v_ack[cardinality(v_ack)];
+        -- The acknowledged events were an unbroken prefix: nothing before them remains.
+        v_from := v_last_seq + 1;
         PERFORM pg_notify('runrelay_delivered',
             json_build_object('run_id', ack_ledger.run_id, 'event_id', v_last)::text);
     END IF;
@@ -111,7 +119,9 @@ BEGIN
     WHERE
         l.event_id = ANY(ack_ledger.event_ids)
         AND l.run_id = ack_ledger.run_id
-        AND l.state = 'delivered'
+        -- delivered_at, not state: equivalent by CHECK, but it keeps the
+        -- planner off ledger_delivered_idx (a scan of the delivered history).
+        AND l.delivered_at IS NOT NULL
         AND l.delivered_by = ack_ledger.relay
         AND NOT l.acked_locally
     ORDER BY l.seq;
@@ -121,8 +131,8 @@ BEGIN
         SELECT c.*, NULL::bigint
         FROM _claim_lane(
             ack_ledger.relay, ack_ledger.run_id, v_lane, ack_ledger.claim_next,
-            ack_ledger.batch, _lease(ack_ledger.lease_seconds), NULL, NULL) AS c;
-    ELSIF _refresh_lane(ack_ledger.run_id, v_lane) <= v_now THEN
+            ack_ledger.batch, _lease(ack_ledger.lease_seconds), NULL, NULL, v_from) AS c;
+    ELSIF _refresh_lane(ack_ledger.run_id, v_lane, v_from) <= v_now THEN
         PERFORM pg_notify('runrelay_ledger', ack_ledger.run_id);
     END IF;
 END;

@@ -77,7 +77,9 @@ BEGIN
 
     -- Bounded so one claim never does unbounded work: with more than 1000
     -- waits falling due at once, each claim wakes the 1000 oldest.
-    PERFORM _wake_due(v_queues, 1000);
+    IF EXISTS (SELECT 1 FROM runs AS w WHERE w.wake_at <= _now()) THEN
+        PERFORM _wake_due(v_queues, 1000);
+    END IF;
 
     v_now := _now();
     FOR v_run_id IN

@@ -67,7 +67,11 @@ CREATE TABLE runs (
         status <> 'completed' OR result IS NOT NULL
     ),
     CONSTRAINT runs_ledger_seq CHECK (ledger_seq >= 0)
-) WITH (fillfactor = 80);
+) WITH (
+    fillfactor = 80,
+    autovacuum_vacuum_scale_factor = 0.02,
+    autovacuum_analyze_scale_factor = 0.02
+);
 
 -- Claim paths: the runnable backlog, best first, for one queue or for all.
 CREATE INDEX runs_claim_queue_idx ON runs (queue, priority DESC, run_at)

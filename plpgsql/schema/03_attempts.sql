@@ -43,7 +43,7 @@ CREATE TABLE attempts (
         runner_result_received_at IS NULL OR runner_result IS NOT NULL
     ),
     CONSTRAINT attempts_outcome_op CHECK ((outcome IS NULL) = (outcome_op IS NULL))
-);
+) WITH (autovacuum_vacuum_scale_factor = 0.02, autovacuum_analyze_scale_factor = 0.02);
 
 -- The reaper's path: live leases by expiry.
 CREATE INDEX attempts_lease_expiry_idx ON attempts (lease_expires_at)

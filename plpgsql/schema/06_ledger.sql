@@ -55,7 +55,12 @@ CREATE TABLE ledger (
     CONSTRAINT ledger_acked_locally_delivered CHECK (
         NOT acked_locally OR state = 'delivered'
     )
-) WITH (fillfactor = 90);
+) WITH (
+    fillfactor = 90,
+    autovacuum_vacuum_scale_factor = 0.01,
+    autovacuum_vacuum_insert_scale_factor = 0.01,
+    autovacuum_analyze_scale_factor = 0.02
+);
 
 -- Each run lane's undelivered tail in order: heads and prefixes are seeks.
 CREATE INDEX ledger_pending_idx ON ledger (run_id, lane, seq)
@@ -91,7 +96,11 @@ CREATE TABLE ledger_lanes (
     CONSTRAINT ledger_lanes_available_has_head CHECK (
         available_at IS NULL OR head_seq IS NOT NULL
     )
-) WITH (fillfactor = 70);
+) WITH (
+    fillfactor = 70,
+    autovacuum_vacuum_scale_factor = 0.02,
+    autovacuum_analyze_scale_factor = 0.02
+);
 
 CREATE INDEX ledger_lanes_available_idx ON ledger_lanes (lane, available_at)
 WHERE available_at IS NOT NULL;

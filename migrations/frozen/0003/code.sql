@@ -255,7 +255,9 @@ COMMENT ON FUNCTION _wake_due(text[], integer) IS
 --
 -- Precondition: the caller holds the lane row lock (ledger_lanes). Every read
 -- of the tail below is a fresh statement, so an append that committed while
--- the caller waited for the lock is seen.
+-- the caller waited for the lock is seen. p_from, when given, is a seq no
+-- undelivered event of the lane precedes (ack_ledger passes the seq after the
+-- prefix it just acknowledged): the tail scan starts there.
 --
 -- In order:
 --   * expected_head: if given and the head is another event, nothing;
@@ -280,7 +282,8 @@ CREATE FUNCTION _claim_lane(
     p_batch boolean,
     p_lease interval,
     p_call_id uuid,
-    p_expected_head bigint
+    p_expected_head bigint,
+    p_from bigint DEFAULT NULL
 )
 RETURNS SETOF claim_ledger_result
 LANGUAGE plpgsql
@@ -296,11 +299,20 @@ DECLARE
     v_local_acks integer := 0;
     v_members bigint[] := '{}'::bigint[];
     v_batch uuid;
+    v_from bigint;
 BEGIN
+    -- Start at the lane's known head: delivered events before it may still
+    -- have (dead) entries in ledger_pending_idx until VACUUM, and the scan
+    -- must not step over them (O(batch), never O(delivered history)).
+    SELECT greatest(ll.head_seq, p_from, 0) INTO v_from
+    FROM ledger_lanes AS ll
+    WHERE ll.run_id = p_run_id AND ll.lane = p_lane;
     LOOP
         SELECT l.* INTO v_head
         FROM ledger AS l
-        WHERE l.run_id = p_run_id AND l.lane = p_lane AND l.state <> 'delivered'
+        WHERE
+            l.run_id = p_run_id AND l.lane = p_lane AND l.state <> 'delivered'
+            AND l.seq >= v_from
         ORDER BY l.seq
         LIMIT 1;
         EXIT WHEN v_head.event_id IS NULL;
@@ -358,6 +370,7 @@ BEGIN
             RETURNING l.* INTO v_head;
             v_local_acks := v_local_acks + 1;
             RETURN NEXT _ledger_row('local_ack', v_head, v_now);
+            v_from := v_head.seq + 1;
             CONTINUE;
         END IF;
 
@@ -395,11 +408,11 @@ BEGIN
         ORDER BY r.seq;
         EXIT;
     END LOOP;
-    PERFORM _refresh_lane(p_run_id, p_lane);
+    PERFORM _refresh_lane(p_run_id, p_lane, v_from);
 END;
 $$;
 
-COMMENT ON FUNCTION _claim_lane(text, text, text, integer, boolean, interval, uuid, bigint) IS
+COMMENT ON FUNCTION _claim_lane(text, text, text, integer, boolean, interval, uuid, bigint, bigint) IS
 'Claims one run lane''s head prefix for a relay (caller holds the lane lock); see claim_ledger.';
 
 -- >>> plpgsql/_internal/complete.sql
@@ -503,6 +516,27 @@ $$;
 COMMENT ON FUNCTION _lock_keys(text[]) IS
 'Takes the concurrency-key locks of the given runs in lock-id order (custody step 1).';
 
+-- The key lock of one run (custody step 1): one primary-key seek; nothing
+-- to lock for a run without a key.
+CREATE FUNCTION _lock_key_of(p_run_id text)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_key text;
+BEGIN
+    SELECT r.concurrency_key INTO v_key FROM runs AS r WHERE r.run_id = p_run_id;
+    IF v_key IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock(_key_lock_id(v_key));
+    END IF;
+END;
+$$;
+
+COMMENT ON FUNCTION _lock_key_of(text) IS
+'Takes one run''s concurrency-key lock, if it has a key (custody step 1).';
+
 CREATE FUNCTION _lock_run(p_run_id text)
 RETURNS runs
 LANGUAGE plpgsql
@@ -512,7 +546,7 @@ AS $$
 DECLARE
     v_run runs;
 BEGIN
-    PERFORM _lock_keys(ARRAY[p_run_id]);
+    PERFORM _lock_key_of(p_run_id);
     SELECT r.* INTO v_run FROM runs AS r WHERE r.run_id = p_run_id FOR NO KEY UPDATE;
     RETURN v_run;
 END;
@@ -748,11 +782,12 @@ COMMENT ON FUNCTION _lock_event_lanes(bigint[]) IS
 'Locks the ledger_lanes rows of the given events in (run_id, lane) order.';
 
 -- Recompute a lane's head and availability after its events changed. The
--- caller holds the lane row lock; this reads the tail in a fresh snapshot.
+-- caller holds the lane row lock; this reads the tail in a fresh snapshot,
+-- from the recorded head (or p_from, a seq no undelivered event precedes).
 -- Returns the new available_at (NULL: nothing claimable until something
 -- happens — empty, blocked by a failed head, or a transport-only head
 -- waiting for a successor).
-CREATE FUNCTION _refresh_lane(p_run_id text, p_lane text)
+CREATE FUNCTION _refresh_lane(p_run_id text, p_lane text, p_from bigint DEFAULT NULL)
 RETURNS timestamptz
 LANGUAGE plpgsql
 VOLATILE
@@ -763,10 +798,17 @@ DECLARE
     v_next timestamptz;
     v_available timestamptz;
     v_blocked boolean := FALSE;
+    v_from bigint;
 BEGIN
+    -- The head only moves forward: the recorded one bounds the scan.
+    SELECT greatest(ll.head_seq, p_from, 0) INTO v_from
+    FROM ledger_lanes AS ll
+    WHERE ll.run_id = p_run_id AND ll.lane = p_lane;
     SELECT l.* INTO v_head
     FROM ledger AS l
-    WHERE l.run_id = p_run_id AND l.lane = p_lane AND l.state <> 'delivered'
+    WHERE
+        l.run_id = p_run_id AND l.lane = p_lane AND l.state <> 'delivered'
+        AND l.seq >= v_from
     ORDER BY l.seq
     LIMIT 1;
     IF v_head.event_id IS NULL THEN
@@ -801,7 +843,7 @@ BEGIN
 END;
 $$;
 
-COMMENT ON FUNCTION _refresh_lane(text, text) IS
+COMMENT ON FUNCTION _refresh_lane(text, text, bigint) IS
 'Recomputes a lane''s head and availability from its pending tail (caller holds the lane lock).';
 
 -- Whether event e can be claimed by p_relay at p_now (ignoring order).
@@ -1585,7 +1627,9 @@ BEGIN
 
     -- Bounded so one claim never does unbounded work: with more than 1000
     -- waits falling due at once, each claim wakes the 1000 oldest.
-    PERFORM _wake_due(v_queues, 1000);
+    IF EXISTS (SELECT 1 FROM runs AS w WHERE w.wake_at <= _now()) THEN
+        PERFORM _wake_due(v_queues, 1000);
+    END IF;
 
     v_now := _now();
     FOR v_run_id IN
@@ -1723,7 +1767,7 @@ BEGIN
     PERFORM _check_token(complete_attempt.attempt, complete_attempt.lease_token);
     PERFORM _check_json('result', complete_attempt.result);
     v_events := _normalize_events('final_events', complete_attempt.final_events);
-    PERFORM _lock_keys(ARRAY[complete_attempt.run_id]);
+    PERFORM _lock_key_of(complete_attempt.run_id);
     RETURN _complete(
         complete_attempt.run_id, complete_attempt.attempt, complete_attempt.lease_token,
         complete_attempt.result, v_events);
@@ -2561,6 +2605,8 @@ DECLARE
     v_ack bigint[] := '{}'::bigint[];
     v_drop boolean;
     v_last bigint;
+    v_last_seq bigint;
+    v_from bigint;
 BEGIN
     PERFORM _require_read_committed();
     PERFORM _check_id('relay', ack_ledger.relay);
@@ -2579,7 +2625,8 @@ BEGIN
     END IF;
     v_lane := coalesce(v_lane, 'lifecycle');
 
-    PERFORM 1 FROM ledger_lanes AS ll
+    SELECT coalesce(ll.head_seq, 0) INTO v_from
+    FROM ledger_lanes AS ll
     WHERE ll.run_id = ack_ledger.run_id AND ll.lane = v_lane
     FOR UPDATE;
     v_now := _now();
@@ -2588,13 +2635,16 @@ BEGIN
     FOR v_event IN
         SELECT l.*
         FROM ledger AS l
-        WHERE l.run_id = ack_ledger.run_id AND l.lane = v_lane AND l.state <> 'delivered'
+        WHERE
+            l.run_id = ack_ledger.run_id AND l.lane = v_lane AND l.state <> 'delivered'
+            AND l.seq >= v_from
         ORDER BY l.seq
         LIMIT cardinality(ack_ledger.event_ids)
     LOOP
         EXIT WHEN NOT (v_event.event_id = ANY(ack_ledger.event_ids))
             OR v_event.state <> 'leased' OR v_event.lease_owner <> ack_ledger.relay;
         v_ack := v_ack || v_event.event_id;
+        v_last_seq := v_event.seq;
     END LOOP;
 
     IF cardinality(v_ack) > 0 THEN
@@ -2609,6 +2659,8 @@ BEGIN
             payload = CASE WHEN v_drop THEN NULL ELSE l.payload END
         WHERE l.event_id = ANY(v_ack);
         v_last := v_ack[cardinality(v_ack)];
+        -- The acknowledged events were an unbroken prefix: nothing before them remains.
+        v_from := v_last_seq + 1;
         PERFORM pg_notify('runrelay_delivered',
             json_build_object('run_id', ack_ledger.run_id, 'event_id', v_last)::text);
     END IF;
@@ -2622,7 +2674,9 @@ BEGIN
     WHERE
         l.event_id = ANY(ack_ledger.event_ids)
         AND l.run_id = ack_ledger.run_id
-        AND l.state = 'delivered'
+        -- delivered_at, not state: equivalent by CHECK, but it keeps the
+        -- planner off ledger_delivered_idx (a scan of the delivered history).
+        AND l.delivered_at IS NOT NULL
         AND l.delivered_by = ack_ledger.relay
         AND NOT l.acked_locally
     ORDER BY l.seq;
@@ -2632,8 +2686,8 @@ BEGIN
         SELECT c.*, NULL::bigint
         FROM _claim_lane(
             ack_ledger.relay, ack_ledger.run_id, v_lane, ack_ledger.claim_next,
-            ack_ledger.batch, _lease(ack_ledger.lease_seconds), NULL, NULL) AS c;
-    ELSIF _refresh_lane(ack_ledger.run_id, v_lane) <= v_now THEN
+            ack_ledger.batch, _lease(ack_ledger.lease_seconds), NULL, NULL, v_from) AS c;
+    ELSIF _refresh_lane(ack_ledger.run_id, v_lane, v_from) <= v_now THEN
         PERFORM pg_notify('runrelay_ledger', ack_ledger.run_id);
     END IF;
 END;
