@@ -89,8 +89,9 @@ BEGIN
                     ), 9223372036854775807)
                 RETURNING l.*
             )
-            SELECT (_ledger_row('claimed', r::ledger, v_now)).*
+            SELECT x.*
             FROM released AS r
+            CROSS JOIN LATERAL _ledger_row('claimed', r::ledger, v_now) AS x
             ORDER BY r.seq;
             EXIT;
         END IF;
@@ -150,8 +151,9 @@ BEGIN
             WHERE l.event_id = ANY(v_members)
             RETURNING l.*
         )
-        SELECT (_ledger_row('claimed', r::ledger, v_now)).*
+        SELECT x.*
         FROM leased AS r
+        CROSS JOIN LATERAL _ledger_row('claimed', r::ledger, v_now) AS x
         ORDER BY r.seq;
         EXIT;
     END LOOP;

@@ -53,8 +53,11 @@ BEGIN
 
     IF claim_ledger.call_id IS NOT NULL THEN
         RETURN QUERY
-        SELECT (_ledger_row(CASE WHEN l.acked_locally THEN 'local_ack' ELSE 'claimed' END, l, v_now)).*
+        SELECT x.*
         FROM ledger AS l
+        CROSS JOIN LATERAL _ledger_row(
+            CASE WHEN l.acked_locally THEN 'local_ack' ELSE 'claimed' END, l, v_now
+        ) AS x
         WHERE
             l.call_id = claim_ledger.call_id
             AND (

@@ -201,8 +201,7 @@ def test_concurrent_relays_deliver_every_run_lane_in_order(
         assert not (seen & local_keys), stream
     redelivered = {k: v for k, v in sink.by_key.items() if len(v) > 1}
     for key, relays_seen in redelivered.items():
-        # A relay never delivers an event twice by itself, and an event is
-        # redelivered only if the thief took its lease over at some point
-        # (and then delivered it, or failed or released it to another relay).
-        assert len(set(relays_seen)) == len(relays_seen), (key, relays_seen)
+        # An event is redelivered only if the thief took its lease over at
+        # some point (and delivered it, or failed or released it back, after
+        # which any relay - even the first - delivers it again).
         assert key in sink.taken_over, (key, relays_seen)

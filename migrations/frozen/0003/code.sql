@@ -342,8 +342,9 @@ BEGIN
                     ), 9223372036854775807)
                 RETURNING l.*
             )
-            SELECT (_ledger_row('claimed', r::ledger, v_now)).*
+            SELECT x.*
             FROM released AS r
+            CROSS JOIN LATERAL _ledger_row('claimed', r::ledger, v_now) AS x
             ORDER BY r.seq;
             EXIT;
         END IF;
@@ -403,8 +404,9 @@ BEGIN
             WHERE l.event_id = ANY(v_members)
             RETURNING l.*
         )
-        SELECT (_ledger_row('claimed', r::ledger, v_now)).*
+        SELECT x.*
         FROM leased AS r
+        CROSS JOIN LATERAL _ledger_row('claimed', r::ledger, v_now) AS x
         ORDER BY r.seq;
         EXIT;
     END LOOP;
@@ -2825,8 +2827,11 @@ BEGIN
 
     IF claim_ledger.call_id IS NOT NULL THEN
         RETURN QUERY
-        SELECT (_ledger_row(CASE WHEN l.acked_locally THEN 'local_ack' ELSE 'claimed' END, l, v_now)).*
+        SELECT x.*
         FROM ledger AS l
+        CROSS JOIN LATERAL _ledger_row(
+            CASE WHEN l.acked_locally THEN 'local_ack' ELSE 'claimed' END, l, v_now
+        ) AS x
         WHERE
             l.call_id = claim_ledger.call_id
             AND (
