@@ -2,7 +2,7 @@
 # The steps of `make test`, run against the server in DATABASE_URL (started by
 # runrelay._pgcluster when the caller had none). Any failure fails the run.
 #
-#   scripts/test_suite.sh all     lint, migrations, plpgsql_check, pgTAP, pytest
+#   scripts/test_suite.sh all     lint, migrations, plpgsql_check, pgTAP, pytest, bench smoke
 #   scripts/test_suite.sh pytest  migrations and pytest only (PostgreSQL 18 run)
 set -euo pipefail
 mode=${1:-all}
@@ -49,3 +49,13 @@ fi
 
 step "pytest (PostgreSQL ${RUNRELAY_PG_VERSION:-from DATABASE_URL})"
 pytest "$@"
+
+if [ "$mode" = all ]; then
+    # A smoke test of `make bench` at tiny sizes on its own durable cluster: it
+    # must complete and write its JSON; it asserts nothing about speed.
+    step "bench --quick (smoke test, no timing assertions)"
+    bench_out=$(mktemp -d)
+    trap 'rm -rf "$bench_out"' EXIT
+    python -m bench.run --quick --out "$bench_out"
+    ls "$bench_out"/*.json
+fi

@@ -1,0 +1,170 @@
+"""The worker harness: N processes, one autocommit connection each, a timed window.
+
+A workload is a *factory*: given a worker's connection and its index it
+returns a *step*, one iteration of that worker's loop. A step records the
+latency of each operation it issues in a `Recorder` and returns how many jobs
+(or events, or calls) it finished, or None when there is nothing left to do.
+
+Processes, not threads: the client-side Python of eight workers would
+otherwise serialise on the GIL and the benchmark would measure that. The
+machine has 2 cores, so with 4 or 8 workers the clients and the server
+backends compete for the same CPUs — as they would on a small production box
+running workers beside its database; the doc says so.
+
+Each worker connects, runs `warmup` steps (so psycopg has prepared its
+statements and PL/pgSQL has cached its plans), then waits at a barrier; the
+window starts for all at once and lasts `seconds`, or until a worker finds
+nothing left. Throughput is total jobs / (last stop - first start).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+
+class Recorder:
+    """Per-operation latencies of one worker, in nanoseconds."""
+
+    def __init__(self) -> None:
+        self.samples: dict[str, list[int]] = {}
+
+    def add(self, op: str, nanoseconds: int) -> None:
+        self.samples.setdefault(op, []).append(nanoseconds)
+
+    def timed(self, op: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter_ns()
+        out = fn(*args, **kwargs)
+        self.add(op, time.perf_counter_ns() - started)
+        return out
+
+
+Step = Callable[[Recorder], "int | None"]
+Factory = Callable[[psycopg.Connection[Any], int], Step]
+
+
+@dataclass
+class Window:
+    """One repetition: what all workers did together."""
+
+    jobs: int
+    seconds: float
+    latencies_ms: dict[str, list[float]] = field(default_factory=dict)
+
+    @property
+    def rate(self) -> float:
+        return self.jobs / self.seconds if self.seconds > 0 else 0.0
+
+
+class WorkerError(RuntimeError):
+    """A worker process failed; the message carries its traceback."""
+
+
+def _worker(
+    url: str,
+    factory: Factory,
+    index: int,
+    seconds: float,
+    warmup: int,
+    barrier: Any,
+    out: Any,
+) -> None:
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            step = factory(conn, index)
+            scratch = Recorder()
+            for _ in range(warmup):
+                step(scratch)
+            barrier.wait(timeout=120)
+            rec = Recorder()
+            jobs = 0
+            started = time.perf_counter()
+            deadline = started + seconds
+            while True:
+                done = step(rec)
+                if done is None:
+                    break
+                jobs += done
+                if time.perf_counter() >= deadline:
+                    break
+            stopped = time.perf_counter()
+        out.put((index, jobs, started, stopped, rec.samples, None))
+    except BaseException:
+        with contextlib.suppress(Exception):
+            barrier.abort()
+        out.put((index, 0, 0.0, 0.0, {}, traceback.format_exc()))
+
+
+def run_window(url: str, factory: Factory, workers: int, seconds: float, warmup: int = 8) -> Window:
+    """Run `workers` processes of `factory` for one window and gather the result."""
+    ctx = mp.get_context("fork")
+    barrier = ctx.Barrier(workers)
+    out = ctx.Queue()
+    procs = [
+        ctx.Process(target=_worker, args=(url, factory, i, seconds, warmup, barrier, out))
+        for i in range(workers)
+    ]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=seconds + 300) for _ in procs]
+    for p in procs:
+        p.join(timeout=30)
+    errors = [r[5] for r in results if r[5]]
+    if errors:
+        raise WorkerError(errors[0])
+    started = min(r[2] for r in results)
+    stopped = max(r[3] for r in results)
+    latencies: dict[str, list[float]] = {}
+    for r in results:
+        for op, samples in r[4].items():
+            latencies.setdefault(op, []).extend(s / 1e6 for s in samples)
+    return Window(
+        jobs=sum(r[1] for r in results), seconds=stopped - started, latencies_ms=latencies
+    )
+
+
+def run_serial(url: str, factory: Factory, samples: int, warmup: int = 8) -> Window:
+    """`samples` steps on one connection in this process (latency probes)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        step = factory(conn, 0)
+        scratch = Recorder()
+        for _ in range(warmup):
+            step(scratch)
+        rec = Recorder()
+        jobs = 0
+        started = time.perf_counter()
+        for _ in range(samples):
+            done = step(rec)
+            if done is None:
+                break
+            jobs += done
+        stopped = time.perf_counter()
+    latencies = {op: [s / 1e6 for s in v] for op, v in rec.samples.items()}
+    return Window(jobs=jobs, seconds=stopped - started, latencies_ms=latencies)
+
+
+@dataclass
+class Case:
+    """One measured configuration of one system, repeated by `bench.run`.
+
+    `prepare` runs in the parent before every repetition (reload the backlog,
+    ANALYZE), so each window starts from the same state; `bench.run` then
+    takes a CHECKPOINT, so no window inherits the previous one's dirty pages
+    or pays for a checkpoint that its predecessor's writes triggered."""
+
+    key: str
+    system: str
+    workload: str
+    workers: int
+    url: str
+    prepare: Callable[[], None]
+    factory: Factory
+    unit: str = "jobs/s"
+    optional: bool = False  # a peer: a failure is reported, not fatal

@@ -1,0 +1,332 @@
+"""runrelay on the floor's workloads, through the real client (`runrelay.Client`).
+
+* `enqueue` — `enqueue_run` (a run row + its run.queued event);
+* `single`  — `claim_attempts(max_runs => 1)` + `complete_attempt`: a no-op
+  handler; per job it also writes the attempt row and two lifecycle events
+  (run.started, run.completed) with their ledger lane;
+* `batch10` — `claim_attempts(max_runs => 10)` + `complete_attempts` of 10;
+* ledger delivery — relays running the steady-state loop: `claim_ledger`
+  discovers a run, then `ack_ledger(claim_next => n)` acknowledges and claims
+  the successor prefix in the same round trip, head-only (n = 1) or frozen
+  batches (`batch => true`, n = 100); and a single hot run of 10 000 events;
+* `round_trips` — every client method, traced at the protocol level.
+
+Backlogs are loaded with INSERT … SELECT generate_series straight into the
+tables (the column lists of tests/python/test_claims.py and test_ledger.py),
+then ANALYZEd; each repetition starts from a fresh load.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+from psycopg import pq
+
+from bench._load import Case, Factory, Recorder
+from runrelay import Client, _core
+from runrelay.types import LedgerKind
+
+TABLES = ", ".join(
+    f"runrelay.{t}"
+    for t in ("ledger_lanes", "ledger", "signals", "cancellations", "attempts", "runs")
+)
+
+LOAD_RUNS = """
+INSERT INTO runrelay.runs (run_id, queue, status, payload, run_at, max_attempts,
+                           created_at, updated_at)
+SELECT 'r-' || i, 'default', 'queued', '{"n": 1}', now() - interval '1 hour', 3, now(), now()
+FROM generate_series(1, %(runs)s) AS i
+"""
+
+# Runs with `events` pending lifecycle events each (oldest run first).
+LOAD_LEDGER = [
+    """
+    INSERT INTO runrelay.runs (run_id, queue, status, payload, run_at, max_attempts,
+                               created_at, updated_at, ledger_seq)
+    SELECT 'l-' || i, 'ledger', 'queued', '{}', now(), 3, now(), now(), %(events)s
+    FROM generate_series(1, %(runs)s) AS i
+    """,
+    """
+    INSERT INTO runrelay.ledger (run_id, lane, seq, type, payload, delivery_key,
+                                 created_at, next_attempt_at)
+    SELECT 'l-' || i, 'lifecycle', s, 'order.updated', jsonb_build_object('seq', s),
+           'l-' || i || ':' || s,
+           now() - make_interval(secs => i), now() - make_interval(secs => i)
+    FROM generate_series(1, %(runs)s) AS i, generate_series(1, %(events)s) AS s
+    """,
+    """
+    INSERT INTO runrelay.ledger_lanes (run_id, lane, head_seq, available_at)
+    SELECT 'l-' || i, 'lifecycle', 1, now() - make_interval(secs => i)
+    FROM generate_series(1, %(runs)s) AS i
+    """,
+]
+
+ANALYZE = "ANALYZE runrelay.runs, runrelay.attempts, runrelay.ledger, runrelay.ledger_lanes"
+
+
+def reset(conn: psycopg.Connection[Any]) -> None:
+    conn.execute(f"TRUNCATE {TABLES} CASCADE")
+
+
+def load_runs(conn: psycopg.Connection[Any], runs: int) -> None:
+    if runs:
+        conn.execute(LOAD_RUNS, {"runs": runs})
+
+
+def load_ledger(conn: psycopg.Connection[Any], runs: int, events: int) -> None:
+    for statement in LOAD_LEDGER:
+        conn.execute(statement, {"runs": runs, "events": events})
+
+
+def runs_loader(url: str, runs: int) -> Callable[[], None]:
+    def prepare() -> None:
+        with psycopg.connect(url, autocommit=True) as conn:
+            reset(conn)
+            load_runs(conn, runs)
+            conn.execute(ANALYZE)
+
+    return prepare
+
+
+def ledger_loader(url: str, runs: int, events: int) -> Callable[[], None]:
+    def prepare() -> None:
+        with psycopg.connect(url, autocommit=True) as conn:
+            reset(conn)
+            load_ledger(conn, runs, events)
+            conn.execute(ANALYZE)
+
+    return prepare
+
+
+# Workloads ---------------------------------------------------------------
+
+
+def enqueue(conn: psycopg.Connection[Any], index: int) -> Callable[[Recorder], int | None]:
+    client = Client(conn)
+    tag = uuid.uuid4().hex[:8]
+    counter = itertools.count()
+
+    def step(rec: Recorder) -> int | None:
+        rec.timed("enqueue_run", client.enqueue_run, f"e-{tag}-{next(counter)}", payload={"n": 1})
+        return 1
+
+    return step
+
+
+def single(conn: psycopg.Connection[Any], index: int) -> Callable[[Recorder], int | None]:
+    client = Client(conn)
+    worker = f"w{index}"
+
+    def step(rec: Recorder) -> int | None:
+        claimed = rec.timed("claim_attempts", client.claim_attempts, worker)
+        if not claimed:
+            return None
+        a = claimed[0]
+        rec.timed("complete_attempt", client.complete_attempt, a.run_id, a.attempt, a.lease_token)
+        return 1
+
+    return step
+
+
+def batched(size: int) -> Factory:
+    def factory(conn: psycopg.Connection[Any], index: int) -> Callable[[Recorder], int | None]:
+        client = Client(conn)
+        worker = f"w{index}"
+
+        def step(rec: Recorder) -> int | None:
+            claimed = rec.timed("claim_attempts", client.claim_attempts, worker, max_runs=size)
+            if not claimed:
+                return None
+            rec.timed("complete_attempts", client.complete_attempts, claimed)
+            return len(claimed)
+
+        return step
+
+    return factory
+
+
+def relay(batch: int) -> Factory:
+    """The Relay loop's steady state, minus the sink: discover, then ack + claim-next."""
+    as_batch = batch > 1
+
+    def factory(conn: psycopg.Connection[Any], index: int) -> Callable[[Recorder], int | None]:
+        client = Client(conn)
+        name = f"relay-{index}"
+        held: list[Any] = []
+
+        def step(rec: Recorder) -> int | None:
+            nonlocal held
+            if not held:
+                held = rec.timed(
+                    "claim_ledger", client.claim_ledger, name, max_events=batch, batch=as_batch
+                )
+                held = [e for e in held if e.kind is LedgerKind.CLAIMED]
+                return 0 if held else None
+            out = rec.timed(
+                "ack_ledger",
+                client.ack_ledger,
+                name,
+                held[0].run_id,
+                [e.event_id for e in held],
+                claim_next=batch,
+                batch=as_batch,
+            )
+            held = [e for e in out if e.kind is LedgerKind.CLAIMED]
+            return sum(1 for e in out if e.kind is LedgerKind.DELIVERED)
+
+        return step
+
+    return factory
+
+
+def cases(url: str, plan: Any) -> list[Case]:
+    single_load = runs_loader(url, plan.backlog_single)
+    batch_load = runs_loader(url, plan.backlog_batch)
+    empty = runs_loader(url, 0)
+    head_load = ledger_loader(url, plan.ledger_runs_head, 100)
+    batch_ledger = ledger_loader(url, plan.ledger_runs_batch, 100)
+    hot = ledger_loader(url, 1, plan.hot_events)
+    out: list[Case] = []
+    for w in plan.enqueue_workers:
+        out.append(Case(f"runrelay.enqueue.w{w}", "runrelay", "enqueue", w, url, empty, enqueue))
+    for w in plan.workers:
+        out.append(Case(f"runrelay.single.w{w}", "runrelay", "single", w, url, single_load, single))
+        out.append(
+            Case(f"runrelay.batch10.w{w}", "runrelay", "batch10", w, url, batch_load, batched(10))
+        )
+    for w in plan.relays:
+        out.append(
+            Case(
+                f"ledger.head.r{w}",
+                "runrelay",
+                "ledger_head",
+                w,
+                url,
+                head_load,
+                relay(1),
+                "events/s",
+            )
+        )
+        out.append(
+            Case(
+                f"ledger.batch100.r{w}",
+                "runrelay",
+                "ledger_batch100",
+                w,
+                url,
+                batch_ledger,
+                relay(100),
+                "events/s",
+            )
+        )
+    out.append(
+        Case(
+            "ledger.hot_batch100.r1",
+            "runrelay",
+            "hot_batch100",
+            1,
+            url,
+            hot,
+            relay(100),
+            "events/s",
+        )
+    )
+    out.append(
+        Case("ledger.hot_head.r1", "runrelay", "hot_head", 1, url, hot, relay(1), "events/s")
+    )
+    return out
+
+
+# Round trips -------------------------------------------------------------
+
+CALLS_PER_METHOD = 7  # past psycopg's prepare_threshold (5): the prepared path too
+
+
+def frontend_round_trips(trace: str) -> int:
+    """Each frontend Sync (extended protocol) or Query (simple) is one round trip."""
+    count = 0
+    for line in trace.splitlines():
+        fields = line.split("\t")
+        if len(fields) >= 3 and fields[0] == "F" and fields[2].split(" ")[0] in ("Sync", "Query"):
+            count += 1
+    return count
+
+
+@contextlib.contextmanager
+def traced(conn: psycopg.Connection[Any]) -> Iterator[list[str]]:
+    out: list[str] = []
+    with tempfile.TemporaryFile("w+") as f:
+        conn.pgconn.trace(f.fileno())
+        conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+        try:
+            yield out
+        finally:
+            conn.pgconn.untrace()
+            f.seek(0)
+            out.append(f.read())
+
+
+def _calls(now: Any) -> dict[str, tuple[tuple[Any, ...], dict[str, Any]]]:
+    """Arguments that succeed (with some outcome) when repeated, for every method."""
+    token = uuid.UUID(int=1)
+    fence = ("rt", 1, token)
+    return {
+        "get_schema_version": ((), {}),
+        "enqueue_run": (("rt",), {"payload": {"k": 1}}),
+        "append_events": (("rt", [{"type": "x", "lane": "observability"}]), {}),
+        "signal_run": (("missing", "go"), {}),
+        "cancel_run": (("missing",), {}),
+        "claim_attempts": (("w1",), {"queues": ["empty"]}),
+        "heartbeat": (fence, {}),
+        "complete_attempt": (fence, {}),
+        "complete_attempts": (([{"run_id": "rt", "attempt": 1, "lease_token": token}],), {}),
+        "fail_attempt": ((*fence, {"e": 1}), {}),
+        "suspend_attempt": ((*fence, {"kind": "event", "name": "n"}), {}),
+        "prepare_waiting_failure": (fence, {}),
+        "record_runner_terminal": (("missing", 1, {}), {}),
+        "claim_detached_terminal": (fence, {}),
+        "read_runner_terminal": (("rt", 1), {}),
+        "reap_expired": ((), {}),
+        "claim_ledger": (("relay-1",), {"run_id": "missing"}),
+        "ack_ledger": (("relay-1", "rt", [1]), {"claim_next": 1}),
+        "renew_ledger_lease": (("relay-1", [1]), {}),
+        "release_ledger": (("relay-1", [1]), {}),
+        "fail_ledger": (("relay-1", [1], {"e": 1}), {}),
+        "ledger_next_due_at": ((), {}),
+        "requeue_ledger_event": ((1,), {}),
+        "prune": ((now - timedelta(days=1),), {}),
+        "run_stats": ((), {}),
+        "ledger_stats": ((), {}),
+    }
+
+
+def round_trips(url: str) -> dict[str, Any]:
+    """Protocol round trips of every client method, each called CALLS_PER_METHOD times."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        reset(conn)
+        client = Client(conn)
+        client.enqueue_run("rt", payload={"k": 1})
+        now = conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
+        calls = _calls(now)
+        counts: dict[str, list[int]] = {}
+        for name, (args, kwargs) in calls.items():
+            for _ in range(CALLS_PER_METHOD):
+                with traced(conn) as out:
+                    getattr(client, name)(*args, **kwargs)
+                counts.setdefault(name, []).append(frontend_round_trips(out[0]))
+        reset(conn)
+    methods = set(_core.OPERATIONS) | {"run_stats", "ledger_stats"}
+    return {
+        "calls_per_method": CALLS_PER_METHOD,
+        "max_by_method": {name: max(c) for name, c in sorted(counts.items())},
+        "not_measured": sorted(methods - set(counts)),
+        "all_one": all(c == [1] * CALLS_PER_METHOD for c in counts.values())
+        and methods <= set(counts),
+    }
