@@ -3,6 +3,9 @@
 #   make demo   the main job: embedded PostgreSQL (unless DATABASE_URL), migrate, demo
 #   make test   every test, on PostgreSQL 15 (system) and 18 (embedded wheel)
 #   make docs   regenerate docs/errors.md and docs/sql-api.md
+#   make chaos  the fault-injection scenarios, longer (DURATION=20m per scenario), with figures
+#   make bench  the benchmark: floor, runrelay, peers (< 10 min; rewrites docs/benchmarks.md)
+#   make bench-quick  the same at tiny sizes, a smoke test (also run by make test)
 
 SHELL := /bin/bash
 VENV ?= .venv
@@ -13,7 +16,7 @@ export PATH := $(BIN):$(PATH)
 # Run a command against DATABASE_URL when set, else against a throwaway cluster.
 WITH_PG = $(if $(DATABASE_URL),,$(PY) -m runrelay._pgcluster exec --flavor $(1) --)
 
-.PHONY: demo test test-pg15 test-pg18 prereqs lint typecheck freeze migrate docs clean
+.PHONY: demo test test-pg15 test-pg18 prereqs lint typecheck freeze migrate docs clean chaos bench bench-quick
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -39,8 +42,8 @@ test-pg18: $(VENV)/.installed
 		env -u PGDATABASE bash scripts/test_suite.sh pytest $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed
-	ruff check python_client tests migrations scripts
-	ruff format --check python_client tests migrations scripts
+	ruff check python_client tests migrations scripts bench
+	ruff format --check python_client tests migrations scripts bench
 	mypy
 
 freeze: $(VENV)/.installed
@@ -54,5 +57,26 @@ migrate: $(VENV)/.installed
 docs: $(VENV)/.installed
 	$(call WITH_PG,system) bash -c 'alembic upgrade head && $(PY) -m runrelay._docs'
 
+# Benchmarks start their own durable PostgreSQL (fsync and synchronous_commit
+# on), whatever DATABASE_URL says. The full run installs the peers (PyPI into
+# bench/.venv-peers, PgQ from Debian); the quick one installs nothing.
+bench: $(VENV)/.installed
+	$(PY) -m bench.run $(BENCH_ARGS)
+
+bench-quick: $(VENV)/.installed
+	$(PY) -m bench.run --quick $(BENCH_ARGS)
+
+# The scenarios of tests/python/test_faults.py, each run for DURATION (seconds,
+# or with an s/m suffix) with more connections, then a table of operations,
+# faults injected and violations. Fails if any scenario does.
+DURATION ?= 20m
+CHAOS_REPORT ?= $(abspath .runrelay/chaos-report.jsonl)
+chaos: $(VENV)/.installed
+	mkdir -p $(dir $(CHAOS_REPORT)) && rm -f $(CHAOS_REPORT)
+	$(call WITH_PG,system) env RUNRELAY_CHAOS_SECONDS=$(DURATION) \
+		RUNRELAY_CHAOS_REPORT=$(CHAOS_REPORT) \
+		bash -c 'pytest -q -o timeout=0 tests/python/test_faults.py $(PYTEST_ARGS); status=$$?; \
+			$(PY) tests/python/faults.py report $(CHAOS_REPORT); exit $$status'
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache bench/.venv-peers
