@@ -14,6 +14,7 @@ DECLARE
     v_attempt attempts;
     v_outcome text;
     v_now timestamptz := _now();
+    v_seq bigint;
 BEGIN
     SELECT r.* INTO v_run FROM runs AS r WHERE r.run_id = p_run_id FOR NO KEY UPDATE;
     v_attempt := _lock_attempt(p_run_id, p_attempt);
@@ -24,7 +25,10 @@ BEGIN
     IF _apply_marker(v_run, 'complete', p_attempt) THEN
         RETURN 'cancelled';
     END IF;
-    PERFORM _append(p_run_id, p_events);
+    IF jsonb_array_length(p_events) > 0 THEN
+        PERFORM _check_keys_unused('final_events', p_events);
+        PERFORM _append(p_run_id, p_events);
+    END IF;
     UPDATE attempts AS a
     SET status = 'completed', finished_at = v_now, outcome = 'completed', outcome_op = 'complete'
     WHERE a.run_id = p_run_id AND a.attempt = p_attempt;
@@ -34,9 +38,12 @@ BEGIN
         wait = NULL,
         wake_at = NULL,
         finished_at = v_now,
-        updated_at = v_now
-    WHERE r.run_id = p_run_id;
-    PERFORM _emit(p_run_id, 'run.completed', jsonb_build_object('attempt', p_attempt, 'result', p_result));
+        updated_at = v_now,
+        ledger_seq = r.ledger_seq + 1
+    WHERE r.run_id = p_run_id
+    RETURNING r.ledger_seq INTO v_seq;
+    PERFORM _emit(p_run_id, 'run.completed',
+        jsonb_build_object('attempt', p_attempt, 'result', p_result), FALSE, v_seq);
     PERFORM _ended(p_run_id, 'completed', v_run.concurrency_key);
     RETURN 'completed';
 END;

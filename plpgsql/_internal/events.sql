@@ -1,9 +1,14 @@
 -- _normalize_events(): validates an events array (append_events, final_events)
 -- and returns it with every default filled in, so the append routine never
--- sees a malformed element. Explicit delivery keys must be unique within the
+-- sees a malformed element. Fenced writes validate the shape up front with
+-- p_check_unused => false and check that the keys are unused only once the
+-- fence has passed (_check_keys_unused): a replay of a committed call must
+-- answer its recorded outcome, not "key already used". Explicit delivery keys must be unique within the
 -- array and unused; keys ending in :<number> are reserved for the default
 -- keys <run_id>:<seq>.
-CREATE FUNCTION _normalize_events(p_parameter text, p_events jsonb)
+CREATE FUNCTION _normalize_events(
+    p_parameter text, p_events jsonb, p_check_unused boolean DEFAULT TRUE
+)
 RETURNS jsonb
 LANGUAGE plpgsql
 VOLATILE
@@ -19,6 +24,9 @@ DECLARE
         'Pass an array of objects {type, payload?, lane?, delivery_key?, transport_only?}; '
         'lane is lifecycle or observability.';
 BEGIN
+    IF p_events = '[]'::jsonb THEN
+        RETURN p_events;  -- the common case (no final_events): nothing to check
+    END IF;
     PERFORM _check_json(p_parameter, p_events, 'array');
     IF jsonb_array_length(p_events) > 1000 THEN
         PERFORM _invalid(p_parameter, format('has %s events; at most 1000 per call', jsonb_array_length(p_events)), v_hint);
@@ -55,7 +63,7 @@ BEGIN
             IF v_key = ANY(v_keys) THEN
                 PERFORM _invalid(p_parameter, format('element %s repeats delivery_key %L', v_index, v_key), 'Delivery keys must be unique.');
             END IF;
-            IF EXISTS (SELECT 1 FROM ledger AS l WHERE l.delivery_key = v_key) THEN
+            IF p_check_unused AND EXISTS (SELECT 1 FROM ledger AS l WHERE l.delivery_key = v_key) THEN
                 PERFORM _invalid(p_parameter, format('element %s: delivery_key %L is already used', v_index, v_key), 'Delivery keys must be unique.');
             END IF;
             -- Default keys are <run_id>:<seq>, for runs that may not exist yet:
@@ -78,5 +86,28 @@ BEGIN
 END;
 $$;
 
-COMMENT ON FUNCTION _normalize_events(text, jsonb) IS
+COMMENT ON FUNCTION _normalize_events(text, jsonb, boolean) IS
 'Validates an events array and fills in defaults (payload {}, lane lifecycle, transport_only false).';
+
+CREATE FUNCTION _check_keys_unused(p_parameter text, p_events jsonb)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_key text;
+BEGIN
+    SELECT l.delivery_key INTO v_key
+    FROM jsonb_array_elements(p_events) AS e (value)
+    INNER JOIN ledger AS l ON l.delivery_key = e.value ->> 'delivery_key'
+    LIMIT 1;
+    IF v_key IS NOT NULL THEN
+        PERFORM _invalid(p_parameter, format('delivery_key %L is already used', v_key),
+            'Delivery keys must be unique.');
+    END IF;
+END;
+$$;
+
+COMMENT ON FUNCTION _check_keys_unused(text, jsonb) IS
+'Raises 22023 if an explicit delivery key of normalised events is already used.';

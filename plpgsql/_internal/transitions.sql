@@ -66,6 +66,7 @@ SET search_path FROM CURRENT
 AS $$
 DECLARE
     v_now timestamptz := _now();
+    v_seq bigint;
 BEGIN
     UPDATE attempts AS a
     SET status = 'cancelled',
@@ -79,10 +80,12 @@ BEGIN
         updated_at = v_now,
         wait = NULL,
         wake_at = NULL,
-        key_held = FALSE
-    WHERE r.run_id = p_run.run_id;
+        key_held = FALSE,
+        ledger_seq = r.ledger_seq + 1
+    WHERE r.run_id = p_run.run_id
+    RETURNING r.ledger_seq INTO v_seq;
     PERFORM _emit(p_run.run_id, 'run.cancelled',
-        jsonb_build_object('attempt', p_run.attempt_count, 'reason', p_reason));
+        jsonb_build_object('attempt', p_run.attempt_count, 'reason', p_reason), FALSE, v_seq);
     PERFORM _ended(p_run.run_id, 'cancelled', p_run.concurrency_key);
 END;
 $$;
@@ -122,6 +125,7 @@ SET search_path FROM CURRENT
 AS $$
 DECLARE
     v_now timestamptz := _now();
+    v_seq bigint;
 BEGIN
     UPDATE attempts AS a
     SET status = 'resumed', finished_at = v_now
@@ -135,11 +139,13 @@ BEGIN
         wake_at = NULL,
         resume = p_resume,
         run_at = v_now,
-        updated_at = v_now
-    WHERE r.run_id = p_run.run_id;
+        updated_at = v_now,
+        ledger_seq = r.ledger_seq + 1
+    WHERE r.run_id = p_run.run_id
+    RETURNING r.ledger_seq INTO v_seq;
     PERFORM _emit(p_run.run_id, 'run.resumed',
         jsonb_build_object('attempt', p_run.attempt_count, 'resume', p_resume),
-        p_run.wait ->> 'kind' = 'detached_runner');
+        p_run.wait ->> 'kind' = 'detached_runner', v_seq);
     PERFORM pg_notify('runrelay_runs', p_run.queue);
 END;
 $$;
@@ -205,6 +211,7 @@ DECLARE
     v_failures integer;
     v_outcome text;
     v_run_at timestamptz;
+    v_seq bigint;
 BEGIN
     SELECT count(*) + 1 INTO v_failures
     FROM attempts AS a
@@ -227,10 +234,12 @@ BEGIN
             error = p_error,
             wait = NULL,
             wake_at = NULL,
-            updated_at = v_now
-        WHERE r.run_id = p_run.run_id;
+            updated_at = v_now,
+            ledger_seq = r.ledger_seq + 1
+        WHERE r.run_id = p_run.run_id
+        RETURNING r.ledger_seq INTO v_seq;
         PERFORM _emit(p_run.run_id, 'run.retry_scheduled', jsonb_build_object(
-            'attempt', p_attempt, 'run_at', v_run_at, 'error', p_error));
+            'attempt', p_attempt, 'run_at', v_run_at, 'error', p_error), FALSE, v_seq);
         IF v_run_at <= v_now THEN
             PERFORM pg_notify('runrelay_runs', p_run.queue);
         END IF;
@@ -241,10 +250,12 @@ BEGIN
             wait = NULL,
             wake_at = NULL,
             finished_at = v_now,
-            updated_at = v_now
-        WHERE r.run_id = p_run.run_id;
+            updated_at = v_now,
+            ledger_seq = r.ledger_seq + 1
+        WHERE r.run_id = p_run.run_id
+        RETURNING r.ledger_seq INTO v_seq;
         PERFORM _emit(p_run.run_id, 'run.failed', jsonb_build_object(
-            'attempt', p_attempt, 'error', p_error));
+            'attempt', p_attempt, 'error', p_error), FALSE, v_seq);
         PERFORM _ended(p_run.run_id, 'failed', p_run.concurrency_key);
     END IF;
     RETURN v_outcome;

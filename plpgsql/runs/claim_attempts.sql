@@ -46,6 +46,7 @@ DECLARE
     v_run_id text;
     v_attempt integer;
     v_token uuid;
+    v_seq bigint;
 BEGIN
     PERFORM _require_read_committed();
     PERFORM _check_id('worker', claim_attempts.worker);
@@ -102,8 +103,10 @@ BEGIN
         v_attempt := v_run.attempt_count + 1;
         v_token := gen_random_uuid();
         UPDATE runs AS r
-        SET status = 'running', attempt_count = v_attempt, updated_at = v_now
-        WHERE r.run_id = v_run.run_id;
+        SET status = 'running', attempt_count = v_attempt, updated_at = v_now,
+            ledger_seq = r.ledger_seq + 1
+        WHERE r.run_id = v_run.run_id
+        RETURNING r.ledger_seq INTO v_seq;
         INSERT INTO attempts (
             run_id, attempt, worker, lease_token, status, claimed_at, heartbeat_at,
             lease_expires_at, call_id
@@ -113,7 +116,7 @@ BEGIN
             v_now + v_lease, claim_attempts.call_id
         );
         PERFORM _emit(v_run.run_id, 'run.started', jsonb_build_object(
-            'attempt', v_attempt, 'worker', claim_attempts.worker));
+            'attempt', v_attempt, 'worker', claim_attempts.worker), FALSE, v_seq);
         RETURN NEXT (v_run.run_id, v_attempt, v_token, v_run.queue, v_run.payload, v_run.resume, v_now + v_lease)::claim_attempts_result;
     END LOOP;
 END;

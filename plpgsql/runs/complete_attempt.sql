@@ -27,7 +27,7 @@ BEGIN
     PERFORM _check_id('run_id', complete_attempt.run_id);
     PERFORM _check_token(complete_attempt.attempt, complete_attempt.lease_token);
     PERFORM _check_json('result', complete_attempt.result);
-    v_events := _normalize_events('final_events', complete_attempt.final_events);
+    v_events := _normalize_events('final_events', complete_attempt.final_events, FALSE);
     PERFORM _lock_key_of(complete_attempt.run_id);
     RETURN _complete(
         complete_attempt.run_id, complete_attempt.attempt, complete_attempt.lease_token,

@@ -71,14 +71,14 @@ BEGIN
         END IF;
         INSERT INTO runs AS r (
             run_id, queue, status, priority, concurrency_key, key_position, key_held,
-            payload, run_at, max_attempts, payload_retention, created_at, updated_at
+            payload, run_at, max_attempts, payload_retention, created_at, updated_at, ledger_seq
         )
         VALUES (
             enqueue_run.run_id, enqueue_run.queue, 'queued', enqueue_run.priority,
             enqueue_run.concurrency_key,
             CASE WHEN enqueue_run.concurrency_key IS NOT NULL THEN nextval('runs_key_position_seq') END,
             v_held, enqueue_run.payload, v_run_at, enqueue_run.max_attempts,
-            enqueue_run.payload_retention, v_now, v_now
+            enqueue_run.payload_retention, v_now, v_now, 1
         )
         ON CONFLICT ON CONSTRAINT runs_pkey DO NOTHING
         RETURNING r.run_id INTO v_inserted;
@@ -87,7 +87,7 @@ BEGIN
                 'queue', enqueue_run.queue,
                 'run_at', v_run_at,
                 'priority', enqueue_run.priority,
-                'concurrency_key', enqueue_run.concurrency_key));
+                'concurrency_key', enqueue_run.concurrency_key), FALSE, 1);
             IF NOT v_held AND v_run_at <= v_now THEN
                 PERFORM pg_notify('runrelay_runs', enqueue_run.queue);
             END IF;

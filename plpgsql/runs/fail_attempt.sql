@@ -47,7 +47,7 @@ BEGIN
     PERFORM _check_token(fail_attempt.attempt, fail_attempt.lease_token);
     PERFORM _check_json('error', fail_attempt.error);
     PERFORM _check_time('retry_at', fail_attempt.retry_at);
-    v_events := _normalize_events('final_events', fail_attempt.final_events);
+    v_events := _normalize_events('final_events', fail_attempt.final_events, FALSE);
     IF fail_attempt.preserve_runner_terminal IS NULL THEN
         PERFORM _invalid('preserve_runner_terminal', 'must not be null', 'Pass true or false.');
     END IF;
@@ -74,7 +74,10 @@ BEGIN
     IF fail_attempt.preserve_runner_terminal AND v_attempt.runner_result_received_at IS NOT NULL THEN
         RETURN 'superseded';
     END IF;
-    PERFORM _append(fail_attempt.run_id, v_events);
+    IF jsonb_array_length(v_events) > 0 THEN
+        PERFORM _check_keys_unused('final_events', v_events);
+        PERFORM _append(fail_attempt.run_id, v_events);
+    END IF;
     RETURN _fail(v_run, fail_attempt.attempt, 'failed', fail_attempt.error, fail_attempt.retry_at, 'fail');
 END;
 $$;

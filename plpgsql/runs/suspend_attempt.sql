@@ -38,7 +38,7 @@ BEGIN
     PERFORM _check_id('run_id', suspend_attempt.run_id);
     PERFORM _check_token(suspend_attempt.attempt, suspend_attempt.lease_token);
     v_wait := _normalize_wait(suspend_attempt.wait);
-    v_events := _normalize_events('final_events', suspend_attempt.final_events);
+    v_events := _normalize_events('final_events', suspend_attempt.final_events, FALSE);
 
     v_run := _lock_run(suspend_attempt.run_id);
     v_attempt := _lock_attempt(suspend_attempt.run_id, suspend_attempt.attempt);
@@ -55,7 +55,10 @@ BEGIN
     END IF;
 
     v_now := _now();
-    PERFORM _append(suspend_attempt.run_id, v_events);
+    IF jsonb_array_length(v_events) > 0 THEN
+        PERFORM _check_keys_unused('final_events', v_events);
+        PERFORM _append(suspend_attempt.run_id, v_events);
+    END IF;
     v_wake_at := coalesce(v_wait ->> 'until', v_wait ->> 'timeout_at')::timestamptz;
     UPDATE attempts AS a
     SET status = 'waiting',
@@ -65,12 +68,13 @@ BEGIN
         outcome_op = 'suspend'
     WHERE a.run_id = suspend_attempt.run_id AND a.attempt = suspend_attempt.attempt;
     UPDATE runs AS r
-    SET status = 'waiting', wait = v_wait, wake_at = v_wake_at, resume = NULL, updated_at = v_now
+    SET status = 'waiting', wait = v_wait, wake_at = v_wake_at, resume = NULL, updated_at = v_now,
+        ledger_seq = r.ledger_seq + 1
     WHERE r.run_id = suspend_attempt.run_id
     RETURNING r.* INTO v_run;
     PERFORM _emit(suspend_attempt.run_id, 'run.waiting',
         jsonb_build_object('attempt', suspend_attempt.attempt, 'wait', v_wait),
-        v_wait ->> 'kind' = 'detached_runner');
+        v_wait ->> 'kind' = 'detached_runner', v_run.ledger_seq);
 
     IF v_wait ->> 'kind' = 'event' THEN
         SELECT s.* INTO v_signal

@@ -163,3 +163,21 @@ def test_append_with_delivery_keys_replays_exactly(db: psycopg.Connection) -> No
             events=[batch[0], {"type": "x", "delivery_key": "new"}],
         )
     assert table_checksum(db) == before
+
+
+def test_replay_with_keyed_final_events_answers_the_recorded_outcome(
+    db: psycopg.Connection,
+) -> None:
+    enqueue(db, "r1")
+    claim = claim_one(db)
+    extra = [{"type": "order.shipped", "delivery_key": "ship-1"}]
+    call(db, "complete_attempt", **fenced(claim), final_events=extra)  # reply "lost"
+    before = table_checksum(db)
+    assert scalar(db, "complete_attempt", **fenced(claim), final_events=extra) == "completed"
+    assert table_checksum(db) == before
+    enqueue(db, "r2")
+    other = claim_one(db)
+    unchanged = table_checksum(db)
+    with pytest.raises(psycopg.errors.InvalidParameterValue):  # a real reuse is still refused
+        call(db, "complete_attempt", **fenced(other), final_events=extra)
+    assert table_checksum(db) == unchanged

@@ -34,6 +34,9 @@ CREATE TYPE claim_ledger_result AS (
 -- Precondition: the caller holds the run's row lock (custody), so advancing
 -- runs.ledger_seq serialises appends to one run and per-run seq order equals
 -- commit order. `p_events` must come from _normalize_events() or the engine.
+-- p_base: the caller already advanced runs.ledger_seq by the number of events
+-- in its own UPDATE of the run (a state transition), saving a second write
+-- of the row; the events take seqs p_base + 1, p_base + 2, ...
 --
 -- Also keeps ledger_lanes current: a lane that had nothing pending gets its
 -- head and becomes available now (and a runrelay_ledger notification), as
@@ -41,7 +44,7 @@ CREATE TYPE claim_ledger_result AS (
 -- lane with a claimable, leased or blocked head keeps its state. The upsert locks the lane row, which is
 -- what makes an append and a relay's ack of the last pending event safe in
 -- either order (the ack re-reads the tail after taking the lane lock).
-CREATE FUNCTION _append(p_run_id text, p_events jsonb)
+CREATE FUNCTION _append(p_run_id text, p_events jsonb, p_base bigint DEFAULT NULL)
 RETURNS SETOF append_result
 LANGUAGE plpgsql
 VOLATILE
@@ -62,8 +65,13 @@ BEGIN
     WITH bumped AS (
         UPDATE runs AS r
         SET ledger_seq = r.ledger_seq + v_count
-        WHERE r.run_id = p_run_id
+        WHERE r.run_id = p_run_id AND p_base IS NULL
         RETURNING r.ledger_seq - v_count AS base
+    ),
+    based AS (
+        SELECT b.base FROM bumped AS b
+        UNION ALL
+        SELECT p_base WHERE p_base IS NOT NULL
     ),
     inserted AS (
         INSERT INTO ledger AS l (
@@ -80,7 +88,7 @@ BEGIN
             (e.value ->> 'transport_only')::boolean,
             v_now,
             v_now
-        FROM bumped AS b
+        FROM based AS b
         CROSS JOIN jsonb_array_elements(p_events) WITH ORDINALITY AS e (value, ordinality)
         ORDER BY e.ordinality
         RETURNING l.event_id, l.seq, l.delivery_key, l.lane, l.transport_only
@@ -121,12 +129,18 @@ BEGIN
 END;
 $$;
 
-COMMENT ON FUNCTION _append(text, jsonb) IS
+COMMENT ON FUNCTION _append(text, jsonb, bigint) IS
 'Appends normalised events to a run''s ledger under the caller''s run lock; maintains ledger_lanes.';
 
 -- _emit(): one engine lifecycle event (run.started, run.completed, ...).
+-- Transitions pass p_seq, the seq they reserved with ledger_seq + 1 in their
+-- own UPDATE of the run row.
 CREATE FUNCTION _emit(
-    p_run_id text, p_type text, p_payload jsonb, p_transport_only boolean DEFAULT FALSE
+    p_run_id text,
+    p_type text,
+    p_payload jsonb,
+    p_transport_only boolean DEFAULT FALSE,
+    p_seq bigint DEFAULT NULL
 )
 RETURNS void
 LANGUAGE plpgsql
@@ -140,12 +154,12 @@ BEGIN
         'lane', 'lifecycle',
         'delivery_key', NULL,
         'transport_only', p_transport_only
-    )));
+    )), p_seq - 1);
 END;
 $$;
 
-COMMENT ON FUNCTION _emit(text, text, jsonb, boolean) IS
-'Appends one engine lifecycle event to a run''s lifecycle lane (caller holds the run lock).';
+COMMENT ON FUNCTION _emit(text, text, jsonb, boolean, bigint) IS
+'Appends one engine lifecycle event to a run''s lifecycle lane (caller holds the run lock; p_seq if it reserved one).';
 
 -- >>> plpgsql/_internal/claim_candidates.sql
 -- _claim_candidates(): lock up to p_limit runnable runs, best first, without
@@ -434,6 +448,7 @@ DECLARE
     v_attempt attempts;
     v_outcome text;
     v_now timestamptz := _now();
+    v_seq bigint;
 BEGIN
     SELECT r.* INTO v_run FROM runs AS r WHERE r.run_id = p_run_id FOR NO KEY UPDATE;
     v_attempt := _lock_attempt(p_run_id, p_attempt);
@@ -444,7 +459,10 @@ BEGIN
     IF _apply_marker(v_run, 'complete', p_attempt) THEN
         RETURN 'cancelled';
     END IF;
-    PERFORM _append(p_run_id, p_events);
+    IF jsonb_array_length(p_events) > 0 THEN
+        PERFORM _check_keys_unused('final_events', p_events);
+        PERFORM _append(p_run_id, p_events);
+    END IF;
     UPDATE attempts AS a
     SET status = 'completed', finished_at = v_now, outcome = 'completed', outcome_op = 'complete'
     WHERE a.run_id = p_run_id AND a.attempt = p_attempt;
@@ -454,9 +472,12 @@ BEGIN
         wait = NULL,
         wake_at = NULL,
         finished_at = v_now,
-        updated_at = v_now
-    WHERE r.run_id = p_run_id;
-    PERFORM _emit(p_run_id, 'run.completed', jsonb_build_object('attempt', p_attempt, 'result', p_result));
+        updated_at = v_now,
+        ledger_seq = r.ledger_seq + 1
+    WHERE r.run_id = p_run_id
+    RETURNING r.ledger_seq INTO v_seq;
+    PERFORM _emit(p_run_id, 'run.completed',
+        jsonb_build_object('attempt', p_attempt, 'result', p_result), FALSE, v_seq);
     PERFORM _ended(p_run_id, 'completed', v_run.concurrency_key);
     RETURN 'completed';
 END;
@@ -599,10 +620,15 @@ COMMENT ON FUNCTION _cancel_reason(text) IS
 -- >>> plpgsql/_internal/events.sql
 -- _normalize_events(): validates an events array (append_events, final_events)
 -- and returns it with every default filled in, so the append routine never
--- sees a malformed element. Explicit delivery keys must be unique within the
+-- sees a malformed element. Fenced writes validate the shape up front with
+-- p_check_unused => false and check that the keys are unused only once the
+-- fence has passed (_check_keys_unused): a replay of a committed call must
+-- answer its recorded outcome, not "key already used". Explicit delivery keys must be unique within the
 -- array and unused; keys ending in :<number> are reserved for the default
 -- keys <run_id>:<seq>.
-CREATE FUNCTION _normalize_events(p_parameter text, p_events jsonb)
+CREATE FUNCTION _normalize_events(
+    p_parameter text, p_events jsonb, p_check_unused boolean DEFAULT TRUE
+)
 RETURNS jsonb
 LANGUAGE plpgsql
 VOLATILE
@@ -618,6 +644,9 @@ DECLARE
         'Pass an array of objects {type, payload?, lane?, delivery_key?, transport_only?}; '
         'lane is lifecycle or observability.';
 BEGIN
+    IF p_events = '[]'::jsonb THEN
+        RETURN p_events;  -- the common case (no final_events): nothing to check
+    END IF;
     PERFORM _check_json(p_parameter, p_events, 'array');
     IF jsonb_array_length(p_events) > 1000 THEN
         PERFORM _invalid(p_parameter, format('has %s events; at most 1000 per call', jsonb_array_length(p_events)), v_hint);
@@ -654,7 +683,7 @@ BEGIN
             IF v_key = ANY(v_keys) THEN
                 PERFORM _invalid(p_parameter, format('element %s repeats delivery_key %L', v_index, v_key), 'Delivery keys must be unique.');
             END IF;
-            IF EXISTS (SELECT 1 FROM ledger AS l WHERE l.delivery_key = v_key) THEN
+            IF p_check_unused AND EXISTS (SELECT 1 FROM ledger AS l WHERE l.delivery_key = v_key) THEN
                 PERFORM _invalid(p_parameter, format('element %s: delivery_key %L is already used', v_index, v_key), 'Delivery keys must be unique.');
             END IF;
             -- Default keys are <run_id>:<seq>, for runs that may not exist yet:
@@ -677,8 +706,31 @@ BEGIN
 END;
 $$;
 
-COMMENT ON FUNCTION _normalize_events(text, jsonb) IS
+COMMENT ON FUNCTION _normalize_events(text, jsonb, boolean) IS
 'Validates an events array and fills in defaults (payload {}, lane lifecycle, transport_only false).';
+
+CREATE FUNCTION _check_keys_unused(p_parameter text, p_events jsonb)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_key text;
+BEGIN
+    SELECT l.delivery_key INTO v_key
+    FROM jsonb_array_elements(p_events) AS e (value)
+    INNER JOIN ledger AS l ON l.delivery_key = e.value ->> 'delivery_key'
+    LIMIT 1;
+    IF v_key IS NOT NULL THEN
+        PERFORM _invalid(p_parameter, format('delivery_key %L is already used', v_key),
+            'Delivery keys must be unique.');
+    END IF;
+END;
+$$;
+
+COMMENT ON FUNCTION _check_keys_unused(text, jsonb) IS
+'Raises 22023 if an explicit delivery key of normalised events is already used.';
 
 -- >>> plpgsql/_internal/fence.sql
 -- _fence(): the fence every fenced write applies after taking the custody
@@ -1029,6 +1081,7 @@ SET search_path FROM CURRENT
 AS $$
 DECLARE
     v_now timestamptz := _now();
+    v_seq bigint;
 BEGIN
     UPDATE attempts AS a
     SET status = 'cancelled',
@@ -1042,10 +1095,12 @@ BEGIN
         updated_at = v_now,
         wait = NULL,
         wake_at = NULL,
-        key_held = FALSE
-    WHERE r.run_id = p_run.run_id;
+        key_held = FALSE,
+        ledger_seq = r.ledger_seq + 1
+    WHERE r.run_id = p_run.run_id
+    RETURNING r.ledger_seq INTO v_seq;
     PERFORM _emit(p_run.run_id, 'run.cancelled',
-        jsonb_build_object('attempt', p_run.attempt_count, 'reason', p_reason));
+        jsonb_build_object('attempt', p_run.attempt_count, 'reason', p_reason), FALSE, v_seq);
     PERFORM _ended(p_run.run_id, 'cancelled', p_run.concurrency_key);
 END;
 $$;
@@ -1085,6 +1140,7 @@ SET search_path FROM CURRENT
 AS $$
 DECLARE
     v_now timestamptz := _now();
+    v_seq bigint;
 BEGIN
     UPDATE attempts AS a
     SET status = 'resumed', finished_at = v_now
@@ -1098,11 +1154,13 @@ BEGIN
         wake_at = NULL,
         resume = p_resume,
         run_at = v_now,
-        updated_at = v_now
-    WHERE r.run_id = p_run.run_id;
+        updated_at = v_now,
+        ledger_seq = r.ledger_seq + 1
+    WHERE r.run_id = p_run.run_id
+    RETURNING r.ledger_seq INTO v_seq;
     PERFORM _emit(p_run.run_id, 'run.resumed',
         jsonb_build_object('attempt', p_run.attempt_count, 'resume', p_resume),
-        p_run.wait ->> 'kind' = 'detached_runner');
+        p_run.wait ->> 'kind' = 'detached_runner', v_seq);
     PERFORM pg_notify('runrelay_runs', p_run.queue);
 END;
 $$;
@@ -1168,6 +1226,7 @@ DECLARE
     v_failures integer;
     v_outcome text;
     v_run_at timestamptz;
+    v_seq bigint;
 BEGIN
     SELECT count(*) + 1 INTO v_failures
     FROM attempts AS a
@@ -1190,10 +1249,12 @@ BEGIN
             error = p_error,
             wait = NULL,
             wake_at = NULL,
-            updated_at = v_now
-        WHERE r.run_id = p_run.run_id;
+            updated_at = v_now,
+            ledger_seq = r.ledger_seq + 1
+        WHERE r.run_id = p_run.run_id
+        RETURNING r.ledger_seq INTO v_seq;
         PERFORM _emit(p_run.run_id, 'run.retry_scheduled', jsonb_build_object(
-            'attempt', p_attempt, 'run_at', v_run_at, 'error', p_error));
+            'attempt', p_attempt, 'run_at', v_run_at, 'error', p_error), FALSE, v_seq);
         IF v_run_at <= v_now THEN
             PERFORM pg_notify('runrelay_runs', p_run.queue);
         END IF;
@@ -1204,10 +1265,12 @@ BEGIN
             wait = NULL,
             wake_at = NULL,
             finished_at = v_now,
-            updated_at = v_now
-        WHERE r.run_id = p_run.run_id;
+            updated_at = v_now,
+            ledger_seq = r.ledger_seq + 1
+        WHERE r.run_id = p_run.run_id
+        RETURNING r.ledger_seq INTO v_seq;
         PERFORM _emit(p_run.run_id, 'run.failed', jsonb_build_object(
-            'attempt', p_attempt, 'error', p_error));
+            'attempt', p_attempt, 'error', p_error), FALSE, v_seq);
         PERFORM _ended(p_run.run_id, 'failed', p_run.concurrency_key);
     END IF;
     RETURN v_outcome;
@@ -1598,6 +1661,7 @@ DECLARE
     v_run_id text;
     v_attempt integer;
     v_token uuid;
+    v_seq bigint;
 BEGIN
     PERFORM _require_read_committed();
     PERFORM _check_id('worker', claim_attempts.worker);
@@ -1654,8 +1718,10 @@ BEGIN
         v_attempt := v_run.attempt_count + 1;
         v_token := gen_random_uuid();
         UPDATE runs AS r
-        SET status = 'running', attempt_count = v_attempt, updated_at = v_now
-        WHERE r.run_id = v_run.run_id;
+        SET status = 'running', attempt_count = v_attempt, updated_at = v_now,
+            ledger_seq = r.ledger_seq + 1
+        WHERE r.run_id = v_run.run_id
+        RETURNING r.ledger_seq INTO v_seq;
         INSERT INTO attempts (
             run_id, attempt, worker, lease_token, status, claimed_at, heartbeat_at,
             lease_expires_at, call_id
@@ -1665,7 +1731,7 @@ BEGIN
             v_now + v_lease, claim_attempts.call_id
         );
         PERFORM _emit(v_run.run_id, 'run.started', jsonb_build_object(
-            'attempt', v_attempt, 'worker', claim_attempts.worker));
+            'attempt', v_attempt, 'worker', claim_attempts.worker), FALSE, v_seq);
         RETURN NEXT (v_run.run_id, v_attempt, v_token, v_run.queue, v_run.payload, v_run.resume, v_now + v_lease)::claim_attempts_result;
     END LOOP;
 END;
@@ -1768,7 +1834,7 @@ BEGIN
     PERFORM _check_id('run_id', complete_attempt.run_id);
     PERFORM _check_token(complete_attempt.attempt, complete_attempt.lease_token);
     PERFORM _check_json('result', complete_attempt.result);
-    v_events := _normalize_events('final_events', complete_attempt.final_events);
+    v_events := _normalize_events('final_events', complete_attempt.final_events, FALSE);
     PERFORM _lock_key_of(complete_attempt.run_id);
     RETURN _complete(
         complete_attempt.run_id, complete_attempt.attempt, complete_attempt.lease_token,
@@ -1936,14 +2002,14 @@ BEGIN
         END IF;
         INSERT INTO runs AS r (
             run_id, queue, status, priority, concurrency_key, key_position, key_held,
-            payload, run_at, max_attempts, payload_retention, created_at, updated_at
+            payload, run_at, max_attempts, payload_retention, created_at, updated_at, ledger_seq
         )
         VALUES (
             enqueue_run.run_id, enqueue_run.queue, 'queued', enqueue_run.priority,
             enqueue_run.concurrency_key,
             CASE WHEN enqueue_run.concurrency_key IS NOT NULL THEN nextval('runs_key_position_seq') END,
             v_held, enqueue_run.payload, v_run_at, enqueue_run.max_attempts,
-            enqueue_run.payload_retention, v_now, v_now
+            enqueue_run.payload_retention, v_now, v_now, 1
         )
         ON CONFLICT ON CONSTRAINT runs_pkey DO NOTHING
         RETURNING r.run_id INTO v_inserted;
@@ -1952,7 +2018,7 @@ BEGIN
                 'queue', enqueue_run.queue,
                 'run_at', v_run_at,
                 'priority', enqueue_run.priority,
-                'concurrency_key', enqueue_run.concurrency_key));
+                'concurrency_key', enqueue_run.concurrency_key), FALSE, 1);
             IF NOT v_held AND v_run_at <= v_now THEN
                 PERFORM pg_notify('runrelay_runs', enqueue_run.queue);
             END IF;
@@ -2028,7 +2094,7 @@ BEGIN
     PERFORM _check_token(fail_attempt.attempt, fail_attempt.lease_token);
     PERFORM _check_json('error', fail_attempt.error);
     PERFORM _check_time('retry_at', fail_attempt.retry_at);
-    v_events := _normalize_events('final_events', fail_attempt.final_events);
+    v_events := _normalize_events('final_events', fail_attempt.final_events, FALSE);
     IF fail_attempt.preserve_runner_terminal IS NULL THEN
         PERFORM _invalid('preserve_runner_terminal', 'must not be null', 'Pass true or false.');
     END IF;
@@ -2055,7 +2121,10 @@ BEGIN
     IF fail_attempt.preserve_runner_terminal AND v_attempt.runner_result_received_at IS NOT NULL THEN
         RETURN 'superseded';
     END IF;
-    PERFORM _append(fail_attempt.run_id, v_events);
+    IF jsonb_array_length(v_events) > 0 THEN
+        PERFORM _check_keys_unused('final_events', v_events);
+        PERFORM _append(fail_attempt.run_id, v_events);
+    END IF;
     RETURN _fail(v_run, fail_attempt.attempt, 'failed', fail_attempt.error, fail_attempt.retry_at, 'fail');
 END;
 $$;
@@ -2496,7 +2565,7 @@ BEGIN
     PERFORM _check_id('run_id', suspend_attempt.run_id);
     PERFORM _check_token(suspend_attempt.attempt, suspend_attempt.lease_token);
     v_wait := _normalize_wait(suspend_attempt.wait);
-    v_events := _normalize_events('final_events', suspend_attempt.final_events);
+    v_events := _normalize_events('final_events', suspend_attempt.final_events, FALSE);
 
     v_run := _lock_run(suspend_attempt.run_id);
     v_attempt := _lock_attempt(suspend_attempt.run_id, suspend_attempt.attempt);
@@ -2513,7 +2582,10 @@ BEGIN
     END IF;
 
     v_now := _now();
-    PERFORM _append(suspend_attempt.run_id, v_events);
+    IF jsonb_array_length(v_events) > 0 THEN
+        PERFORM _check_keys_unused('final_events', v_events);
+        PERFORM _append(suspend_attempt.run_id, v_events);
+    END IF;
     v_wake_at := coalesce(v_wait ->> 'until', v_wait ->> 'timeout_at')::timestamptz;
     UPDATE attempts AS a
     SET status = 'waiting',
@@ -2523,12 +2595,13 @@ BEGIN
         outcome_op = 'suspend'
     WHERE a.run_id = suspend_attempt.run_id AND a.attempt = suspend_attempt.attempt;
     UPDATE runs AS r
-    SET status = 'waiting', wait = v_wait, wake_at = v_wake_at, resume = NULL, updated_at = v_now
+    SET status = 'waiting', wait = v_wait, wake_at = v_wake_at, resume = NULL, updated_at = v_now,
+        ledger_seq = r.ledger_seq + 1
     WHERE r.run_id = suspend_attempt.run_id
     RETURNING r.* INTO v_run;
     PERFORM _emit(suspend_attempt.run_id, 'run.waiting',
         jsonb_build_object('attempt', suspend_attempt.attempt, 'wait', v_wait),
-        v_wait ->> 'kind' = 'detached_runner');
+        v_wait ->> 'kind' = 'detached_runner', v_run.ledger_seq);
 
     IF v_wait ->> 'kind' = 'event' THEN
         SELECT s.* INTO v_signal
