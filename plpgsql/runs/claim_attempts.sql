@@ -72,7 +72,7 @@ BEGIN
         FROM attempts AS a
         INNER JOIN runs AS r ON a.run_id = r.run_id
         WHERE a.call_id = claim_attempts.call_id AND a.worker = claim_attempts.worker
-        ORDER BY a.run_id;
+        ORDER BY r.priority DESC, r.run_at, r.run_id;  -- the order the claim took them in
         RETURN;
     END IF;
 
