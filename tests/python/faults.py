@@ -1222,11 +1222,14 @@ class Checker:
             if result["run_id"] != c["args"]["run_id"] or result["created"]:
                 self.bad("I9", f"{label}: replay {result}")
         elif fn == "cancel_run":
+            # After cancel_requested the marker is pending: a replay that finds
+            # the locks free applies it (cancelled) - still one cancellation -
+            # or finds the run ended (already_terminal) or the locks still busy.
             allowed = {
                 "cancelled": {"already_terminal"},
                 "already_terminal": {"already_terminal"},
                 "not_found": {"not_found"},
-            }.get(value, {"cancel_requested", "already_terminal"})
+            }.get(value, {"cancel_requested", "cancelled", "already_terminal"})
             if result not in allowed:
                 self.bad("I9", f"{label}: first {value}, replay {result}")
         elif fn == "record_runner_terminal":
