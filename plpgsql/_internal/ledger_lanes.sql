@@ -127,6 +127,31 @@ $$;
 COMMENT ON FUNCTION _refresh_lane(text, text, bigint) IS
 'Recomputes a lane''s head and availability from its pending tail (caller holds the lane lock).';
 
+-- Refresh the lanes of the given events (caller holds their lane locks) and
+-- wake relays on runrelay_ledger for each one that is claimable now.
+CREATE FUNCTION _refresh_event_lanes(p_event_ids bigint[])
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_lane record;
+BEGIN
+    FOR v_lane IN
+        SELECT DISTINCT l.run_id, l.lane FROM ledger AS l
+        WHERE l.event_id = ANY(p_event_ids)
+    LOOP
+        IF _refresh_lane(v_lane.run_id, v_lane.lane) <= _now() THEN
+            PERFORM pg_notify('runrelay_ledger', v_lane.run_id);
+        END IF;
+    END LOOP;
+END;
+$$;
+
+COMMENT ON FUNCTION _refresh_event_lanes(bigint[]) IS
+'Recomputes the lanes of the given events and notifies runrelay_ledger for those claimable now.';
+
 -- Whether event e can be claimed by p_relay at p_now (ignoring order).
 CREATE FUNCTION _ledger_claimable(p_event ledger, p_relay text, p_now timestamptz)
 RETURNS boolean

@@ -9,6 +9,7 @@
 --              an operator calls requeue_ledger_event.
 -- Events not leased by `relay` are not touched and not returned. A frozen
 -- batch keeps its membership. Locks the lane rows in (run_id, lane) order.
+-- A retry due at once (retry_at in the past) notifies runrelay_ledger.
 CREATE TYPE fail_ledger_result AS (
     event_id bigint,
     outcome text
@@ -31,7 +32,6 @@ AS $$
 DECLARE
     v_now timestamptz;
     v_max integer;
-    v_lane record;
 BEGIN
     PERFORM _require_read_committed();
     PERFORM _check_id('relay', fail_ledger.relay);
@@ -66,12 +66,7 @@ BEGIN
         AND l.state = 'leased'
         AND l.lease_owner = fail_ledger.relay
     RETURNING l.event_id, CASE WHEN l.state = 'failed' THEN 'blocked' ELSE 'retrying' END;
-    FOR v_lane IN
-        SELECT DISTINCT l.run_id, l.lane FROM ledger AS l
-        WHERE l.event_id = ANY(fail_ledger.event_ids)
-    LOOP
-        PERFORM _refresh_lane(v_lane.run_id, v_lane.lane);
-    END LOOP;
+    PERFORM _refresh_event_lanes(fail_ledger.event_ids);
 END;
 $$;
 

@@ -12,7 +12,6 @@ SET lock_timeout = '10s'
 AS $$
 DECLARE
     v_count integer;
-    v_lane record;
 BEGIN
     PERFORM _require_read_committed();
     PERFORM _check_id('relay', release_ledger.relay);
@@ -25,14 +24,7 @@ BEGIN
         AND l.state = 'leased'
         AND l.lease_owner = release_ledger.relay;
     GET DIAGNOSTICS v_count = ROW_COUNT;
-    FOR v_lane IN
-        SELECT DISTINCT l.run_id, l.lane FROM ledger AS l
-        WHERE l.event_id = ANY(release_ledger.event_ids)
-    LOOP
-        IF _refresh_lane(v_lane.run_id, v_lane.lane) <= _now() THEN
-            PERFORM pg_notify('runrelay_ledger', v_lane.run_id);
-        END IF;
-    END LOOP;
+    PERFORM _refresh_event_lanes(release_ledger.event_ids);
     RETURN v_count;
 END;
 $$;

@@ -21,7 +21,6 @@ SET lock_timeout = '10s'
 AS $$
 DECLARE
     v_now timestamptz;
-    v_lane record;
 BEGIN
     PERFORM _require_read_committed();
     PERFORM _check_id('relay', renew_ledger_lease.relay);
@@ -36,12 +35,7 @@ BEGIN
         AND l.state = 'leased'
         AND l.lease_owner = renew_ledger_lease.relay
     RETURNING l.event_id, l.lease_expires_at;
-    FOR v_lane IN
-        SELECT DISTINCT l.run_id, l.lane FROM ledger AS l
-        WHERE l.event_id = ANY(renew_ledger_lease.event_ids)
-    LOOP
-        PERFORM _refresh_lane(v_lane.run_id, v_lane.lane);
-    END LOOP;
+    PERFORM _refresh_event_lanes(renew_ledger_lease.event_ids);
 END;
 $$;
 

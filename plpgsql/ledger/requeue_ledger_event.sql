@@ -26,9 +26,7 @@ BEGIN
     IF v_event.event_id IS NULL THEN
         RETURN FALSE;
     END IF;
-    IF _refresh_lane(v_event.run_id, v_event.lane) <= _now() THEN
-        PERFORM pg_notify('runrelay_ledger', v_event.run_id);
-    END IF;
+    PERFORM _refresh_event_lanes(ARRAY[v_event.event_id]);
     RETURN TRUE;
 END;
 $$;

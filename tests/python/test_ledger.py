@@ -372,3 +372,31 @@ def test_acks_stay_o_batch_after_a_long_delivered_history(db: psycopg.Connection
                 assert _max_buffers(plan) < 30, plan
     finally:
         db.execute("ALTER TABLE runrelay.ledger RESET (autovacuum_enabled)")
+
+
+def test_a_delivery_failure_due_at_once_wakes_relays(
+    db: psycopg.Connection, connect: Connect
+) -> None:
+    enqueue(db, "r1")
+    [head] = call(db, "claim_ledger", relay="r", run_id="r1")
+    listener = connect()
+    listener.execute("LISTEN runrelay_ledger")
+    call(
+        db,
+        "fail_ledger",
+        relay="r",
+        event_ids=[head["event_id"]],
+        error={"e": 1},
+        retry_at="2000-01-01T00:00:00Z",
+    )
+    assert [n.payload for n in listener.notifies(timeout=1.0, stop_after=1)] == ["r1"]
+    [again] = call(db, "claim_ledger", relay="r", run_id="r1", call_id=uuid.uuid4())
+    call(
+        db,
+        "fail_ledger",
+        relay="r",
+        event_ids=[again["event_id"]],
+        error={"e": 2},
+        retry_at="2999-01-01T00:00:00Z",
+    )
+    assert list(listener.notifies(timeout=0.5, stop_after=1)) == []  # not due: no wake-up

@@ -900,6 +900,31 @@ $$;
 COMMENT ON FUNCTION _refresh_lane(text, text, bigint) IS
 'Recomputes a lane''s head and availability from its pending tail (caller holds the lane lock).';
 
+-- Refresh the lanes of the given events (caller holds their lane locks) and
+-- wake relays on runrelay_ledger for each one that is claimable now.
+CREATE FUNCTION _refresh_event_lanes(p_event_ids bigint[])
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_lane record;
+BEGIN
+    FOR v_lane IN
+        SELECT DISTINCT l.run_id, l.lane FROM ledger AS l
+        WHERE l.event_id = ANY(p_event_ids)
+    LOOP
+        IF _refresh_lane(v_lane.run_id, v_lane.lane) <= _now() THEN
+            PERFORM pg_notify('runrelay_ledger', v_lane.run_id);
+        END IF;
+    END LOOP;
+END;
+$$;
+
+COMMENT ON FUNCTION _refresh_event_lanes(bigint[]) IS
+'Recomputes the lanes of the given events and notifies runrelay_ledger for those claimable now.';
+
 -- Whether event e can be claimed by p_relay at p_now (ignoring order).
 CREATE FUNCTION _ledger_claimable(p_event ledger, p_relay text, p_now timestamptz)
 RETURNS boolean
@@ -2978,6 +3003,7 @@ COMMENT ON FUNCTION claim_ledger(text, text, text, integer, integer, boolean, bi
 --              an operator calls requeue_ledger_event.
 -- Events not leased by `relay` are not touched and not returned. A frozen
 -- batch keeps its membership. Locks the lane rows in (run_id, lane) order.
+-- A retry due at once (retry_at in the past) notifies runrelay_ledger.
 CREATE TYPE fail_ledger_result AS (
     event_id bigint,
     outcome text
@@ -3000,7 +3026,6 @@ AS $$
 DECLARE
     v_now timestamptz;
     v_max integer;
-    v_lane record;
 BEGIN
     PERFORM _require_read_committed();
     PERFORM _check_id('relay', fail_ledger.relay);
@@ -3035,12 +3060,7 @@ BEGIN
         AND l.state = 'leased'
         AND l.lease_owner = fail_ledger.relay
     RETURNING l.event_id, CASE WHEN l.state = 'failed' THEN 'blocked' ELSE 'retrying' END;
-    FOR v_lane IN
-        SELECT DISTINCT l.run_id, l.lane FROM ledger AS l
-        WHERE l.event_id = ANY(fail_ledger.event_ids)
-    LOOP
-        PERFORM _refresh_lane(v_lane.run_id, v_lane.lane);
-    END LOOP;
+    PERFORM _refresh_event_lanes(fail_ledger.event_ids);
 END;
 $$;
 
@@ -3147,7 +3167,6 @@ SET lock_timeout = '10s'
 AS $$
 DECLARE
     v_count integer;
-    v_lane record;
 BEGIN
     PERFORM _require_read_committed();
     PERFORM _check_id('relay', release_ledger.relay);
@@ -3160,14 +3179,7 @@ BEGIN
         AND l.state = 'leased'
         AND l.lease_owner = release_ledger.relay;
     GET DIAGNOSTICS v_count = ROW_COUNT;
-    FOR v_lane IN
-        SELECT DISTINCT l.run_id, l.lane FROM ledger AS l
-        WHERE l.event_id = ANY(release_ledger.event_ids)
-    LOOP
-        IF _refresh_lane(v_lane.run_id, v_lane.lane) <= _now() THEN
-            PERFORM pg_notify('runrelay_ledger', v_lane.run_id);
-        END IF;
-    END LOOP;
+    PERFORM _refresh_event_lanes(release_ledger.event_ids);
     RETURN v_count;
 END;
 $$;
@@ -3199,7 +3211,6 @@ SET lock_timeout = '10s'
 AS $$
 DECLARE
     v_now timestamptz;
-    v_lane record;
 BEGIN
     PERFORM _require_read_committed();
     PERFORM _check_id('relay', renew_ledger_lease.relay);
@@ -3214,12 +3225,7 @@ BEGIN
         AND l.state = 'leased'
         AND l.lease_owner = renew_ledger_lease.relay
     RETURNING l.event_id, l.lease_expires_at;
-    FOR v_lane IN
-        SELECT DISTINCT l.run_id, l.lane FROM ledger AS l
-        WHERE l.event_id = ANY(renew_ledger_lease.event_ids)
-    LOOP
-        PERFORM _refresh_lane(v_lane.run_id, v_lane.lane);
-    END LOOP;
+    PERFORM _refresh_event_lanes(renew_ledger_lease.event_ids);
 END;
 $$;
 
@@ -3255,9 +3261,7 @@ BEGIN
     IF v_event.event_id IS NULL THEN
         RETURN FALSE;
     END IF;
-    IF _refresh_lane(v_event.run_id, v_event.lane) <= _now() THEN
-        PERFORM pg_notify('runrelay_ledger', v_event.run_id);
-    END IF;
+    PERFORM _refresh_event_lanes(ARRAY[v_event.event_id]);
     RETURN TRUE;
 END;
 $$;
