@@ -77,12 +77,15 @@ BEGIN
     END IF;
 
     -- Bounded so one claim never does unbounded work: with more than 1000
-    -- waits falling due at once, each claim wakes the 1000 oldest.
-    IF EXISTS (SELECT 1 FROM runs AS w WHERE w.wake_at <= _now()) THEN
+    -- waits falling due at once, each claim wakes the 1000 oldest. The check
+    -- is the earliest wake_at, which the planner always answers with one probe
+    -- of runs_wake_any_idx; an EXISTS over `wake_at <= now` may be planned as
+    -- a scan over every waiting run (a generic plan cannot see how few are due).
+    v_now := _now();
+    IF (SELECT min(w.wake_at) FROM runs AS w) <= v_now THEN
         PERFORM _wake_due(v_queues, 1000);
     END IF;
 
-    v_now := _now();
     FOR v_run_id IN
         SELECT c.run_id FROM _claim_candidates(v_queues, claim_attempts.max_runs, v_now) AS c
     LOOP

@@ -190,4 +190,46 @@ def test_claim_path_uses_partial_indexes_at_100k_queued(
             captured = "\n".join(plans())
             assert "Seq Scan on runs" not in captured, captured
             assert "runs_claim_any_idx" in captured or "runs_claim_queue_idx" in captured
-            assert "using runs_wake" in captured  # due waits: an index probe, not a scan
+            assert "using runs_wake_any_idx" in captured  # due waits: an index probe
+
+
+def test_wake_check_is_a_seek_with_100k_sleeping_runs(
+    db: psycopg.Connection, plans: Callable[[], list[str]]
+) -> None:
+    """Every claim first asks whether any wait has fallen due. With 100 000
+    runs asleep until tomorrow that must be one bounded index probe, not a
+    walk over every waiting run (a volatile clock call in the predicate
+    cannot bound an index scan; a variable can)."""
+    db.execute("SET auto_explain.log_min_duration = -1")
+    db.execute(
+        """
+        INSERT INTO runrelay.runs (run_id, queue, status, payload, run_at, max_attempts,
+                                   attempt_count, wait, wake_at, created_at, updated_at)
+        SELECT 'sleeper-' || i, 'q', 'waiting', '{}', now(), 3, 1,
+               '{"kind": "sleep"}', now() + interval '1 day' + make_interval(secs => i),
+               now(), now()
+        FROM generate_series(1, 100000) AS i
+        """
+    )
+    enqueue(db, "ready", queue="q")
+    db.execute("SET auto_explain.log_min_duration = 0")
+    db.execute("SET auto_explain.log_analyze = on")
+    db.execute("SET auto_explain.log_buffers = on")
+    plans()
+    for _ in range(7):  # with fresh statistics and past plpgsql's generic plan
+        call(db, "claim_attempts", worker="w", queues=["q"])
+        assert_one_wake_probe(plans())
+    db.execute("ANALYZE runrelay.runs")
+    for _ in range(7):
+        call(db, "claim_attempts", worker="w", queues=["q"])
+        assert_one_wake_probe(plans())
+
+
+def assert_one_wake_probe(captured: list[str]) -> None:
+    checks = [p for p in captured if "min(w.wake_at)" in p]
+    assert len(checks) == 1, captured
+    plan = checks[0]
+    assert "Seq Scan" not in plan, plan
+    assert "runs_wake_any_idx" in plan, plan
+    assert "Rows Removed by Filter" not in plan, plan
+    assert "rows=1 loops=1" in plan.split("runs_wake_any_idx", 1)[1], plan

@@ -1,0 +1,25 @@
+"""Worker path: the wake check seeks its index, internal helpers run without
+their own search_path, lifecycle events take a single-row append.
+
+Revision ID: 0004
+Revises: 0003
+Create Date: 2026-11-30
+"""
+
+from migrations import support
+
+revision = "0004"
+down_revision = "0003"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    support.run_frozen(revision, "upgrade.sql")
+    support.install_code(revision)
+
+
+def downgrade() -> None:
+    support.drop_code()
+    support.run_frozen(revision, "downgrade.sql")
+    support.install_code(down_revision)
