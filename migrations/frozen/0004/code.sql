@@ -134,7 +134,9 @@ COMMENT ON FUNCTION _append(text, jsonb, bigint) IS
 
 -- _emit(): one engine lifecycle event (run.started, run.completed, ...).
 -- Transitions pass p_seq, the seq they reserved with ledger_seq + 1 in their
--- own UPDATE of the run row.
+-- own UPDATE of the run row; that common case is one single-row statement
+-- (the event and its lane), the same effect as _append of one event without
+-- _append's array handling. Without p_seq, _append reserves the seq.
 CREATE FUNCTION _emit(
     p_run_id text,
     p_type text,
@@ -147,14 +149,46 @@ LANGUAGE plpgsql
 VOLATILE
 SET search_path FROM CURRENT
 AS $$
+DECLARE
+    v_now timestamptz;
+    v_available timestamptz;
 BEGIN
-    PERFORM _append(p_run_id, jsonb_build_array(jsonb_build_object(
-        'type', p_type,
-        'payload', p_payload,
-        'lane', 'lifecycle',
-        'delivery_key', NULL,
-        'transport_only', p_transport_only
-    )), p_seq - 1);
+    IF p_seq IS NULL THEN
+        PERFORM _append(p_run_id, jsonb_build_array(jsonb_build_object(
+            'type', p_type,
+            'payload', p_payload,
+            'lane', 'lifecycle',
+            'delivery_key', NULL,
+            'transport_only', p_transport_only
+        )));
+        RETURN;
+    END IF;
+    v_now := _now();
+    -- As in _append: a lane with nothing pending gets this event as its head
+    -- (resting, available_at NULL, if it is transport-only); a dormant lane
+    -- wakes; a lane with a live head keeps it (the conflict only locks it).
+    WITH inserted AS (
+        INSERT INTO ledger AS l (
+            run_id, lane, seq, type, payload, delivery_key, transport_only,
+            created_at, next_attempt_at
+        )
+        VALUES (
+            p_run_id, 'lifecycle', p_seq, p_type, p_payload, p_run_id || ':' || p_seq,
+            p_transport_only, v_now, v_now
+        )
+        RETURNING l.seq
+    )
+    INSERT INTO ledger_lanes AS ll (run_id, lane, head_seq, available_at)
+    SELECT p_run_id, 'lifecycle', i.seq, CASE WHEN p_transport_only THEN NULL ELSE v_now END
+    FROM inserted AS i
+    ON CONFLICT (run_id, lane) DO UPDATE
+    SET head_seq = coalesce(ll.head_seq, excluded.head_seq),
+        available_at = CASE WHEN ll.head_seq IS NULL THEN excluded.available_at ELSE v_now END
+    WHERE ll.head_seq IS NULL OR (ll.available_at IS NULL AND NOT ll.blocked)
+    RETURNING ll.available_at INTO v_available;
+    IF v_available IS NOT NULL THEN
+        PERFORM pg_notify('runrelay_ledger', p_run_id);
+    END IF;
 END;
 $$;
 
