@@ -13,14 +13,19 @@
 -- (clear key_held), which locks that run's row; whoever else could hold that
 -- row would have taken the key first and is therefore not running.
 
+-- PL/pgSQL, not SQL: a SQL function with a SET clause is never inlined and
+-- is parsed and planned again on every call (~16 us); PL/pgSQL evaluates the
+-- expression from a cached plan.
 CREATE FUNCTION _key_lock_id(p_key text)
 RETURNS bigint
-LANGUAGE sql
+LANGUAGE plpgsql
 VOLATILE
 SET search_path FROM CURRENT
 AS $$
+BEGIN
     -- Per install: the schema name is part of the hash.
-    SELECT hashtextextended(current_schema() || '/' || p_key, 0);
+    RETURN hashtextextended(current_schema() || '/' || p_key, 0);
+END;
 $$;
 
 COMMENT ON FUNCTION _key_lock_id(text) IS

@@ -152,13 +152,16 @@ COMMENT ON FUNCTION _check_token(integer, uuid) IS
 'Validates the (attempt, lease_token) pair a fenced write presents.';
 
 -- Lease lengths are clamped, not rejected (SPEC §5): null means the default.
+-- PL/pgSQL rather than SQL for the reason given at _key_lock_id.
 CREATE FUNCTION _lease(p_seconds integer)
 RETURNS interval
-LANGUAGE sql
+LANGUAGE plpgsql
 VOLATILE
 SET search_path FROM CURRENT
 AS $$
-    SELECT make_interval(secs => least(300, greatest(5, coalesce(p_seconds, 30))));
+BEGIN
+    RETURN make_interval(secs => least(300, greatest(5, coalesce(p_seconds, 30))));
+END;
 $$;
 
 COMMENT ON FUNCTION _lease(integer) IS

@@ -3,8 +3,14 @@
 -- items: [{run_id, attempt, lease_token, result?}, ...], at most 1000, one
 -- item per run. Each item is fenced and decided exactly as complete_attempt
 -- would, independently of the others. Locks: every key lock of the batch in
--- lock-id order, then the runs one by one in run_id order, so concurrent
--- batches (and single calls) never deadlock.
+-- lock-id order, then the run rows in run_id order (then attempt rows, one
+-- run at a time), so concurrent batches (and single calls) never deadlock.
+--
+-- Set-based: the items that plainly pass the fence (the token matches the
+-- run's current, running attempt; no cancel marker; no concurrency key; not a
+-- replay) are completed together, a fixed number of statements for the whole
+-- batch. Every other item takes complete_attempt's own path (_complete), which
+-- answers replays, fence_lost and cancellations and promotes keys.
 CREATE TYPE complete_attempts_result AS (
     run_id text,
     attempt integer,
@@ -23,6 +29,10 @@ DECLARE
     v_item jsonb;
     v_index integer := 0;
     v_run_ids text[] := '{}'::text[];
+    v_now timestamptz;
+    v_fast text[];
+    v_available text[];
+    v_outcome text;
     v_hint constant text := 'Pass an array of {run_id, attempt, lease_token, result?} objects, one per run, at most 1000.';
 BEGIN
     PERFORM _require_read_committed();
@@ -58,22 +68,118 @@ BEGIN
     PERFORM _check_json('items', complete_attempts.items);
 
     PERFORM _lock_keys(v_run_ids);
-    RETURN QUERY
-    SELECT
-        i.value ->> 'run_id',
-        (i.value ->> 'attempt')::integer,
-        _complete(
-            i.value ->> 'run_id',
-            (i.value ->> 'attempt')::integer,
-            (i.value ->> 'lease_token')::uuid,
-            coalesce(i.value -> 'result', '{}'::jsonb),
-            '[]'::jsonb
+    PERFORM 1 FROM runs AS r
+    WHERE r.run_id = ANY(v_run_ids)
+    ORDER BY r.run_id COLLATE "C"
+    FOR NO KEY UPDATE;
+    -- No attempt locks: an attempt row is written only under its run's row
+    -- lock, so with the runs held the fast items' attempts cannot change, and
+    -- the UPDATE below locks them without waiting. _complete, for the other
+    -- items, locks its attempt as usual.
+
+    -- A fresh snapshot, taken after the locks: the state and the cancel
+    -- markers every fast item is decided on are current.
+    v_now := _now();
+    WITH fast AS (
+        SELECT i.run_id, i.attempt, coalesce(i.result, '{}'::jsonb) AS result
+        FROM jsonb_to_recordset(complete_attempts.items)
+            AS i (run_id text, attempt integer, lease_token uuid, result jsonb)
+        INNER JOIN runs AS r ON i.run_id = r.run_id
+        -- One primary-key probe per item (LIMIT keeps the subquery a nested
+        -- loop: joined flat, the planner may hash every running attempt).
+        CROSS JOIN LATERAL (
+            SELECT a.attempt, a.lease_token, a.status, a.outcome_op
+            FROM attempts AS a
+            WHERE a.run_id = i.run_id AND a.attempt = i.attempt
+            LIMIT 1
+        ) AS a
+        WHERE
+            a.lease_token = i.lease_token
+            AND a.status = 'running'
+            AND a.outcome_op IS NULL
+            AND a.attempt = r.attempt_count
+            AND r.status = 'running'
+            AND r.concurrency_key IS NULL
+            -- A scalar subquery, a probe per item (NOT EXISTS may become a
+            -- hash anti join over every pending marker).
+            AND (SELECT TRUE FROM cancellations AS c WHERE c.run_id = i.run_id) IS NULL
+    ),
+    attempts_done AS (
+        UPDATE attempts AS a
+        SET status = 'completed', finished_at = v_now, outcome = 'completed', outcome_op = 'complete'
+        FROM fast AS f
+        WHERE a.run_id = f.run_id AND a.attempt = f.attempt
+    ),
+    runs_done AS (
+        UPDATE runs AS r
+        SET status = 'completed',
+            result = f.result,
+            wait = NULL,
+            wake_at = NULL,
+            finished_at = v_now,
+            updated_at = v_now,
+            ledger_seq = r.ledger_seq + 1
+        FROM fast AS f
+        WHERE r.run_id = f.run_id
+        RETURNING r.run_id, r.ledger_seq AS seq, f.attempt, f.result
+    ),
+    events AS (
+        INSERT INTO ledger AS l (
+            run_id, lane, seq, type, payload, delivery_key, transport_only,
+            created_at, next_attempt_at
         )
-    FROM (
+        SELECT
+            d.run_id, 'lifecycle', d.seq, 'run.completed',
+            jsonb_build_object('attempt', d.attempt, 'result', d.result),
+            d.run_id || ':' || d.seq, FALSE, v_now, v_now
+        FROM runs_done AS d
+        RETURNING l.run_id, l.seq
+    ),
+    -- The lane rule of _emit: a lane with nothing pending gets the event as
+    -- its head and becomes available; a dormant lane wakes; a live head stays.
+    lanes AS (
+        INSERT INTO ledger_lanes AS ll (run_id, lane, head_seq, available_at)
+        SELECT e.run_id, 'lifecycle', e.seq, v_now
+        FROM events AS e
+        ON CONFLICT (run_id, lane) DO UPDATE
+        SET head_seq = coalesce(ll.head_seq, excluded.head_seq),
+            available_at = v_now
+        WHERE ll.head_seq IS NULL OR (ll.available_at IS NULL AND NOT ll.blocked)
+        RETURNING ll.run_id
+    )
+    SELECT
+        (SELECT array_agg(d.run_id) FROM runs_done AS d),
+        (SELECT array_agg(n.run_id) FROM lanes AS n)
+    INTO v_fast, v_available;
+
+    PERFORM pg_notify('runrelay_ledger', n.run_id) FROM unnest(v_available) AS n (run_id);
+    IF v_fast IS NOT NULL THEN
+        -- As _ended: no marker can exist (checked above, under the run locks).
+        PERFORM pg_notify(
+            'runrelay_terminal',
+            json_build_object('run_id', f.run_id, 'status', 'completed')::text
+        )
+        FROM unnest(v_fast) AS f (run_id);
+    END IF;
+
+    FOR v_item IN
         SELECT e.value
         FROM jsonb_array_elements(complete_attempts.items) AS e (value)
         ORDER BY e.value ->> 'run_id' COLLATE "C"
-    ) AS i;
+    LOOP
+        IF (v_item ->> 'run_id') = ANY(v_fast) THEN
+            v_outcome := 'completed';
+        ELSE
+            v_outcome := _complete(
+                v_item ->> 'run_id',
+                (v_item ->> 'attempt')::integer,
+                (v_item ->> 'lease_token')::uuid,
+                coalesce(v_item -> 'result', '{}'::jsonb),
+                '[]'::jsonb
+            );
+        END IF;
+        RETURN NEXT (v_item ->> 'run_id', (v_item ->> 'attempt')::integer, v_outcome)::complete_attempts_result;
+    END LOOP;
 END;
 $$;
 

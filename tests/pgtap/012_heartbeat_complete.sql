@@ -2,7 +2,7 @@
 -- outcome, fences, lease clamping, replays, cancellation learned at the next
 -- write, and final_events ordered before run.completed.
 BEGIN;
-SELECT plan(45);
+SELECT plan(54);
 
 -- heartbeat: ok.
 SELECT tests.start_run('h1');
@@ -233,6 +233,115 @@ SELECT is(
     'a replayed batch emits nothing'
 );
 SELECT is_empty($$SELECT * FROM runrelay.complete_attempts('[]')$$, 'an empty batch answers no rows');
+
+-- complete_attempts decides most items set-based and the rest through
+-- complete_attempt's own path; both must give complete_attempt's answers and
+-- effects. Twin runs per case: s-* completed one by one, m-* in one batch.
+CREATE TEMP TABLE twin (name text, s_outcome text, m_outcome text);
+CREATE FUNCTION pg_temp.prepare_twin(p_run_id text, p_case text)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF p_case = 'keyed' THEN
+        PERFORM tests.start_run(p_run_id, 3, 'key-' || p_run_id);
+        PERFORM runrelay.enqueue_run(
+            run_id => p_run_id || '-next', queue => p_run_id || '-next', concurrency_key => 'key-' || p_run_id
+        );
+    ELSIF p_case = 'stale' THEN
+        PERFORM tests.start_run(p_run_id);
+        PERFORM runrelay.fail_attempt(p_run_id, 1, tests.token(p_run_id), '{}', retry_at => now());
+        PERFORM tests.claim_run(p_run_id);
+    ELSIF p_case = 'replay' THEN
+        PERFORM tests.start_run(p_run_id);
+        PERFORM runrelay.complete_attempt(p_run_id, 1, tests.token(p_run_id), '{"first": true}');
+    ELSIF p_case = 'marker' THEN
+        PERFORM tests.start_run(p_run_id);
+        PERFORM tests.mark_cancel(p_run_id);
+    ELSIF p_case = 'cancelled' THEN
+        PERFORM tests.start_run(p_run_id);
+        PERFORM runrelay.cancel_run(p_run_id, 'stop');
+    ELSIF p_case = 'prepared' THEN
+        PERFORM tests.start_waiting(p_run_id, '{"kind": "event", "name": "go"}');
+        PERFORM runrelay.prepare_waiting_failure(p_run_id, 1, tests.token(p_run_id));
+    ELSE
+        PERFORM tests.start_run(p_run_id);
+    END IF;
+END;
+$$;
+INSERT INTO twin (name)
+VALUES ('plain'), ('plain2'), ('keyed'), ('stale'), ('replay'), ('marker'), ('cancelled'), ('prepared');
+SELECT
+    pg_temp.prepare_twin('s-' || name, name) AS single,
+    pg_temp.prepare_twin('m-' || name, name) AS batched
+FROM twin;
+UPDATE twin SET s_outcome = runrelay.complete_attempt('s-' || name, 1, tests.token('s-' || name), '{"v": 1}');
+UPDATE twin AS t SET m_outcome = b.outcome
+FROM
+    runrelay.complete_attempts((
+        SELECT
+            jsonb_agg(jsonb_build_object(
+                'run_id', 'm-' || name, 'attempt', 1, 'lease_token', tests.token('m-' || name), 'result', '{"v": 1}'::jsonb
+            ) ORDER BY name DESC)
+        FROM twin
+    )) AS b
+WHERE b.run_id = 'm-' || t.name;
+SELECT results_eq(
+    $$SELECT name, m_outcome FROM twin ORDER BY name$$,
+    $$SELECT name, s_outcome FROM twin ORDER BY name$$,
+    'every item of a batch answers what complete_attempt answers for the same state'
+);
+SELECT results_eq(
+    $$SELECT name, m_outcome FROM twin ORDER BY name$$,
+    $$VALUES ('cancelled', 'cancelled'), ('keyed', 'completed'), ('marker', 'cancelled'), ('plain', 'completed'),
+             ('plain2', 'completed'), ('prepared', 'completed'), ('replay', 'completed'), ('stale', 'fence_lost')$$,
+    'the cases cover completed, replayed, fence_lost and both kinds of cancellation'
+);
+SELECT results_eq(
+    $$SELECT t.name, tests.state('m-' || t.name), r.result, r.wait, r.key_held, r.finished_at IS NULL
+      FROM twin AS t INNER JOIN runrelay.runs AS r ON r.run_id = 'm-' || t.name ORDER BY t.name$$,
+    $$SELECT t.name, tests.state('s-' || t.name), r.result, r.wait, r.key_held, r.finished_at IS NULL
+      FROM twin AS t INNER JOIN runrelay.runs AS r ON r.run_id = 's-' || t.name ORDER BY t.name$$,
+    'runs and attempts end in the same states'
+);
+SELECT results_eq(
+    $$SELECT t.name, a.attempt, a.status, a.outcome, a.outcome_op, a.finished_at IS NULL
+      FROM twin AS t INNER JOIN runrelay.attempts AS a ON a.run_id = 'm-' || t.name ORDER BY t.name, a.attempt$$,
+    $$SELECT t.name, a.attempt, a.status, a.outcome, a.outcome_op, a.finished_at IS NULL
+      FROM twin AS t INNER JOIN runrelay.attempts AS a ON a.run_id = 's-' || t.name ORDER BY t.name, a.attempt$$,
+    'attempts record the same outcomes (what a later replay answers)'
+);
+SELECT results_eq(
+    $$SELECT t.name, l.seq, l.type, l.payload - 'queue' - 'concurrency_key', l.state, l.delivery_key = l.run_id || ':' || l.seq
+      FROM twin AS t INNER JOIN runrelay.ledger AS l ON l.run_id = 'm-' || t.name ORDER BY t.name, l.seq$$,
+    $$SELECT t.name, l.seq, l.type, l.payload - 'queue' - 'concurrency_key', l.state, l.delivery_key = l.run_id || ':' || l.seq
+      FROM twin AS t INNER JOIN runrelay.ledger AS l ON l.run_id = 's-' || t.name ORDER BY t.name, l.seq$$,
+    'the same lifecycle events, seqs, payloads (but the run''s own queue and key) and default delivery keys'
+);
+SELECT results_eq(
+    $$SELECT t.name, ll.lane, ll.head_seq, ll.available_at IS NULL, ll.blocked
+      FROM twin AS t INNER JOIN runrelay.ledger_lanes AS ll ON ll.run_id = 'm-' || t.name ORDER BY t.name$$,
+    $$SELECT t.name, ll.lane, ll.head_seq, ll.available_at IS NULL, ll.blocked
+      FROM twin AS t INNER JOIN runrelay.ledger_lanes AS ll ON ll.run_id = 's-' || t.name ORDER BY t.name$$,
+    'the same ledger lanes'
+);
+SELECT results_eq(
+    $$SELECT r.key_held FROM runrelay.runs AS r WHERE r.run_id IN ('s-keyed-next', 'm-keyed-next') ORDER BY r.run_id$$,
+    $$VALUES (FALSE), (FALSE)$$,
+    'completing a keyed run in a batch promotes the next run of its key'
+);
+SELECT is_empty(
+    $$SELECT 1 FROM runrelay.cancellations WHERE run_id LIKE 'm-%' AND run_id <> 'm-marker'$$,
+    'no cancel marker is left behind by the batch'
+);
+SELECT results_eq(
+    $$SELECT run_id FROM runrelay.complete_attempts((
+        SELECT jsonb_agg(jsonb_build_object('run_id', 'm-' || name, 'attempt', 1, 'lease_token', tests.token('m-' || name)))
+        FROM twin
+    ))$$,
+    $$SELECT 'm-' || name FROM twin ORDER BY ('m-' || name) COLLATE "C"$$,
+    'results come in run_id order (the order the batch locks in)'
+);
 
 SELECT * FROM finish();
 ROLLBACK;
