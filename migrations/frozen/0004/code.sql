@@ -1692,7 +1692,9 @@ COMMENT ON FUNCTION cancel_run(text, text) IS
 -- (a due sleep; an event or detached_runner wait past timeout_at with resume
 -- {"timed_out": true}), so no external scheduler is needed.
 --
--- A candidate with a cancel marker is cancelled instead of started.
+-- A candidate with a cancel marker is cancelled instead of started. The
+-- others start together: one statement opens every attempt and appends every
+-- run.started, so a claim of 100 runs costs the statements of a claim of 1.
 -- Replay: with call_id, a repeated call returns the attempts the first call
 -- opened (for the same worker) and opens nothing; if the first call rolled
 -- back there is nothing to find and the call claims afresh.
@@ -1718,6 +1720,12 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path FROM CURRENT
+-- Plan once per session. The start statement's custom plans know the exact
+-- number of candidates and so always look cheaper than the generic plan
+-- (which assumes 10); PostgreSQL would re-plan that six-part statement on
+-- every call, a third of a single claim's server time. Every statement here
+-- has an index-probe plan whatever the parameter values.
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_now timestamptz;
@@ -1726,9 +1734,7 @@ DECLARE
     v_queue text;
     v_run runs;
     v_run_id text;
-    v_attempt integer;
-    v_token uuid;
-    v_seq bigint;
+    v_run_ids text[];
 BEGIN
     PERFORM _require_read_committed();
     PERFORM _check_id('worker', claim_attempts.worker);
@@ -1768,42 +1774,94 @@ BEGIN
         PERFORM _wake_due(v_queues, 1000);
     END IF;
 
+    SELECT array_agg(c.run_id ORDER BY c.ord) INTO v_run_ids
+    FROM _claim_candidates(v_queues, claim_attempts.max_runs, v_now) WITH ORDINALITY AS c (run_id, ord);
+    IF v_run_ids IS NULL THEN
+        RETURN;
+    END IF;
+
+    -- A candidate with a cancel marker is cancelled instead of started (a
+    -- probe per candidate, in a snapshot taken after the candidates were
+    -- locked). Rare, so one run at a time.
     FOR v_run_id IN
-        SELECT c.run_id FROM _claim_candidates(v_queues, claim_attempts.max_runs, v_now) AS c
+        SELECT c.run_id FROM unnest(v_run_ids) AS c (run_id)
+        WHERE (SELECT TRUE FROM cancellations AS m WHERE m.run_id = c.run_id) IS NOT NULL
     LOOP
-        -- A fresh read of the row we now hold locked: the candidate scan's
-        -- snapshot may predate a commit that changed it (e.g. attempt_count).
+        v_run_ids := array_remove(v_run_ids, v_run_id);
         SELECT r.* INTO v_run FROM runs AS r WHERE r.run_id = v_run_id;
-        IF v_run.status <> 'queued' OR v_run.key_held OR v_run.run_at > v_now THEN
-            CONTINUE;
-        END IF;
-        IF (_cancel_reason(v_run.run_id)).requested THEN
+        IF v_run.status = 'queued' AND NOT v_run.key_held AND v_run.run_at <= v_now
             -- Ending a keyed run needs its key lock; never wait for it here.
-            IF v_run.concurrency_key IS NULL
-                OR pg_try_advisory_xact_lock(_key_lock_id(v_run.concurrency_key)) THEN
-                PERFORM _apply_marker(v_run);
-            END IF;
-            CONTINUE;
+            AND (v_run.concurrency_key IS NULL
+                OR pg_try_advisory_xact_lock(_key_lock_id(v_run.concurrency_key))) THEN
+            PERFORM _apply_marker(v_run);
         END IF;
-        v_attempt := v_run.attempt_count + 1;
-        v_token := gen_random_uuid();
+    END LOOP;
+
+    -- The rest start together, in claim order: one statement re-reads each
+    -- locked row (the candidate scan's snapshot may predate a commit that
+    -- changed it, e.g. attempt_count), opens the attempts and appends each
+    -- run.started to its lifecycle lane under the lane rule of _emit.
+    RETURN QUERY
+    WITH fresh AS (
+        SELECT c.run_id, c.ord
+        FROM unnest(v_run_ids) WITH ORDINALITY AS c (run_id, ord)
+        -- One primary-key probe per candidate. LIMIT keeps it a probe: joined
+        -- flat, the status filters match the claim indexes and the planner
+        -- may read every queued run and hash them against the candidates.
+        CROSS JOIN LATERAL (
+            SELECT r.status, r.key_held, r.run_at FROM runs AS r WHERE r.run_id = c.run_id LIMIT 1
+        ) AS r
+        WHERE r.status = 'queued' AND NOT r.key_held AND r.run_at <= v_now
+    ),
+    started AS (
         UPDATE runs AS r
-        SET status = 'running', attempt_count = v_attempt, updated_at = v_now,
+        SET status = 'running', attempt_count = r.attempt_count + 1, updated_at = v_now,
             ledger_seq = r.ledger_seq + 1
-        WHERE r.run_id = v_run.run_id
-        RETURNING r.ledger_seq INTO v_seq;
-        INSERT INTO attempts (
+        FROM fresh AS f
+        WHERE r.run_id = f.run_id
+        RETURNING r.run_id, r.attempt_count AS attempt, r.ledger_seq AS seq, r.queue, r.payload, r.resume, f.ord
+    ),
+    opened AS (
+        INSERT INTO attempts AS a (
             run_id, attempt, worker, lease_token, status, claimed_at, heartbeat_at,
             lease_expires_at, call_id
         )
-        VALUES (
-            v_run.run_id, v_attempt, claim_attempts.worker, v_token, 'running', v_now, v_now,
+        SELECT
+            s.run_id, s.attempt, claim_attempts.worker, gen_random_uuid(), 'running', v_now, v_now,
             v_now + v_lease, claim_attempts.call_id
-        );
-        PERFORM _emit(v_run.run_id, 'run.started', jsonb_build_object(
-            'attempt', v_attempt, 'worker', claim_attempts.worker), FALSE, v_seq);
-        RETURN NEXT (v_run.run_id, v_attempt, v_token, v_run.queue, v_run.payload, v_run.resume, v_now + v_lease)::claim_attempts_result;
-    END LOOP;
+        FROM started AS s
+        RETURNING a.run_id, a.lease_token
+    ),
+    events AS (
+        INSERT INTO ledger AS l (
+            run_id, lane, seq, type, payload, delivery_key, transport_only,
+            created_at, next_attempt_at
+        )
+        SELECT
+            s.run_id, 'lifecycle', s.seq, 'run.started',
+            jsonb_build_object('attempt', s.attempt, 'worker', claim_attempts.worker),
+            s.run_id || ':' || s.seq, FALSE, v_now, v_now
+        FROM started AS s
+        RETURNING l.run_id, l.seq
+    ),
+    lanes AS (
+        INSERT INTO ledger_lanes AS ll (run_id, lane, head_seq, available_at)
+        SELECT e.run_id, 'lifecycle', e.seq, v_now
+        FROM events AS e
+        ON CONFLICT (run_id, lane) DO UPDATE
+        SET head_seq = coalesce(ll.head_seq, excluded.head_seq),
+            available_at = v_now
+        WHERE ll.head_seq IS NULL OR (ll.available_at IS NULL AND NOT ll.blocked)
+        RETURNING ll.run_id
+    ),
+    notified AS (
+        SELECT pg_notify('runrelay_ledger', n.run_id) FROM lanes AS n
+    )
+    SELECT s.run_id, s.attempt, o.lease_token, s.queue, s.payload, s.resume, v_now + v_lease
+    FROM started AS s
+    INNER JOIN opened AS o ON s.run_id = o.run_id
+    CROSS JOIN (SELECT count(*) AS n FROM notified) AS n
+    ORDER BY s.ord;
 END;
 $$;
 
