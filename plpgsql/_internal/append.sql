@@ -142,7 +142,7 @@ BEGIN
             created_at, next_attempt_at
         )
         VALUES (
-            p_run_id, 'lifecycle', p_seq, p_type, p_payload, p_run_id || ':' || p_seq,
+            p_run_id, 'lifecycle', p_seq, p_type, coalesce(p_payload, 'null'::jsonb), p_run_id || ':' || p_seq,
             p_transport_only, v_now, v_now
         )
         RETURNING l.seq

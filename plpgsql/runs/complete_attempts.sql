@@ -154,7 +154,10 @@ BEGIN
 
     PERFORM pg_notify('runrelay_ledger', n.run_id) FROM unnest(v_available) AS n (run_id);
     IF v_fast IS NOT NULL THEN
-        -- As _ended: no marker can exist (checked above, under the run locks).
+        -- As _ended, but no marker to drop: none existed when the fast items
+        -- were decided. One committed since (cancel_run inserts before it
+        -- tries the run lock) lost to this completion and is moot, as it is
+        -- after _ended's DELETE; reap_expired sweeps markers of ended runs.
         PERFORM pg_notify(
             'runrelay_terminal',
             json_build_object('run_id', f.run_id, 'status', 'completed')::text

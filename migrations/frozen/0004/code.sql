@@ -173,7 +173,7 @@ BEGIN
             created_at, next_attempt_at
         )
         VALUES (
-            p_run_id, 'lifecycle', p_seq, p_type, p_payload, p_run_id || ':' || p_seq,
+            p_run_id, 'lifecycle', p_seq, p_type, coalesce(p_payload, 'null'::jsonb), p_run_id || ':' || p_seq,
             p_transport_only, v_now, v_now
         )
         RETURNING l.seq
@@ -1720,12 +1720,6 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path FROM CURRENT
--- Plan once per session. The start statement's custom plans know the exact
--- number of candidates and so always look cheaper than the generic plan
--- (which assumes 10); PostgreSQL would re-plan that six-part statement on
--- every call, a third of a single claim's server time. Every statement here
--- has an index-probe plan whatever the parameter values.
-SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_now timestamptz;
@@ -1803,13 +1797,19 @@ BEGIN
     -- run.started to its lifecycle lane under the lane rule of _emit.
     RETURN QUERY
     WITH fresh AS (
-        SELECT c.run_id, c.ord
-        FROM unnest(v_run_ids) WITH ORDINALITY AS c (run_id, ord)
+        SELECT r.run_id, c.ord
+        -- generate_subscripts, not unnest: unnest's row estimate is the array's
+        -- length in a custom plan and 10 in the generic one, so custom plans
+        -- always looked cheaper and PostgreSQL re-planned this statement on
+        -- every call (a third of a single claim's server time); this estimate
+        -- is the same in both, and the generic plan is kept.
+        FROM generate_subscripts(v_run_ids, 1) AS c (ord)
         -- One primary-key probe per candidate. LIMIT keeps it a probe: joined
         -- flat, the status filters match the claim indexes and the planner
         -- may read every queued run and hash them against the candidates.
         CROSS JOIN LATERAL (
-            SELECT r.status, r.key_held, r.run_at FROM runs AS r WHERE r.run_id = c.run_id LIMIT 1
+            SELECT r.run_id, r.status, r.key_held, r.run_at
+            FROM runs AS r WHERE r.run_id = v_run_ids[c.ord] LIMIT 1
         ) AS r
         WHERE r.status = 'queued' AND NOT r.key_held AND r.run_at <= v_now
     ),
@@ -2130,7 +2130,10 @@ BEGIN
 
     PERFORM pg_notify('runrelay_ledger', n.run_id) FROM unnest(v_available) AS n (run_id);
     IF v_fast IS NOT NULL THEN
-        -- As _ended: no marker can exist (checked above, under the run locks).
+        -- As _ended, but no marker to drop: none existed when the fast items
+        -- were decided. One committed since (cancel_run inserts before it
+        -- tries the run lock) lost to this completion and is moot, as it is
+        -- after _ended's DELETE; reap_expired sweeps markers of ended runs.
         PERFORM pg_notify(
             'runrelay_terminal',
             json_build_object('run_id', f.run_id, 'status', 'completed')::text
