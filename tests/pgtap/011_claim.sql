@@ -2,7 +2,7 @@
 -- runnable runs, queue filters, due run_at, call_id replays, lease clamping,
 -- waits woken by claims, and cancel markers applied instead of starting.
 BEGIN;
-SELECT plan(30);
+SELECT plan(34);
 
 -- One claim, its row and its effects.
 SELECT runrelay.enqueue_run(run_id => 'c1', queue => 'q-c1', payload => '{"job": "x"}');
@@ -195,6 +195,42 @@ SELECT is_empty(
 );
 SELECT is(tests.state('marked'), 'cancelled:', 'the claim applied the marker: the run is cancelled, no attempt opened');
 SELECT is(tests.lifecycle('marked'), ARRAY['run.queued', 'run.cancelled'], 'the claim emitted run.cancelled');
+
+-- In one batch: marked candidates are cancelled (or, when their key is busy,
+-- left queued with the marker for a later claim); the rest start together.
+SELECT runrelay.enqueue_run(run_id => 'mix-1', queue => 'q-mix', run_at => now() - interval '4 seconds');
+SELECT runrelay.enqueue_run(run_id => 'mix-2', queue => 'q-mix', run_at => now() - interval '3 seconds');
+SELECT runrelay.enqueue_run(run_id => 'mix-3', queue => 'q-mix', run_at => now() - interval '2 seconds');
+SELECT runrelay.enqueue_run(run_id => 'mix-4', queue => 'q-mix', run_at => now() - interval '1 second');
+SELECT tests.set_key('mix-4', 'mix-key');
+SELECT tests.mark_cancel('mix-2');
+SELECT tests.mark_cancel('mix-4');
+SELECT tests.hold_key('mix-key');
+SELECT results_eq(
+    $$SELECT run_id, attempt FROM runrelay.claim_attempts(worker => 'w1', queues => ARRAY['q-mix'], max_runs => 4)$$,
+    $$VALUES ('mix-1', 1), ('mix-3', 1)$$,
+    'a batch claim starts the unmarked candidates, in claim order'
+);
+SELECT tests.release_key();
+SELECT results_eq(
+    $$SELECT run_id, tests.state(run_id) FROM runrelay.runs WHERE run_id LIKE 'mix-%' ORDER BY run_id$$,
+    $$VALUES ('mix-1', 'running:running'), ('mix-2', 'cancelled:'), ('mix-3', 'running:running'), ('mix-4', 'queued:')$$,
+    'the marked run is cancelled; the marked run whose key lock was busy stays queued'
+);
+SELECT results_eq(
+    $$SELECT run_id FROM runrelay.cancellations WHERE run_id LIKE 'mix-%'$$,
+    $$VALUES ('mix-4')$$,
+    'its marker waits for the next custody holder'
+);
+SELECT results_eq(
+    $$SELECT l.run_id, l.seq, l.payload, ll.head_seq, ll.available_at IS NOT NULL
+      FROM runrelay.ledger AS l
+      INNER JOIN runrelay.ledger_lanes AS ll ON l.run_id = ll.run_id AND l.lane = ll.lane
+      WHERE l.type = 'run.started' AND l.run_id LIKE 'mix-%' ORDER BY l.run_id$$,
+    $$VALUES ('mix-1', 2::bigint, '{"attempt": 1, "worker": "w1"}'::jsonb, 1::bigint, TRUE),
+             ('mix-3', 2::bigint, '{"attempt": 1, "worker": "w1"}'::jsonb, 1::bigint, TRUE)$$,
+    'each started run has its run.started after run.queued, and its lane keeps the head'
+);
 
 SELECT * FROM finish();
 ROLLBACK;
