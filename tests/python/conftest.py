@@ -100,3 +100,26 @@ def db(db_url: str, connect: Callable[..., psycopg.Connection]) -> psycopg.Conne
     conn = connect()
     reset(conn)
     return conn
+
+
+@pytest.fixture
+def plans(db: psycopg.Connection) -> Callable[[], list[str]]:
+    """Plans of every statement the server runs for this connection, nested
+    statements inside functions included (auto_explain at NOTICE level)."""
+    captured: list[str] = []
+    db.add_notice_handler(lambda d: captured.append(d.message_primary or ""))
+    db.execute("LOAD 'auto_explain'")
+    for setting in (
+        "auto_explain.log_min_duration = 0",
+        "auto_explain.log_nested_statements = on",
+        "auto_explain.log_level = notice",
+        "auto_explain.log_analyze = off",
+    ):
+        db.execute(f"SET {setting}")
+
+    def take() -> list[str]:
+        out = list(captured)
+        captured.clear()
+        return out
+
+    return take

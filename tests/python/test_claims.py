@@ -10,7 +10,6 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
-import pytest
 
 from sqlapi import call, enqueue, fenced, scalar
 
@@ -139,29 +138,6 @@ def test_concurrency_keys_are_strictly_serial_in_enqueue_order(
         assert starts == sorted(starts), f"{key} started out of enqueue order"
         assert len(starts) == 20
     assert retried > 0
-
-
-@pytest.fixture
-def plans(db: psycopg.Connection) -> Callable[[], list[str]]:
-    """Plans of every statement the server runs for this connection, nested
-    statements inside functions included (auto_explain at NOTICE level)."""
-    captured: list[str] = []
-    db.add_notice_handler(lambda d: captured.append(d.message_primary or ""))
-    db.execute("LOAD 'auto_explain'")
-    for setting in (
-        "auto_explain.log_min_duration = 0",
-        "auto_explain.log_nested_statements = on",
-        "auto_explain.log_level = notice",
-        "auto_explain.log_analyze = off",
-    ):
-        db.execute(f"SET {setting}")
-
-    def take() -> list[str]:
-        out = list(captured)
-        captured.clear()
-        return out
-
-    return take
 
 
 def test_claim_path_uses_partial_indexes_at_100k_queued(

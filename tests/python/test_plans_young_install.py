@@ -1,0 +1,149 @@
+"""Every API function on a young install: 100 000 finished runs with their
+attempts and 200 000 delivered events, and no statistics yet (autovacuum has
+not analyzed the tables). A tour through the scheduler and ledger functions,
+repeated past PL/pgSQL's switch to generic plans, captures the plan of every
+nested statement with auto_explain: none may scan the big tables or filter
+away more than a handful of rows. This is the class of bug that made every
+claim read the whole runs table (an unindexable predicate whose cost grows
+with the backlog) and that only shows up once tables are large."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+
+from sqlapi import call, scalar
+
+BIG = ("runs", "attempts", "ledger", "ledger_lanes")
+SEQ_SCAN = re.compile(rf"Seq Scan on ({'|'.join(BIG)}) ")
+REMOVED = re.compile(r"Rows Removed by (?:Filter|Index Recheck|Join Filter): (\d+)")
+
+
+def prefill(db: psycopg.Connection) -> None:
+    db.execute(
+        """
+        INSERT INTO runrelay.runs (run_id, queue, status, payload, run_at, max_attempts,
+                                   attempt_count, result, ledger_seq,
+                                   created_at, updated_at, finished_at)
+        SELECT 'done-' || i, 'q' || (i % 7), 'completed', '{}', now() - interval '1 day',
+               3, 1, '{}', 2, now() - interval '1 day', now() - interval '1 day',
+               now() - interval '1 day'
+        FROM generate_series(1, 100000) AS i
+        """
+    )
+    db.execute(
+        """
+        INSERT INTO runrelay.attempts (run_id, attempt, worker, lease_token, status, claimed_at,
+                                       heartbeat_at, lease_expires_at, finished_at,
+                                       outcome, outcome_op)
+        SELECT 'done-' || i, 1, 'old', gen_random_uuid(), 'completed', now() - interval '1 day',
+               now() - interval '1 day', now() - interval '1 day', now() - interval '1 day',
+               'completed', 'complete'
+        FROM generate_series(1, 100000) AS i
+        """
+    )
+    db.execute(
+        """
+        INSERT INTO runrelay.ledger (run_id, lane, seq, type, payload, delivery_key,
+                                     created_at, state, next_attempt_at, delivered_at,
+                                     delivered_by)
+        SELECT 'done-' || i, 'lifecycle', s,
+               CASE s WHEN 1 THEN 'run.queued' ELSE 'run.completed' END,
+               '{}', 'done-' || i || ':' || s, now() - interval '1 day', 'delivered',
+               now() - interval '1 day', now() - interval '1 day', 'old'
+        FROM generate_series(1, 100000) AS i CROSS JOIN generate_series(1, 2) AS s
+        """
+    )
+    db.execute(
+        "INSERT INTO runrelay.ledger_lanes (run_id, lane)"
+        " SELECT 'done-' || i, 'lifecycle' FROM generate_series(1, 100000) AS i"
+    )
+
+
+def tour(db: psycopg.Connection, n: int) -> None:
+    """One pass through (nearly) every API function, on fresh runs."""
+    q = "tour"
+    ids = [f"t{n}-{i}" for i in range(8)]
+    for i, run_id in enumerate(ids):
+        call(db, "enqueue_run", run_id=run_id, queue=q, concurrency_key=f"k{n}" if i >= 6 else None)
+    claims = call(db, "claim_attempts", worker="w", queues=[q], max_runs=3)
+    claims += call(db, "claim_attempts", worker="w", queues=[q, "elsewhere"], max_runs=2)
+    claims += call(db, "claim_attempts", worker="w", max_runs=2, call_id=uuid.uuid4())
+    by_id = {c["run_id"]: c for c in claims}
+    assert len(by_id) == 7, sorted(by_id)  # the second keyed run waits for the first
+
+    def fenced(run_id: str) -> dict[str, Any]:
+        c = by_id[run_id]
+        return {"run_id": run_id, "attempt": c["attempt"], "lease_token": c["lease_token"]}
+
+    a, b, c, d, e, f, g = sorted(by_id)
+    assert call(db, "heartbeat", **fenced(a))[0]["outcome"] == "ok"
+    final = [{"type": "done", "delivery_key": f"dk-{a}"}]
+    assert scalar(db, "complete_attempt", **fenced(a), final_events=final) == "completed"
+    items = [{**fenced(x), "lease_token": str(by_id[x]["lease_token"])} for x in (b, c)]
+    assert [r["outcome"] for r in call(db, "complete_attempts", items=items)] == ["completed"] * 2
+    past = "2000-01-01T00:00:00Z"
+    assert scalar(db, "fail_attempt", **fenced(d), error={}, retry_at=past) == "retry_scheduled"
+    go = {"kind": "event", "name": "go"}
+    assert scalar(db, "suspend_attempt", **fenced(e), wait=go) == "waiting"
+    assert scalar(db, "signal_run", run_id=e, name="go", payload={"v": 1}) == "resumed"
+    other = {"kind": "event", "name": "x"}
+    assert scalar(db, "suspend_attempt", **fenced(f), wait=other) == "waiting"
+    assert scalar(db, "prepare_waiting_failure", **fenced(f)) == "prepared"
+    assert scalar(
+        db, "fail_attempt", **fenced(f), error={"e": 2}, protect_waiting_suspension=True
+    ) in ("retry_scheduled", "failed")
+    assert scalar(db, "cancel_run", run_id=g, reason="stop") == "cancelled"
+    assert scalar(db, "cancel_run", run_id=ids[7], reason="stop") == "cancelled"
+    call(db, "reap_expired")
+
+    call(db, "append_events", run_id=a, events=[{"type": "obs", "lane": "observability"}] * 3)
+    rows = call(db, "claim_ledger", relay="r", run_id=a, batch=True, max_events=10)
+    assert rows
+    ids_ = [r["event_id"] for r in rows]
+    call(db, "renew_ledger_lease", relay="r", event_ids=ids_)
+    call(db, "ack_ledger", relay="r", run_id=a, event_ids=ids_, claim_next=5)
+    rows = call(db, "claim_ledger", relay="r", lane="observability", max_events=10, batch=True)
+    assert rows
+    ids_ = [r["event_id"] for r in rows]
+    assert scalar(db, "release_ledger", relay="r", event_ids=ids_) == len(rows)
+    rows = call(db, "claim_ledger", relay="r", lane="observability", max_events=10, batch=True)
+    first = [rows[0]["event_id"]]
+    call(db, "fail_ledger", relay="r", event_ids=first, error={"x": 1}, permanent=True)
+    assert scalar(db, "requeue_ledger_event", event_id=rows[0]["event_id"]) is True
+    rows = call(db, "claim_ledger", relay="r2", max_events=10, batch=True, call_id=uuid.uuid4())
+    scalar(db, "ledger_next_due_at")
+    scalar(db, "ledger_next_due_at", lane="lifecycle", run_id=b)
+    scalar(db, "prune", delivered_before="2000-01-01T00:00:00Z", max_rows=10)
+
+
+def walks(plans: list[str]) -> list[str]:
+    bad = []
+    for plan in plans:
+        removed = max((int(m) for m in REMOVED.findall(plan)), default=0)
+        if SEQ_SCAN.search(plan) or removed > 200:
+            bad.append(plan)
+    return bad
+
+
+def test_no_function_walks_a_big_table_on_a_young_install(
+    db: psycopg.Connection, plans: Callable[[], list[str]]
+) -> None:
+    db.execute("SET auto_explain.log_min_duration = -1")
+    prefill(db)
+    db.execute("SET auto_explain.log_min_duration = 0")
+    db.execute("SET auto_explain.log_analyze = on")
+    plans()
+    bad: list[str] = []
+    seen = 0
+    for n in range(8):  # plpgsql switches to generic plans after 5 executions
+        tour(db, n)
+        captured = plans()
+        seen += len(captured)
+        bad += walks(captured)
+    assert not bad, "\n\n".join(bad[:5])
+    assert seen > 8 * 60, seen  # the tour's nested statements were all captured
