@@ -1,5 +1,6 @@
-"""Worker path: the wake check seeks its index, internal helpers run without
-their own search_path, lifecycle events take a single-row append.
+"""Worker path: set-based batch claims and completions, single-row lifecycle
+events, the wake check as one index probe, attempts.claim_position for exact
+claim replays.
 
 Revision ID: 0004
 Revises: 0003

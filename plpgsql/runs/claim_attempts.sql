@@ -14,8 +14,9 @@
 -- others start together: one statement opens every attempt and appends every
 -- run.started, so a claim of 100 runs costs the statements of a claim of 1.
 -- Replay: with call_id, a repeated call returns the attempts the first call
--- opened (for the same worker) and opens nothing; if the first call rolled
--- back there is nothing to find and the call claims afresh.
+-- opened (for the same worker), in the same order (attempts.claim_position),
+-- and opens nothing; if the first call rolled back there is nothing to find
+-- and the call claims afresh.
 CREATE TYPE claim_attempts_result AS (
     run_id text,
     attempt integer,
@@ -72,7 +73,7 @@ BEGIN
         FROM attempts AS a
         INNER JOIN runs AS r ON a.run_id = r.run_id
         WHERE a.call_id = claim_attempts.call_id AND a.worker = claim_attempts.worker
-        ORDER BY r.priority DESC, r.run_at, r.run_id;  -- the order the claim took them in
+        ORDER BY a.claim_position;  -- the order the claim took them in
         RETURN;
     END IF;
 
@@ -142,11 +143,11 @@ BEGIN
     opened AS (
         INSERT INTO attempts AS a (
             run_id, attempt, worker, lease_token, status, claimed_at, heartbeat_at,
-            lease_expires_at, call_id
+            lease_expires_at, call_id, claim_position
         )
         SELECT
             s.run_id, s.attempt, claim_attempts.worker, gen_random_uuid(), 'running', v_now, v_now,
-            v_now + v_lease, claim_attempts.call_id
+            v_now + v_lease, claim_attempts.call_id, s.ord
         FROM started AS s
         RETURNING a.run_id, a.lease_token
     ),

@@ -21,6 +21,9 @@ CREATE TABLE attempts (
     wait jsonb,
     outcome text,
     outcome_op text,
+    -- The attempt's place in the claim that opened it (1, 2, ...), so that a
+    -- replayed claim answers in exactly the original order.
+    claim_position integer,
     PRIMARY KEY (run_id, attempt),
     CONSTRAINT attempts_attempt CHECK (attempt >= 1),
     CONSTRAINT attempts_status CHECK (

@@ -2,7 +2,7 @@
 -- runnable runs, queue filters, due run_at, call_id replays, lease clamping,
 -- waits woken by claims, and cancel markers applied instead of starting.
 BEGIN;
-SELECT plan(34);
+SELECT plan(35);
 
 -- One claim, its row and its effects.
 SELECT runrelay.enqueue_run(run_id => 'c1', queue => 'q-c1', payload => '{"job": "x"}');
@@ -100,6 +100,17 @@ SELECT set_eq(
     )$$,
     $$SELECT * FROM first_claim$$,
     'repeating a claim with the same call_id returns exactly what the first call took (same attempts and tokens)'
+);
+-- Reorder the runs as the replay's old re-sort by priority would have seen
+-- them: the replay still answers in the order the claim took them.
+UPDATE runrelay.runs SET priority = CASE run_id WHEN 'cid-1' THEN -1 ELSE 1 END
+WHERE run_id IN ('cid-1', 'cid-2');
+SELECT results_eq(
+    $$SELECT run_id, attempt, lease_token FROM runrelay.claim_attempts(
+        worker => 'w1', queues => ARRAY['q-cid'], max_runs => 5, call_id => 'c0ffee00-0000-4000-8000-000000000001'
+    )$$,
+    $$VALUES ('cid-1', 1, tests.token('cid-1')), ('cid-2', 1, tests.token('cid-2'))$$,
+    'the replay answers in the original claim order, whatever the runs look like now'
 );
 SELECT results_eq(
     $$SELECT count(*), max(attempt) FROM runrelay.attempts WHERE run_id IN ('cid-1', 'cid-2', 'cid-3')$$,

@@ -1,0 +1,2 @@
+-- Undo revision 0004.
+ALTER TABLE attempts DROP COLUMN claim_position;
