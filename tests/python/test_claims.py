@@ -213,6 +213,25 @@ def assert_one_wake_probe(captured: list[str]) -> None:
     assert re.search(r"rows=1(\.00)? loops=1", plan.split("runs_wake_any_idx", 1)[1]), plan
 
 
+BATCH_TABLES = ("runs", "attempts", "cancellations", "ledger", "ledger_lanes")
+TABLE_NODE = re.compile(rf"(Scan|Update|Insert|Delete)( using \S+)? on ({'|'.join(BATCH_TABLES)}) ")
+
+
+def table_statements(captured: list[str], forbidden: tuple[str, ...] = ()) -> int:
+    """How many captured statements touch the queue and ledger tables; none
+    may scan one of them sequentially or use a `forbidden` plan node.
+    Foreign-key checks run per inserted row by design and are not counted."""
+    touching = [
+        p for p in captured if TABLE_NODE.search(p) and 'SELECT 1 FROM ONLY "runrelay"' not in p
+    ]
+    text = "\n".join(touching)
+    for table in BATCH_TABLES:
+        assert f"Seq Scan on {table} " not in text, text
+    for node in forbidden:
+        assert node not in text, text
+    return len(touching)
+
+
 def test_complete_attempts_is_set_based_and_seeks(
     db: psycopg.Connection, plans: Callable[[], list[str]]
 ) -> None:
@@ -246,8 +265,6 @@ def test_complete_attempts_is_set_based_and_seeks(
     )
     db.execute("ANALYZE runrelay.runs, runrelay.attempts, runrelay.cancellations")
     db.execute("SET auto_explain.log_min_duration = 0")
-    tables = ("runs", "attempts", "cancellations", "ledger", "ledger_lanes")
-    table_node = re.compile(rf"(Scan|Update|Insert|Delete)( using \S+)? on ({'|'.join(tables)}) ")
     counts = []
     for size in (1, 10, 100, 1, 10, 100):  # the second round runs on generic plans
         batch = [
@@ -258,15 +275,7 @@ def test_complete_attempts_is_set_based_and_seeks(
         plans()
         rows = call(db, "complete_attempts", items=batch)
         assert [r["outcome"] for r in rows] == ["completed"] * size
-        # Foreign-key checks run per inserted row by design; they are not ours.
-        touching = [
-            p for p in plans() if table_node.search(p) and 'SELECT 1 FROM ONLY "runrelay"' not in p
-        ]
-        text = "\n".join(touching)
-        for table in tables:
-            assert f"Seq Scan on {table} " not in text, text
-        assert "attempts_lease_expiry_idx" not in text, text
-        counts.append(len(touching))
+        counts.append(table_statements(plans(), forbidden=("attempts_lease_expiry_idx",)))
     assert len(set(counts)) == 1, counts
 
 
@@ -287,21 +296,12 @@ def test_claim_attempts_starts_runs_set_based_and_seeks(
     )
     db.execute("SELECT runrelay.enqueue_run('bulk-' || i, 'q') FROM generate_series(1, 2000) AS i")
     db.execute("SET auto_explain.log_min_duration = 0")
-    tables = ("runs", "attempts", "cancellations", "ledger", "ledger_lanes")
-    table_node = re.compile(rf"(Scan|Update|Insert|Delete)( using \S+)? on ({'|'.join(tables)}) ")
     counts = []
     for size in (1, 10, 100, 1, 10, 100):  # the second round after plpgsql's plan cache warmed
         plans()
         rows = call(db, "claim_attempts", worker="w", queues=["q"], max_runs=size)
         assert len(rows) == size
-        touching = [
-            p for p in plans() if table_node.search(p) and 'SELECT 1 FROM ONLY "runrelay"' not in p
-        ]
-        text = "\n".join(touching)
-        for table in tables:
-            assert f"Seq Scan on {table} " not in text, text
-        assert "Bitmap Heap Scan on runs" not in text, text
-        counts.append(len(touching))
+        counts.append(table_statements(plans(), forbidden=("Bitmap Heap Scan on runs",)))
     assert len(set(counts)) == 1, counts
 
 
