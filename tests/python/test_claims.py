@@ -213,6 +213,19 @@ def assert_one_wake_probe(captured: list[str]) -> None:
     assert re.search(r"rows=1(\.00)? loops=1", plan.split("runs_wake_any_idx", 1)[1]), plan
 
 
+def insert_finished_runs(db: psycopg.Connection, n: int) -> None:
+    """n completed runs, written directly: a large table for plan tests."""
+    db.execute(
+        """
+        INSERT INTO runrelay.runs (run_id, queue, status, payload, run_at, max_attempts,
+                                   result, created_at, updated_at, finished_at)
+        SELECT 'done-' || i, 'q', 'completed', '{}', now(), 3, '{}', now(), now(), now()
+        FROM generate_series(1, %s) AS i
+        """,
+        [n],
+    )
+
+
 BATCH_TABLES = ("runs", "attempts", "cancellations", "ledger", "ledger_lanes")
 TABLE_NODE = re.compile(rf"(Scan|Update|Insert|Delete)( using \S+)? on ({'|'.join(BATCH_TABLES)}) ")
 
@@ -242,14 +255,7 @@ def test_complete_attempts_is_set_based_and_seeks(
     markers pending and 100 000 finished runs, nothing scans attempts, runs or
     cancellations."""
     db.execute("SET auto_explain.log_min_duration = -1")
-    db.execute(
-        """
-        INSERT INTO runrelay.runs (run_id, queue, status, payload, run_at, max_attempts,
-                                   result, created_at, updated_at, finished_at)
-        SELECT 'done-' || i, 'q', 'completed', '{}', now(), 3, '{}', now(), now(), now()
-        FROM generate_series(1, 100000) AS i
-        """
-    )
+    insert_finished_runs(db, 100_000)
     db.execute("SELECT runrelay.enqueue_run('bulk-' || i, 'q') FROM generate_series(1, 3000) AS i")
     running = call(db, "claim_attempts", worker="w", queues=["q"], max_runs=1000)
     running += call(db, "claim_attempts", worker="w", queues=["q"], max_runs=1000)
@@ -286,14 +292,7 @@ def test_claim_attempts_starts_runs_set_based_and_seeks(
     each reaching rows by index, with 100 000 finished runs, 2 000 queued and
     no statistics yet (a young install, before autovacuum's first ANALYZE)."""
     db.execute("SET auto_explain.log_min_duration = -1")
-    db.execute(
-        """
-        INSERT INTO runrelay.runs (run_id, queue, status, payload, run_at, max_attempts,
-                                   result, created_at, updated_at, finished_at)
-        SELECT 'done-' || i, 'q', 'completed', '{}', now(), 3, '{}', now(), now(), now()
-        FROM generate_series(1, 100000) AS i
-        """
-    )
+    insert_finished_runs(db, 100_000)
     db.execute("SELECT runrelay.enqueue_run('bulk-' || i, 'q') FROM generate_series(1, 2000) AS i")
     db.execute("SET auto_explain.log_min_duration = 0")
     counts = []
