@@ -97,8 +97,8 @@ BEGIN
     -- probe per candidate, in a snapshot taken after the candidates were
     -- locked). Rare, so one run at a time.
     FOR v_run_id IN
-        SELECT c.run_id FROM unnest(v_run_ids) AS c (run_id)
-        WHERE (SELECT TRUE FROM cancellations AS m WHERE m.run_id = c.run_id) IS NOT NULL
+        SELECT v_run_ids[c.i] FROM generate_subscripts(v_run_ids, 1) AS c (i)
+        WHERE (SELECT TRUE FROM cancellations AS m WHERE m.run_id = v_run_ids[c.i]) IS NOT NULL
     LOOP
         v_run_ids := array_remove(v_run_ids, v_run_id);
         SELECT r.* INTO v_run FROM runs AS r WHERE r.run_id = v_run_id;
