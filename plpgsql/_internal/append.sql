@@ -101,11 +101,66 @@ $$;
 COMMENT ON FUNCTION _append(text, jsonb, bigint) IS
 'Appends normalised events to a run''s ledger under the caller''s run lock; maintains ledger_lanes.';
 
+-- _emit_lifecycle(): one engine lifecycle event of type p_type for each of
+-- several runs (a batch claim's run.started, a batch completion's
+-- run.completed; _emit passes one). The caller holds the runs' row locks and
+-- reserved each seq with ledger_seq + 1 in its own UPDATE of the run. One
+-- statement writes the events (in array order) and moves their lanes under the
+-- rule _append follows: a lane with nothing pending gets the event as its head
+-- (resting, available_at NULL, if it is transport-only); a dormant lane
+-- wakes; a lane with a live head keeps it (the conflict only locks the row).
+CREATE FUNCTION _emit_lifecycle(
+    p_run_ids text[],
+    p_seqs bigint[],
+    p_type text,
+    p_payloads jsonb[],
+    p_transport_only boolean DEFAULT FALSE
+)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_now timestamptz := _now();
+    v_available text[];
+BEGIN
+    WITH events AS (
+        INSERT INTO ledger AS l (
+            run_id, lane, seq, type, payload, delivery_key, transport_only,
+            created_at, next_attempt_at
+        )
+        -- generate_subscripts: the same row estimate in custom and generic
+        -- plans, so the generic plan is kept (see claim_attempts).
+        SELECT
+            p_run_ids[g.i], 'lifecycle', p_seqs[g.i], p_type, coalesce(p_payloads[g.i], 'null'::jsonb),
+            p_run_ids[g.i] || ':' || p_seqs[g.i], p_transport_only, v_now, v_now
+        FROM generate_subscripts(p_run_ids, 1) AS g (i)
+        ORDER BY g.i
+        RETURNING l.run_id, l.seq
+    ),
+    lanes AS (
+        INSERT INTO ledger_lanes AS ll (run_id, lane, head_seq, available_at)
+        SELECT e.run_id, 'lifecycle', e.seq, CASE WHEN p_transport_only THEN NULL ELSE v_now END
+        FROM events AS e
+        ON CONFLICT (run_id, lane) DO UPDATE
+        SET head_seq = coalesce(ll.head_seq, excluded.head_seq),
+            available_at = CASE WHEN ll.head_seq IS NULL THEN excluded.available_at ELSE v_now END
+        WHERE ll.head_seq IS NULL OR (ll.available_at IS NULL AND NOT ll.blocked)
+        RETURNING ll.run_id, ll.available_at
+    )
+    SELECT array_agg(n.run_id) INTO v_available FROM lanes AS n WHERE n.available_at IS NOT NULL;
+    PERFORM pg_notify('runrelay_ledger', a.run_id) FROM unnest(v_available) AS a (run_id);
+END;
+$$;
+
+COMMENT ON FUNCTION _emit_lifecycle(text[], bigint[], text, jsonb[], boolean) IS
+'Appends one lifecycle event of a type to each of several locked runs at reserved seqs, moving their lanes.';
+
 -- _emit(): one engine lifecycle event (run.started, run.completed, ...).
 -- Transitions pass p_seq, the seq they reserved with ledger_seq + 1 in their
--- own UPDATE of the run row; that common case is one single-row statement
--- (the event and its lane), the same effect as _append of one event without
--- _append's array handling. Without p_seq, _append reserves the seq.
+-- own UPDATE of the run row: _emit_lifecycle of one run, so the lane rule of
+-- lifecycle events is written once. Without p_seq, _append reserves the seq.
 CREATE FUNCTION _emit(
     p_run_id text,
     p_type text,
@@ -118,9 +173,6 @@ LANGUAGE plpgsql
 VOLATILE
 SET search_path FROM CURRENT
 AS $$
-DECLARE
-    v_now timestamptz;
-    v_available timestamptz;
 BEGIN
     IF p_seq IS NULL THEN
         PERFORM _append(p_run_id, jsonb_build_array(jsonb_build_object(
@@ -130,33 +182,8 @@ BEGIN
             'delivery_key', NULL,
             'transport_only', p_transport_only
         )));
-        RETURN;
-    END IF;
-    v_now := _now();
-    -- As in _append: a lane with nothing pending gets this event as its head
-    -- (resting, available_at NULL, if it is transport-only); a dormant lane
-    -- wakes; a lane with a live head keeps it (the conflict only locks it).
-    WITH inserted AS (
-        INSERT INTO ledger AS l (
-            run_id, lane, seq, type, payload, delivery_key, transport_only,
-            created_at, next_attempt_at
-        )
-        VALUES (
-            p_run_id, 'lifecycle', p_seq, p_type, coalesce(p_payload, 'null'::jsonb), p_run_id || ':' || p_seq,
-            p_transport_only, v_now, v_now
-        )
-        RETURNING l.seq
-    )
-    INSERT INTO ledger_lanes AS ll (run_id, lane, head_seq, available_at)
-    SELECT p_run_id, 'lifecycle', i.seq, CASE WHEN p_transport_only THEN NULL ELSE v_now END
-    FROM inserted AS i
-    ON CONFLICT (run_id, lane) DO UPDATE
-    SET head_seq = coalesce(ll.head_seq, excluded.head_seq),
-        available_at = CASE WHEN ll.head_seq IS NULL THEN excluded.available_at ELSE v_now END
-    WHERE ll.head_seq IS NULL OR (ll.available_at IS NULL AND NOT ll.blocked)
-    RETURNING ll.available_at INTO v_available;
-    IF v_available IS NOT NULL THEN
-        PERFORM pg_notify('runrelay_ledger', p_run_id);
+    ELSE
+        PERFORM _emit_lifecycle(ARRAY[p_run_id], ARRAY[p_seq], p_type, ARRAY[p_payload], p_transport_only);
     END IF;
 END;
 $$;

@@ -11,7 +11,7 @@
 -- {"timed_out": true}), so no external scheduler is needed.
 --
 -- A candidate with a cancel marker is cancelled instead of started. The
--- others start together: one statement opens every attempt and appends every
+-- others start together: one statement opens every attempt, one appends every
 -- run.started, so a claim of 100 runs costs the statements of a claim of 1.
 -- Replay: with call_id, a repeated call returns the attempts the first call
 -- opened (for the same worker), in the same order (attempts.claim_position),
@@ -48,6 +48,10 @@ DECLARE
     v_run runs;
     v_run_id text;
     v_run_ids text[];
+    v_claimed claim_attempts_result[];
+    v_started text[];
+    v_seqs bigint[];
+    v_payloads jsonb[];
 BEGIN
     PERFORM _require_read_committed();
     PERFORM _check_id('worker', claim_attempts.worker);
@@ -112,9 +116,8 @@ BEGIN
 
     -- The rest start together, in claim order: one statement re-reads each
     -- locked row (the candidate scan's snapshot may predate a commit that
-    -- changed it, e.g. attempt_count), opens the attempts and appends each
-    -- run.started to its lifecycle lane under the lane rule of _emit.
-    RETURN QUERY
+    -- changed it, e.g. attempt_count) and opens the attempts; one more
+    -- appends every run.started.
     WITH fresh AS (
         SELECT r.run_id, c.ord
         -- generate_subscripts, not unnest: unnest's row estimate is the array's
@@ -150,37 +153,21 @@ BEGIN
             v_now + v_lease, claim_attempts.call_id, s.ord
         FROM started AS s
         RETURNING a.run_id, a.lease_token
-    ),
-    events AS (
-        INSERT INTO ledger AS l (
-            run_id, lane, seq, type, payload, delivery_key, transport_only,
-            created_at, next_attempt_at
-        )
-        SELECT
-            s.run_id, 'lifecycle', s.seq, 'run.started',
-            jsonb_build_object('attempt', s.attempt, 'worker', claim_attempts.worker),
-            s.run_id || ':' || s.seq, FALSE, v_now, v_now
-        FROM started AS s
-        RETURNING l.run_id, l.seq
-    ),
-    lanes AS (
-        INSERT INTO ledger_lanes AS ll (run_id, lane, head_seq, available_at)
-        SELECT e.run_id, 'lifecycle', e.seq, v_now
-        FROM events AS e
-        ON CONFLICT (run_id, lane) DO UPDATE
-        SET head_seq = coalesce(ll.head_seq, excluded.head_seq),
-            available_at = v_now
-        WHERE ll.head_seq IS NULL OR (ll.available_at IS NULL AND NOT ll.blocked)
-        RETURNING ll.run_id
-    ),
-    notified AS (
-        SELECT pg_notify('runrelay_ledger', n.run_id) FROM lanes AS n
     )
-    SELECT s.run_id, s.attempt, o.lease_token, s.queue, s.payload, s.resume, v_now + v_lease
+    SELECT
+        array_agg(
+            (s.run_id, s.attempt, o.lease_token, s.queue, s.payload, s.resume, v_now + v_lease)::claim_attempts_result
+            ORDER BY s.ord
+        ),
+        array_agg(s.run_id ORDER BY s.ord),
+        array_agg(s.seq ORDER BY s.ord),
+        array_agg(jsonb_build_object('attempt', s.attempt, 'worker', claim_attempts.worker) ORDER BY s.ord)
+    INTO v_claimed, v_started, v_seqs, v_payloads
     FROM started AS s
-    INNER JOIN opened AS o ON s.run_id = o.run_id
-    CROSS JOIN (SELECT count(*) AS n FROM notified) AS n
-    ORDER BY s.ord;
+    INNER JOIN opened AS o ON s.run_id = o.run_id;
+
+    PERFORM _emit_lifecycle(v_started, v_seqs, 'run.started', v_payloads);
+    RETURN QUERY SELECT c.* FROM unnest(v_claimed) AS c;
 END;
 $$;
 

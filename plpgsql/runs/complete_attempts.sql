@@ -31,7 +31,8 @@ DECLARE
     v_run_ids text[] := '{}'::text[];
     v_now timestamptz;
     v_fast text[];
-    v_available text[];
+    v_seqs bigint[];
+    v_payloads jsonb[];
     v_outcome text;
     v_hint constant text := 'Pass an array of {run_id, attempt, lease_token, result?} objects, one per run, at most 1000.';
 BEGIN
@@ -122,37 +123,15 @@ BEGIN
         FROM fast AS f
         WHERE r.run_id = f.run_id
         RETURNING r.run_id, r.ledger_seq AS seq, f.attempt, f.result
-    ),
-    events AS (
-        INSERT INTO ledger AS l (
-            run_id, lane, seq, type, payload, delivery_key, transport_only,
-            created_at, next_attempt_at
-        )
-        SELECT
-            d.run_id, 'lifecycle', d.seq, 'run.completed',
-            jsonb_build_object('attempt', d.attempt, 'result', d.result),
-            d.run_id || ':' || d.seq, FALSE, v_now, v_now
-        FROM runs_done AS d
-        RETURNING l.run_id, l.seq
-    ),
-    -- The lane rule of _emit: a lane with nothing pending gets the event as
-    -- its head and becomes available; a dormant lane wakes; a live head stays.
-    lanes AS (
-        INSERT INTO ledger_lanes AS ll (run_id, lane, head_seq, available_at)
-        SELECT e.run_id, 'lifecycle', e.seq, v_now
-        FROM events AS e
-        ON CONFLICT (run_id, lane) DO UPDATE
-        SET head_seq = coalesce(ll.head_seq, excluded.head_seq),
-            available_at = v_now
-        WHERE ll.head_seq IS NULL OR (ll.available_at IS NULL AND NOT ll.blocked)
-        RETURNING ll.run_id
     )
     SELECT
-        (SELECT array_agg(d.run_id) FROM runs_done AS d),
-        (SELECT array_agg(n.run_id) FROM lanes AS n)
-    INTO v_fast, v_available;
+        array_agg(d.run_id ORDER BY d.run_id),
+        array_agg(d.seq ORDER BY d.run_id),
+        array_agg(jsonb_build_object('attempt', d.attempt, 'result', d.result) ORDER BY d.run_id)
+    INTO v_fast, v_seqs, v_payloads
+    FROM runs_done AS d;
 
-    PERFORM pg_notify('runrelay_ledger', n.run_id) FROM unnest(v_available) AS n (run_id);
+    PERFORM _emit_lifecycle(v_fast, v_seqs, 'run.completed', v_payloads);
     IF v_fast IS NOT NULL THEN
         -- As _ended, but no marker to drop: none existed when the fast items
         -- were decided. One committed since (cancel_run inserts before it

@@ -132,11 +132,66 @@ $$;
 COMMENT ON FUNCTION _append(text, jsonb, bigint) IS
 'Appends normalised events to a run''s ledger under the caller''s run lock; maintains ledger_lanes.';
 
+-- _emit_lifecycle(): one engine lifecycle event of type p_type for each of
+-- several runs (a batch claim's run.started, a batch completion's
+-- run.completed; _emit passes one). The caller holds the runs' row locks and
+-- reserved each seq with ledger_seq + 1 in its own UPDATE of the run. One
+-- statement writes the events (in array order) and moves their lanes under the
+-- rule _append follows: a lane with nothing pending gets the event as its head
+-- (resting, available_at NULL, if it is transport-only); a dormant lane
+-- wakes; a lane with a live head keeps it (the conflict only locks the row).
+CREATE FUNCTION _emit_lifecycle(
+    p_run_ids text[],
+    p_seqs bigint[],
+    p_type text,
+    p_payloads jsonb[],
+    p_transport_only boolean DEFAULT FALSE
+)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_now timestamptz := _now();
+    v_available text[];
+BEGIN
+    WITH events AS (
+        INSERT INTO ledger AS l (
+            run_id, lane, seq, type, payload, delivery_key, transport_only,
+            created_at, next_attempt_at
+        )
+        -- generate_subscripts: the same row estimate in custom and generic
+        -- plans, so the generic plan is kept (see claim_attempts).
+        SELECT
+            p_run_ids[g.i], 'lifecycle', p_seqs[g.i], p_type, coalesce(p_payloads[g.i], 'null'::jsonb),
+            p_run_ids[g.i] || ':' || p_seqs[g.i], p_transport_only, v_now, v_now
+        FROM generate_subscripts(p_run_ids, 1) AS g (i)
+        ORDER BY g.i
+        RETURNING l.run_id, l.seq
+    ),
+    lanes AS (
+        INSERT INTO ledger_lanes AS ll (run_id, lane, head_seq, available_at)
+        SELECT e.run_id, 'lifecycle', e.seq, CASE WHEN p_transport_only THEN NULL ELSE v_now END
+        FROM events AS e
+        ON CONFLICT (run_id, lane) DO UPDATE
+        SET head_seq = coalesce(ll.head_seq, excluded.head_seq),
+            available_at = CASE WHEN ll.head_seq IS NULL THEN excluded.available_at ELSE v_now END
+        WHERE ll.head_seq IS NULL OR (ll.available_at IS NULL AND NOT ll.blocked)
+        RETURNING ll.run_id, ll.available_at
+    )
+    SELECT array_agg(n.run_id) INTO v_available FROM lanes AS n WHERE n.available_at IS NOT NULL;
+    PERFORM pg_notify('runrelay_ledger', a.run_id) FROM unnest(v_available) AS a (run_id);
+END;
+$$;
+
+COMMENT ON FUNCTION _emit_lifecycle(text[], bigint[], text, jsonb[], boolean) IS
+'Appends one lifecycle event of a type to each of several locked runs at reserved seqs, moving their lanes.';
+
 -- _emit(): one engine lifecycle event (run.started, run.completed, ...).
 -- Transitions pass p_seq, the seq they reserved with ledger_seq + 1 in their
--- own UPDATE of the run row; that common case is one single-row statement
--- (the event and its lane), the same effect as _append of one event without
--- _append's array handling. Without p_seq, _append reserves the seq.
+-- own UPDATE of the run row: _emit_lifecycle of one run, so the lane rule of
+-- lifecycle events is written once. Without p_seq, _append reserves the seq.
 CREATE FUNCTION _emit(
     p_run_id text,
     p_type text,
@@ -149,9 +204,6 @@ LANGUAGE plpgsql
 VOLATILE
 SET search_path FROM CURRENT
 AS $$
-DECLARE
-    v_now timestamptz;
-    v_available timestamptz;
 BEGIN
     IF p_seq IS NULL THEN
         PERFORM _append(p_run_id, jsonb_build_array(jsonb_build_object(
@@ -161,33 +213,8 @@ BEGIN
             'delivery_key', NULL,
             'transport_only', p_transport_only
         )));
-        RETURN;
-    END IF;
-    v_now := _now();
-    -- As in _append: a lane with nothing pending gets this event as its head
-    -- (resting, available_at NULL, if it is transport-only); a dormant lane
-    -- wakes; a lane with a live head keeps it (the conflict only locks it).
-    WITH inserted AS (
-        INSERT INTO ledger AS l (
-            run_id, lane, seq, type, payload, delivery_key, transport_only,
-            created_at, next_attempt_at
-        )
-        VALUES (
-            p_run_id, 'lifecycle', p_seq, p_type, coalesce(p_payload, 'null'::jsonb), p_run_id || ':' || p_seq,
-            p_transport_only, v_now, v_now
-        )
-        RETURNING l.seq
-    )
-    INSERT INTO ledger_lanes AS ll (run_id, lane, head_seq, available_at)
-    SELECT p_run_id, 'lifecycle', i.seq, CASE WHEN p_transport_only THEN NULL ELSE v_now END
-    FROM inserted AS i
-    ON CONFLICT (run_id, lane) DO UPDATE
-    SET head_seq = coalesce(ll.head_seq, excluded.head_seq),
-        available_at = CASE WHEN ll.head_seq IS NULL THEN excluded.available_at ELSE v_now END
-    WHERE ll.head_seq IS NULL OR (ll.available_at IS NULL AND NOT ll.blocked)
-    RETURNING ll.available_at INTO v_available;
-    IF v_available IS NOT NULL THEN
-        PERFORM pg_notify('runrelay_ledger', p_run_id);
+    ELSE
+        PERFORM _emit_lifecycle(ARRAY[p_run_id], ARRAY[p_seq], p_type, ARRAY[p_payload], p_transport_only);
     END IF;
 END;
 $$;
@@ -1693,7 +1720,7 @@ COMMENT ON FUNCTION cancel_run(text, text) IS
 -- {"timed_out": true}), so no external scheduler is needed.
 --
 -- A candidate with a cancel marker is cancelled instead of started. The
--- others start together: one statement opens every attempt and appends every
+-- others start together: one statement opens every attempt, one appends every
 -- run.started, so a claim of 100 runs costs the statements of a claim of 1.
 -- Replay: with call_id, a repeated call returns the attempts the first call
 -- opened (for the same worker), in the same order (attempts.claim_position),
@@ -1730,6 +1757,10 @@ DECLARE
     v_run runs;
     v_run_id text;
     v_run_ids text[];
+    v_claimed claim_attempts_result[];
+    v_started text[];
+    v_seqs bigint[];
+    v_payloads jsonb[];
 BEGIN
     PERFORM _require_read_committed();
     PERFORM _check_id('worker', claim_attempts.worker);
@@ -1794,9 +1825,8 @@ BEGIN
 
     -- The rest start together, in claim order: one statement re-reads each
     -- locked row (the candidate scan's snapshot may predate a commit that
-    -- changed it, e.g. attempt_count), opens the attempts and appends each
-    -- run.started to its lifecycle lane under the lane rule of _emit.
-    RETURN QUERY
+    -- changed it, e.g. attempt_count) and opens the attempts; one more
+    -- appends every run.started.
     WITH fresh AS (
         SELECT r.run_id, c.ord
         -- generate_subscripts, not unnest: unnest's row estimate is the array's
@@ -1832,37 +1862,21 @@ BEGIN
             v_now + v_lease, claim_attempts.call_id, s.ord
         FROM started AS s
         RETURNING a.run_id, a.lease_token
-    ),
-    events AS (
-        INSERT INTO ledger AS l (
-            run_id, lane, seq, type, payload, delivery_key, transport_only,
-            created_at, next_attempt_at
-        )
-        SELECT
-            s.run_id, 'lifecycle', s.seq, 'run.started',
-            jsonb_build_object('attempt', s.attempt, 'worker', claim_attempts.worker),
-            s.run_id || ':' || s.seq, FALSE, v_now, v_now
-        FROM started AS s
-        RETURNING l.run_id, l.seq
-    ),
-    lanes AS (
-        INSERT INTO ledger_lanes AS ll (run_id, lane, head_seq, available_at)
-        SELECT e.run_id, 'lifecycle', e.seq, v_now
-        FROM events AS e
-        ON CONFLICT (run_id, lane) DO UPDATE
-        SET head_seq = coalesce(ll.head_seq, excluded.head_seq),
-            available_at = v_now
-        WHERE ll.head_seq IS NULL OR (ll.available_at IS NULL AND NOT ll.blocked)
-        RETURNING ll.run_id
-    ),
-    notified AS (
-        SELECT pg_notify('runrelay_ledger', n.run_id) FROM lanes AS n
     )
-    SELECT s.run_id, s.attempt, o.lease_token, s.queue, s.payload, s.resume, v_now + v_lease
+    SELECT
+        array_agg(
+            (s.run_id, s.attempt, o.lease_token, s.queue, s.payload, s.resume, v_now + v_lease)::claim_attempts_result
+            ORDER BY s.ord
+        ),
+        array_agg(s.run_id ORDER BY s.ord),
+        array_agg(s.seq ORDER BY s.ord),
+        array_agg(jsonb_build_object('attempt', s.attempt, 'worker', claim_attempts.worker) ORDER BY s.ord)
+    INTO v_claimed, v_started, v_seqs, v_payloads
     FROM started AS s
-    INNER JOIN opened AS o ON s.run_id = o.run_id
-    CROSS JOIN (SELECT count(*) AS n FROM notified) AS n
-    ORDER BY s.ord;
+    INNER JOIN opened AS o ON s.run_id = o.run_id;
+
+    PERFORM _emit_lifecycle(v_started, v_seqs, 'run.started', v_payloads);
+    RETURN QUERY SELECT c.* FROM unnest(v_claimed) AS c;
 END;
 $$;
 
@@ -2008,7 +2022,8 @@ DECLARE
     v_run_ids text[] := '{}'::text[];
     v_now timestamptz;
     v_fast text[];
-    v_available text[];
+    v_seqs bigint[];
+    v_payloads jsonb[];
     v_outcome text;
     v_hint constant text := 'Pass an array of {run_id, attempt, lease_token, result?} objects, one per run, at most 1000.';
 BEGIN
@@ -2099,37 +2114,15 @@ BEGIN
         FROM fast AS f
         WHERE r.run_id = f.run_id
         RETURNING r.run_id, r.ledger_seq AS seq, f.attempt, f.result
-    ),
-    events AS (
-        INSERT INTO ledger AS l (
-            run_id, lane, seq, type, payload, delivery_key, transport_only,
-            created_at, next_attempt_at
-        )
-        SELECT
-            d.run_id, 'lifecycle', d.seq, 'run.completed',
-            jsonb_build_object('attempt', d.attempt, 'result', d.result),
-            d.run_id || ':' || d.seq, FALSE, v_now, v_now
-        FROM runs_done AS d
-        RETURNING l.run_id, l.seq
-    ),
-    -- The lane rule of _emit: a lane with nothing pending gets the event as
-    -- its head and becomes available; a dormant lane wakes; a live head stays.
-    lanes AS (
-        INSERT INTO ledger_lanes AS ll (run_id, lane, head_seq, available_at)
-        SELECT e.run_id, 'lifecycle', e.seq, v_now
-        FROM events AS e
-        ON CONFLICT (run_id, lane) DO UPDATE
-        SET head_seq = coalesce(ll.head_seq, excluded.head_seq),
-            available_at = v_now
-        WHERE ll.head_seq IS NULL OR (ll.available_at IS NULL AND NOT ll.blocked)
-        RETURNING ll.run_id
     )
     SELECT
-        (SELECT array_agg(d.run_id) FROM runs_done AS d),
-        (SELECT array_agg(n.run_id) FROM lanes AS n)
-    INTO v_fast, v_available;
+        array_agg(d.run_id ORDER BY d.run_id),
+        array_agg(d.seq ORDER BY d.run_id),
+        array_agg(jsonb_build_object('attempt', d.attempt, 'result', d.result) ORDER BY d.run_id)
+    INTO v_fast, v_seqs, v_payloads
+    FROM runs_done AS d;
 
-    PERFORM pg_notify('runrelay_ledger', n.run_id) FROM unnest(v_available) AS n (run_id);
+    PERFORM _emit_lifecycle(v_fast, v_seqs, 'run.completed', v_payloads);
     IF v_fast IS NOT NULL THEN
         -- As _ended, but no marker to drop: none existed when the fast items
         -- were decided. One committed since (cancel_run inserts before it
