@@ -63,7 +63,10 @@ BEGIN
         END
     WHERE
         l.event_id = ANY(fail_ledger.event_ids)
-        AND l.state = 'leased'
+        -- Leased by this relay: an owner implies state 'leased'
+        -- (ledger_leased_has_owner). Testing state itself would let a plan
+        -- made with stale statistics walk ledger_pending_idx (state <>
+        -- 'delivered') instead of probing the primary key.
         AND l.lease_owner = fail_ledger.relay
     RETURNING l.event_id, CASE WHEN l.state = 'failed' THEN 'blocked' ELSE 'retrying' END;
     PERFORM _refresh_event_lanes(fail_ledger.event_ids);

@@ -21,7 +21,10 @@ BEGIN
     SET state = 'pending', lease_owner = NULL, lease_expires_at = NULL
     WHERE
         l.event_id = ANY(release_ledger.event_ids)
-        AND l.state = 'leased'
+        -- Leased by this relay: an owner implies state 'leased'
+        -- (ledger_leased_has_owner). Testing state itself would let a plan
+        -- made with stale statistics walk ledger_pending_idx (state <>
+        -- 'delivered') instead of probing the primary key.
         AND l.lease_owner = release_ledger.relay;
     GET DIAGNOSTICS v_count = ROW_COUNT;
     PERFORM _refresh_event_lanes(release_ledger.event_ids);

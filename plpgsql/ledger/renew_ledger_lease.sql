@@ -32,7 +32,10 @@ BEGIN
     SET lease_expires_at = v_now + _lease(renew_ledger_lease.lease_seconds)
     WHERE
         l.event_id = ANY(renew_ledger_lease.event_ids)
-        AND l.state = 'leased'
+        -- Leased by this relay: an owner implies state 'leased'
+        -- (ledger_leased_has_owner). Testing state itself would let a plan
+        -- made with stale statistics walk ledger_pending_idx (state <>
+        -- 'delivered') instead of probing the primary key.
         AND l.lease_owner = renew_ledger_lease.relay
     RETURNING l.event_id, l.lease_expires_at;
     PERFORM _refresh_event_lanes(renew_ledger_lease.event_ids);

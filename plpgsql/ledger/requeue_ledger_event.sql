@@ -21,7 +21,9 @@ BEGIN
     PERFORM _lock_event_lanes(ARRAY[requeue_ledger_event.event_id]);
     UPDATE ledger AS l
     SET state = 'pending', failed_at = NULL, delivery_attempts = 0, next_attempt_at = _now()
-    WHERE l.event_id = requeue_ledger_event.event_id AND l.state = 'failed'
+    -- failed_at marks a failed event (ledger_failed_iff_at); testing state
+    -- itself would let a stale-statistics plan walk ledger_pending_idx.
+    WHERE l.event_id = requeue_ledger_event.event_id AND l.failed_at IS NOT NULL
     RETURNING l.* INTO v_event;
     IF v_event.event_id IS NULL THEN
         RETURN FALSE;

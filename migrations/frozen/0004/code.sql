@@ -3263,7 +3263,10 @@ BEGIN
         END
     WHERE
         l.event_id = ANY(fail_ledger.event_ids)
-        AND l.state = 'leased'
+        -- Leased by this relay: an owner implies state 'leased'
+        -- (ledger_leased_has_owner). Testing state itself would let a plan
+        -- made with stale statistics walk ledger_pending_idx (state <>
+        -- 'delivered') instead of probing the primary key.
         AND l.lease_owner = fail_ledger.relay
     RETURNING l.event_id, CASE WHEN l.state = 'failed' THEN 'blocked' ELSE 'retrying' END;
     PERFORM _refresh_event_lanes(fail_ledger.event_ids);
@@ -3382,7 +3385,10 @@ BEGIN
     SET state = 'pending', lease_owner = NULL, lease_expires_at = NULL
     WHERE
         l.event_id = ANY(release_ledger.event_ids)
-        AND l.state = 'leased'
+        -- Leased by this relay: an owner implies state 'leased'
+        -- (ledger_leased_has_owner). Testing state itself would let a plan
+        -- made with stale statistics walk ledger_pending_idx (state <>
+        -- 'delivered') instead of probing the primary key.
         AND l.lease_owner = release_ledger.relay;
     GET DIAGNOSTICS v_count = ROW_COUNT;
     PERFORM _refresh_event_lanes(release_ledger.event_ids);
@@ -3428,7 +3434,10 @@ BEGIN
     SET lease_expires_at = v_now + _lease(renew_ledger_lease.lease_seconds)
     WHERE
         l.event_id = ANY(renew_ledger_lease.event_ids)
-        AND l.state = 'leased'
+        -- Leased by this relay: an owner implies state 'leased'
+        -- (ledger_leased_has_owner). Testing state itself would let a plan
+        -- made with stale statistics walk ledger_pending_idx (state <>
+        -- 'delivered') instead of probing the primary key.
         AND l.lease_owner = renew_ledger_lease.relay
     RETURNING l.event_id, l.lease_expires_at;
     PERFORM _refresh_event_lanes(renew_ledger_lease.event_ids);
@@ -3462,7 +3471,9 @@ BEGIN
     PERFORM _lock_event_lanes(ARRAY[requeue_ledger_event.event_id]);
     UPDATE ledger AS l
     SET state = 'pending', failed_at = NULL, delivery_attempts = 0, next_attempt_at = _now()
-    WHERE l.event_id = requeue_ledger_event.event_id AND l.state = 'failed'
+    -- failed_at marks a failed event (ledger_failed_iff_at); testing state
+    -- itself would let a stale-statistics plan walk ledger_pending_idx.
+    WHERE l.event_id = requeue_ledger_event.event_id AND l.failed_at IS NOT NULL
     RETURNING l.* INTO v_event;
     IF v_event.event_id IS NULL THEN
         RETURN FALSE;
