@@ -64,6 +64,31 @@ def check(calls: list[dict[str, Any]], db: psycopg.Connection, **kwargs: Any) ->
     return report
 
 
+def test_checker_i5_tells_a_lapsed_lease_from_a_redelivery_under_a_live_lease() -> None:
+    """The checker itself: a relay that delivers a batch, lets its lease run
+    out and leases the same events again may deliver them again (its lease
+    was lost to expiry; nobody else happened to take it). Delivering again
+    under the lease it still held is an I5 violation."""
+
+    def claim(w1: float, expires: str) -> dict[str, Any]:
+        row = {"kind": "claimed", "event_id": 7, "lease_expires_at": expires}
+        args = {"relay": "r1", "lease_seconds": 5}
+        return {"fn": "claim_ledger", "type": "ok", "args": args, "w1": w1, "result": [row]}
+
+    def delivered(w: float) -> dict[str, Any]:
+        return {"relay": "r1", "lane": "observability", "run_id": "a", "keys": ["k7"],
+                "event_ids": [7], "w": w}  # fmt: skip
+
+    first = claim(100.0, "2026-01-01T00:00:05+00:00")  # leased 00:00:00-00:00:05
+    lapsed = claim(106.0, "2026-01-01T00:00:10.5+00:00")  # leased again from 00:00:05.5
+    live = claim(103.0, "2026-01-01T00:00:08+00:00")  # a re-claim at 00:00:03, lease held
+    for second, violations in ((lapsed, 0), (live, 1)):
+        sink = [delivered(100.1), delivered(second["w1"] + 0.1)]
+        checker = Checker([first, second], None, sink=sink)  # type: ignore[arg-type]
+        checker.i5_redeliveries()
+        assert len(checker.violations) == violations, checker.violations
+
+
 def semantic_checksum(conn: psycopg.Connection) -> str:
     """Every table's contents except lease expiries and heartbeat times: what a
     harmless repeat (a lease extended again) may change."""
