@@ -3,9 +3,8 @@
 -- Precondition: the caller holds the run's row lock (custody), so advancing
 -- runs.ledger_seq serialises appends to one run and per-run seq order equals
 -- commit order. `p_events` must come from _normalize_events() or the engine.
--- p_base: the caller already advanced runs.ledger_seq by the number of events
--- in its own UPDATE of the run (a state transition), saving a second write
--- of the row; the events take seqs p_base + 1, p_base + 2, ...
+-- (Transitions, which advance ledger_seq in their own UPDATE of the run, use
+-- _emit_lifecycle instead.)
 --
 -- Also keeps ledger_lanes current: a lane that had nothing pending gets its
 -- head and becomes available now (and a runrelay_ledger notification), as
@@ -13,7 +12,7 @@
 -- lane with a claimable, leased or blocked head keeps its state. The upsert locks the lane row, which is
 -- what makes an append and a relay's ack of the last pending event safe in
 -- either order (the ack re-reads the tail after taking the lane lock).
-CREATE FUNCTION _append(p_run_id text, p_events jsonb, p_base bigint DEFAULT NULL)
+CREATE FUNCTION _append(p_run_id text, p_events jsonb)
 RETURNS SETOF append_result
 LANGUAGE plpgsql
 VOLATILE
@@ -34,13 +33,8 @@ BEGIN
     WITH bumped AS (
         UPDATE runs AS r
         SET ledger_seq = r.ledger_seq + v_count
-        WHERE r.run_id = p_run_id AND p_base IS NULL
+        WHERE r.run_id = p_run_id
         RETURNING r.ledger_seq - v_count AS base
-    ),
-    based AS (
-        SELECT b.base FROM bumped AS b
-        UNION ALL
-        SELECT p_base WHERE p_base IS NOT NULL
     ),
     inserted AS (
         INSERT INTO ledger AS l (
@@ -57,7 +51,7 @@ BEGIN
             (e.value ->> 'transport_only')::boolean,
             v_now,
             v_now
-        FROM based AS b
+        FROM bumped AS b
         CROSS JOIN jsonb_array_elements(p_events) WITH ORDINALITY AS e (value, ordinality)
         ORDER BY e.ordinality
         RETURNING l.event_id, l.seq, l.delivery_key, l.lane, l.transport_only
@@ -98,7 +92,7 @@ BEGIN
 END;
 $$;
 
-COMMENT ON FUNCTION _append(text, jsonb, bigint) IS
+COMMENT ON FUNCTION _append(text, jsonb) IS
 'Appends normalised events to a run''s ledger under the caller''s run lock; maintains ledger_lanes.';
 
 -- _emit_lifecycle(): one engine lifecycle event of type p_type for each of
