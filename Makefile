@@ -42,8 +42,8 @@ test-pg18: $(VENV)/.installed
 		env -u PGDATABASE bash scripts/test_suite.sh pytest $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed
-	ruff check python_client tests migrations scripts bench
-	ruff format --check python_client tests migrations scripts bench
+	ruff check python_client tests devtools scripts bench
+	ruff format --check python_client tests devtools scripts bench
 	mypy
 
 freeze: $(VENV)/.installed
@@ -55,7 +55,7 @@ migrate: $(VENV)/.installed
 # Regenerate docs/errors.md (from runrelay.errors) and docs/sql-api.md (from a
 # database migrated to head); tests/python/test_docs.py fails when they are stale.
 docs: $(VENV)/.installed
-	$(call WITH_PG,system) bash -c 'alembic upgrade head && $(PY) -m runrelay._docs'
+	$(call WITH_PG,system) bash -c 'alembic upgrade head && $(PY) -m devtools.docs'
 
 # Benchmarks start their own durable PostgreSQL (fsync and synchronous_commit
 # on), whatever DATABASE_URL says. The full run installs the peers (PyPI into

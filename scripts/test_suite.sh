@@ -22,10 +22,11 @@ recreate_db() {
 if [ "$mode" = all ]; then
     step "sqlfluff lint"
     # Frozen code.sql files are generated from plpgsql/, which is linted.
-    sqlfluff lint plpgsql/ migrations/frozen/*/upgrade.sql migrations/frozen/*/downgrade.sql \
+    sqlfluff lint plpgsql/ python_client/runrelay/migrations/frozen/*/upgrade.sql \
+        python_client/runrelay/migrations/frozen/*/downgrade.sql \
         tests/pgtap/ scripts/sql/
     step "frozen code of the head revision is current"
-    python -m runrelay._sqlsource check
+    python -m devtools.sqlsource check
 fi
 
 step "migration round trip"

@@ -7,17 +7,13 @@ import importlib
 import json
 import logging
 import os
-import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _database_url(args: argparse.Namespace) -> str | None:
@@ -33,11 +29,10 @@ def _require_url(args: argparse.Namespace) -> str:
 
 
 def migrate(url: str, schema: str = "runrelay", revision: str = "head") -> int:
-    command = [
-        sys.executable, "-m", "alembic", "-c", str(REPO / "alembic.ini"),
-        "-x", f"schema={schema}", "-x", f"url={url}", "upgrade", revision,
-    ]  # fmt: skip
-    return subprocess.run(command, check=False).returncode
+    from . import migrations
+
+    migrations.upgrade(url, schema, revision)
+    return 0
 
 
 def _load(path: str) -> Any:

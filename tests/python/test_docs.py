@@ -13,12 +13,13 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from devtools import docs as _docs
 
 import runrelay
-from runrelay import _core, _docs, errors
+from runrelay import _core, errors
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
-STALE = "is stale: run `make docs` (python -m runrelay._docs) and commit the result"
+STALE = "is stale: run `make docs` (python -m devtools.docs) and commit the result"
 
 
 def test_errors_md_is_generated_from_the_errors_table() -> None:

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from devtools import sqlsource as _sqlsource
 from psycopg import errors
 
 from conftest import alembic, create_database, drop_database
-from runrelay import _sqlsource
 
 ROLES = ("runrelay_producer", "runrelay_worker", "runrelay_relay", "runrelay_admin")
 SET_CLAUSE = {"settings": "singleton = true", "signals": "name = name", "ledger": "lane = lane"}

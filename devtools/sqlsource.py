@@ -1,4 +1,5 @@
-"""The SQL sources in plpgsql/ and their frozen copies in migrations/frozen/.
+"""The SQL sources in plpgsql/ and their frozen copies in the package's
+migrations/frozen/.
 
 plpgsql/ is the one readable source of truth:
 
@@ -8,8 +9,8 @@ plpgsql/ is the one readable source of truth:
 * ``plpgsql/grants.sql`` — privileges, run after the code.
 
 Each Alembic revision ships a frozen copy of the code it installs
-(``migrations/frozen/<rev>/code.sql``), written by ``make freeze``; migrations
-never read plpgsql/. See docs/migrations.md.
+(``python_client/runrelay/migrations/frozen/<rev>/code.sql``), written by
+``make freeze``; migrations never read plpgsql/. See docs/migrations.md.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ import argparse
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 PLPGSQL = REPO / "plpgsql"
-FROZEN = REPO / "migrations" / "frozen"
+FROZEN = REPO / "python_client" / "runrelay" / "migrations" / "frozen"
 CODE_DIRS = ("_internal", "runs", "ledger", "views")
 
 
@@ -69,9 +70,9 @@ def freeze(revision: str) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m runrelay._sqlsource")
+    parser = argparse.ArgumentParser(prog="python -m devtools.sqlsource")
     sub = parser.add_subparsers(dest="cmd", required=True)
-    fr = sub.add_parser("freeze", help="write migrations/frozen/REV/code.sql")
+    fr = sub.add_parser("freeze", help="write the frozen code.sql of revision REV")
     fr.add_argument("revision", nargs="?")
     sub.add_parser("check", help="fail if the head revision's frozen code is stale")
     sub.add_parser("code", help="print the code built from plpgsql/")

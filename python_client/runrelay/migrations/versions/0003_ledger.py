@@ -1,15 +1,15 @@
-"""Scheduler SQL API: enqueue, claim, heartbeat, complete, fail, suspend, wake,
-signal, cancel, detached runners, reaping.
+"""Run ledger SQL API: append, claim, ack and claim-next, renew, release, fail,
+requeue, prune, next-due, stats views.
 
-Revision ID: 0002
-Revises: 0001
+Revision ID: 0003
+Revises: 0002
 Create Date: 2026-11-30
 """
 
-from migrations import support
+from runrelay.migrations import support
 
-revision = "0002"
-down_revision = "0001"
+revision = "0003"
+down_revision = "0002"
 branch_labels = None
 depends_on = None
 

@@ -1,16 +1,15 @@
-"""Worker path: set-based batch claims and completions, single-row lifecycle
-events, the wake check as one index probe, attempts.claim_position for exact
-claim replays.
+"""Scheduler SQL API: enqueue, claim, heartbeat, complete, fail, suspend, wake,
+signal, cancel, detached runners, reaping.
 
-Revision ID: 0004
-Revises: 0003
+Revision ID: 0002
+Revises: 0001
 Create Date: 2026-11-30
 """
 
-from migrations import support
+from runrelay.migrations import support
 
-revision = "0004"
-down_revision = "0003"
+revision = "0002"
+down_revision = "0001"
 branch_labels = None
 depends_on = None
 

@@ -5,7 +5,7 @@ Revises: ${down_revision | comma,n}
 Create Date: ${create_date}
 """
 
-from migrations import support
+from runrelay.migrations import support
 
 revision = ${repr(up_revision)}
 down_revision = ${repr(down_revision)}

@@ -1,15 +1,16 @@
-"""Run ledger SQL API: append, claim, ack and claim-next, renew, release, fail,
-requeue, prune, next-due, stats views.
+"""Worker path: set-based batch claims and completions, single-row lifecycle
+events, the wake check as one index probe, attempts.claim_position for exact
+claim replays.
 
-Revision ID: 0003
-Revises: 0002
+Revision ID: 0004
+Revises: 0003
 Create Date: 2026-11-30
 """
 
-from migrations import support
+from runrelay.migrations import support
 
-revision = "0003"
-down_revision = "0002"
+revision = "0004"
+down_revision = "0003"
 branch_labels = None
 depends_on = None
 

@@ -5,7 +5,7 @@ Revises:
 Create Date: 2026-11-30
 """
 
-from migrations import support
+from runrelay.migrations import support
 
 revision = "0001"
 down_revision = None
