@@ -57,3 +57,5 @@ def configure(level: str = "INFO", fmt: str = "text") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    # Alembic narrates every plugin it loads at INFO; keep it to what matters.
+    logging.getLogger("alembic").setLevel(max(root.level, logging.WARNING))

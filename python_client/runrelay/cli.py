@@ -1,19 +1,49 @@
-"""The `runrelay` command line: migrate, status, worker, relay, demo."""
+"""The `runrelay` command line: migrate, downgrade, status, worker, relay,
+maintain, demo.
+
+Options common to every command (--database-url, --schema, --log-level,
+--log-format) are accepted before or after the command name. Exit codes: 0
+success, 1 the command failed (a demo invariant broke, a migration error),
+2 bad usage, 3 the database could not be reached or has no runrelay schema.
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib
 import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from datetime import timedelta
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from rich.console import Console
-from rich.table import Table
+from . import _logging
+
+log = logging.getLogger("runrelay.cli")
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 3
+
+
+class CommandError(Exception):
+    """A failure the CLI reports as one line (no traceback)."""
+
+    def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _version() -> str:
+    try:
+        return version("runrelay")
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        return "unknown"
 
 
 def _database_url(args: argparse.Namespace) -> str | None:
@@ -24,30 +54,77 @@ def _database_url(args: argparse.Namespace) -> str | None:
 def _require_url(args: argparse.Namespace) -> str:
     url = _database_url(args)
     if not url:
-        raise SystemExit("runrelay: set DATABASE_URL or pass --database-url")
+        raise CommandError("set DATABASE_URL or pass --database-url", EXIT_USAGE)
     return url
 
 
-def migrate(url: str, schema: str = "runrelay", revision: str = "head") -> int:
-    from . import migrations
+def _listen_url(args: argparse.Namespace, url: str) -> str:
+    """LISTEN needs a session connection: behind PgBouncer in transaction mode,
+    point --listen-database-url at PostgreSQL itself (or a session-mode pool)."""
+    return str(args.listen_database_url or os.environ.get("RUNRELAY_LISTEN_URL") or url)
 
-    migrations.upgrade(url, schema, revision)
-    return 0
+
+def _prepare_threshold(args: argparse.Namespace) -> int | None:
+    from .client import DEFAULT_PREPARE_THRESHOLD
+
+    return None if args.no_prepare else DEFAULT_PREPARE_THRESHOLD
 
 
 def _load(path: str) -> Any:
     """Import 'package.module:attribute'."""
     module, _, attribute = path.partition(":")
     if not attribute:
-        raise SystemExit(f"runrelay: expected module:attribute, got {path!r}")
-    return getattr(importlib.import_module(module), attribute)
+        raise CommandError(f"expected module:attribute, got {path!r}", EXIT_USAGE)
+    try:
+        return getattr(importlib.import_module(module), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise CommandError(f"cannot load {path!r}: {exc}", EXIT_USAGE) from exc
 
 
+def _duration(text: str) -> timedelta:
+    """'90s', '15m', '12h', '7d' or plain seconds."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    try:
+        if text and text[-1] in units:
+            return timedelta(seconds=float(text[:-1]) * units[text[-1]])
+        return timedelta(seconds=float(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a duration: {text!r} (e.g. 90s, 15m, 12h, 7d)"
+        ) from None
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {value}")
+    return value
+
+
+# -- commands -----------------------------------------------------------------
 def cmd_migrate(args: argparse.Namespace) -> int:
-    return migrate(_require_url(args), args.schema, args.revision)
+    from . import migrations
+
+    migrations.upgrade(_require_url(args), args.schema, args.revision)
+    print(f"runrelay: schema {args.schema!r} is at revision {args.revision}")
+    return 0
+
+
+def cmd_downgrade(args: argparse.Namespace) -> int:
+    from . import migrations
+
+    migrations.downgrade(_require_url(args), args.revision, args.schema)
+    print(f"runrelay: schema {args.schema!r} downgraded to {args.revision}")
+    return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
     from .client import Client
 
     with Client(_require_url(args), schema=args.schema) as client:
@@ -67,77 +144,137 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
-def _pooled_client(url: str, size: int, schema: str) -> Any:
+def _pool_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    return {"autocommit": True, "prepare_threshold": _prepare_threshold(args)}
+
+
+def _pooled_client(args: argparse.Namespace, url: str, size: int) -> Any:
+    """A Client on a pool of `size` connections, checked once so that a wrong
+    URL or a missing schema is one clear line, not a retry loop."""
     from psycopg_pool import ConnectionPool
 
     from .client import Client
 
-    pool = ConnectionPool(url, min_size=1, max_size=size, kwargs={"autocommit": True})
-    return Client(pool, schema=schema)
+    pool = ConnectionPool(url, min_size=1, max_size=size, kwargs=_pool_kwargs(args), open=True)
+    client = Client(pool, schema=args.schema)
+    client.get_schema_version()
+    return client
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from .worker import Worker
-
     url = _require_url(args)
     handler: Callable[..., Any] = _load(args.handler)
-    worker = Worker(
-        _pooled_client(url, args.concurrency + 2, args.schema),
-        handler,
-        queues=args.queues.split(",") if args.queues else None,
-        concurrency=args.concurrency,
-        name=args.name,
-        lease_seconds=args.lease_seconds,
-        batch_size=args.batch_size,
-        listen_dsn=url,
-    )
+    options: dict[str, Any] = {
+        "queues": args.queues.split(",") if args.queues else None,
+        "concurrency": args.concurrency,
+        "name": args.name,
+        "lease_seconds": args.lease_seconds,
+        "batch_size": args.batch_size,
+        "poll_interval": args.poll_interval,
+        "listen_dsn": _listen_url(args, url),
+        "shutdown_grace": args.shutdown_grace,
+        "maintenance": args.maintenance,
+    }
+    if args.use_async:
+        return asyncio.run(_run_async_worker(args, url, handler, options))
+    from .worker import Worker
+
+    worker = Worker(_pooled_client(args, url, args.concurrency + 2), handler, **options)
     worker.install_signal_handlers()
     worker.run()
     return 0
 
 
-def cmd_relay(args: argparse.Namespace) -> int:
-    import signal
+async def _run_async_worker(
+    args: argparse.Namespace, url: str, handler: Callable[..., Any], options: dict[str, Any]
+) -> int:
+    from psycopg_pool import AsyncConnectionPool
 
-    from .relay import Relay
+    from .client import AsyncClient
+    from .worker import AsyncWorker
+
+    size = args.concurrency + 2
+    async with AsyncConnectionPool(
+        url, min_size=1, max_size=size, kwargs=_pool_kwargs(args), open=False
+    ) as pool:
+        client = AsyncClient(pool, schema=args.schema)
+        await client.get_schema_version()
+        worker = AsyncWorker(client, handler, **options)
+        worker.install_signal_handlers()
+        await worker.run()
+    return 0
+
+
+def _sink(args: argparse.Namespace) -> Any:
     from .sinks import JsonLinesSink, WebhookSink
 
-    url = _require_url(args)
+    chosen = [x for x in (args.webhook, args.jsonl, args.sink) if x]
+    if len(chosen) != 1:
+        raise CommandError("pass exactly one of --webhook URL, --jsonl PATH, --sink mod:fn", 2)
     if args.webhook:
-        sink: Any = WebhookSink(args.webhook)
-    elif args.jsonl:
-        sink = JsonLinesSink(args.jsonl)
-    elif args.sink:
-        sink = _load(args.sink)
-    else:
-        raise SystemExit("runrelay relay: pass --webhook URL, --jsonl PATH or --sink module:fn")
+        secret = args.webhook_secret or os.environ.get("RUNRELAY_WEBHOOK_SECRET")
+        return WebhookSink(
+            args.webhook,
+            connect_timeout=args.connect_timeout,
+            read_timeout=args.read_timeout,
+            secret=secret,
+        )
+    if args.jsonl:
+        return JsonLinesSink(args.jsonl)
+    return _load(args.sink)
+
+
+def cmd_relay(args: argparse.Namespace) -> int:
+    from .relay import Relay
+
+    url = _require_url(args)
+    sink = _sink(args)
     relay = Relay(
-        _pooled_client(url, 3, args.schema),
+        _pooled_client(args, url, 3),
         sink,
         name=args.name,
         lanes=args.lanes.split(","),
         batch_size=args.batch_size,
         lease_seconds=args.lease_seconds,
-        listen_dsn=url,
+        listen_dsn=_listen_url(args, url),
     )
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: relay.stop())
+    relay.install_signal_handlers()
     relay.run()
+    return 0
+
+
+def cmd_maintain(args: argparse.Namespace) -> int:
+    from .maintenance import Maintenance
+
+    client = _pooled_client(args, _require_url(args), 2)
+    maintenance = Maintenance(
+        client,
+        interval=args.interval,
+        prune_after=None if args.no_prune else args.prune_after,
+    )
+    if args.once:
+        done = maintenance.run_once()
+        print(json.dumps(done))
+        return 0
+    maintenance.install_signal_handlers()
+    maintenance.run()
     return 0
 
 
 @contextmanager
 def _demo_database(url: str | None) -> Iterator[str]:
-    """DATABASE_URL when given; otherwise a throwaway embedded PostgreSQL."""
+    """DATABASE_URL when given; otherwise a throwaway embedded PostgreSQL
+    (the `runrelay[embedded]` extra), migrated to head."""
     if url:
         yield url
         return
-    from . import _pgcluster
+    from rich.console import Console
+
+    from . import _pgcluster, migrations
 
     with _pgcluster.cluster("embedded") as cluster:
         Console().print(f"[dim]embedded PostgreSQL {cluster.version} on port {cluster.port}[/dim]")
-        if migrate(cluster.url()) != 0:
-            raise SystemExit("runrelay demo: migration failed")
+        migrations.upgrade(cluster.url())
         yield cluster.url()
 
 
@@ -150,53 +287,185 @@ def cmd_demo(args: argparse.Namespace) -> int:
         )
 
 
+# -- the parser ---------------------------------------------------------------
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Each option's default after its help (unless the help already says it,
+    or the option is a flag); descriptions kept as written."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        shown = action.default not in (None, False, True, argparse.SUPPRESS)
+        if shown and "default" not in text and action.option_strings:
+            text += " (default: %(default)s)"
+        return text
+
+
+def _common_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
+    """The options every command takes. On a subcommand they default to
+    SUPPRESS, so `runrelay migrate --schema x` and `runrelay --schema x migrate`
+    mean the same and neither position overwrites the other."""
+
+    def default(value: Any) -> Any:
+        return argparse.SUPPRESS if suppress else value
+
+    group = parser.add_argument_group("common options (before or after the command)")
+    group.add_argument(
+        "--database-url",
+        default=default(None),
+        help="PostgreSQL connection URL (default: $DATABASE_URL)",
+    )
+    group.add_argument(
+        "--schema", default=default("runrelay"), help="the install's schema (default: runrelay)"
+    )
+    group.add_argument(
+        "--log-level",
+        default=default("INFO"),
+        type=str.upper,
+        choices=_logging.LEVELS,
+        help="least severe log level printed (default: INFO)",
+    )
+    group.add_argument(
+        "--log-format",
+        default=default("text"),
+        choices=_logging.FORMATS,
+        help="text for people, json for log collectors (default: text)",
+    )
+
+
+def _connection_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("connections (see docs/configuration.md on PgBouncer)")
+    group.add_argument(
+        "--listen-database-url",
+        help="URL for the LISTEN connection when --database-url is a transaction-mode pooler "
+        "(default: $RUNRELAY_LISTEN_URL, else --database-url)",
+    )
+    group.add_argument(
+        "--no-prepare",
+        action="store_true",
+        help="never use server-side prepared statements (PgBouncer without "
+        "max_prepared_statements)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="runrelay", description=__doc__)
-    parser.add_argument("--database-url", help="defaults to $DATABASE_URL")
-    parser.add_argument("--schema", default="runrelay", help="the install's schema")
-    parser.add_argument("-v", "--verbose", action="store_true")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(
+        prog="runrelay", description=__doc__, formatter_class=_Formatter
+    )
+    parser.add_argument("--version", action="version", version=f"runrelay {_version()}")
+    _common_options(parser, suppress=False)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("migrate", help="install or upgrade the schema (Alembic)")
-    p.add_argument("--revision", default="head")
-    p.set_defaults(func=cmd_migrate)
+    def command(name: str, help: str, func: Callable[[argparse.Namespace], int]) -> Any:
+        p = sub.add_parser(name, help=help, description=help, formatter_class=_Formatter)
+        _common_options(p, suppress=True)
+        p.set_defaults(func=func)
+        return p
 
-    p = sub.add_parser("status", help="runs by queue/status and events by lane/state")
+    p = command("migrate", "install or upgrade the schema (to the newest revision)", cmd_migrate)
+    p.add_argument("--revision", default="head", help="target revision")
+
+    p = command("downgrade", "downgrade the schema; 'base' removes it and its roles", cmd_downgrade)
+    p.add_argument("revision", help="target revision, e.g. base or 0003")
+
+    p = command("status", "runs by queue and status, events by lane and state", cmd_status)
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=cmd_status)
 
-    p = sub.add_parser("worker", help="run a Worker loop with a handler")
+    p = command("worker", "run a Worker loop with a handler", cmd_worker)
     p.add_argument("handler", help="module:function taking a runrelay.worker.Job")
-    p.add_argument("--queues", help="comma-separated; default: every queue")
-    p.add_argument("--concurrency", type=int, default=4)
-    p.add_argument("--batch-size", type=int, default=1)
-    p.add_argument("--lease-seconds", type=int, default=30)
-    p.add_argument("--name")
-    p.set_defaults(func=cmd_worker)
+    p.add_argument("--queues", help="comma-separated queues to claim from (default: every queue)")
+    p.add_argument("--concurrency", type=_positive_int, default=4, help="handlers at once")
+    p.add_argument("--batch-size", type=_positive_int, default=1, help="runs claimed per call")
+    p.add_argument("--lease-seconds", type=int, default=30, help="lease per claim (5-300)")
+    p.add_argument("--poll-interval", type=float, default=1.0, help="seconds between idle polls")
+    p.add_argument(
+        "--shutdown-grace",
+        type=float,
+        default=10.0,
+        help="seconds in-flight handlers get after the first SIGINT/SIGTERM; a second "
+        "signal ends the grace at once; unfinished runs are released without using an attempt",
+    )
+    p.add_argument(
+        "--no-maintenance",
+        dest="maintenance",
+        action="store_false",
+        help="do not reap expired leases from this worker (run `runrelay maintain` instead)",
+    )
+    p.add_argument(
+        "--async",
+        dest="use_async",
+        action="store_true",
+        help="run an AsyncWorker; the handler is a coroutine function",
+    )
+    p.add_argument("--name", help="worker name in attempts (default: host:pid:random)")
+    _connection_options(p)
 
-    p = sub.add_parser("relay", help="run a Relay loop to a webhook, a file or a sink")
+    p = command("relay", "run a Relay loop to a webhook, a JSON-lines file or a sink", cmd_relay)
     p.add_argument("--webhook", help="POST batches to this URL")
-    p.add_argument("--jsonl", help="append events to this JSON-lines file")
-    p.add_argument("--sink", help="module:callable(lane, events)")
-    p.add_argument("--lanes", default="lifecycle,observability")
-    p.add_argument("--batch-size", type=int, default=100)
-    p.add_argument("--lease-seconds", type=int, default=30)
-    p.add_argument("--name")
-    p.set_defaults(func=cmd_relay)
+    p.add_argument("--webhook-secret", help="sign requests (Standard Webhooks; whsec_...); "
+                   "default: $RUNRELAY_WEBHOOK_SECRET")  # fmt: skip
+    p.add_argument("--connect-timeout", type=float, default=5.0, help="webhook connect timeout")
+    p.add_argument("--read-timeout", type=float, default=30.0, help="webhook reply timeout")
+    p.add_argument("--jsonl", help="append events to this JSON-lines file (fsynced)")
+    p.add_argument("--sink", help="module:callable(lane, events) to deliver to")
+    p.add_argument("--lanes", default="lifecycle,observability", help="comma-separated lanes")
+    p.add_argument("--batch-size", type=_positive_int, default=100, help="events per delivery")
+    p.add_argument("--lease-seconds", type=int, default=30, help="lease per claim (5-300)")
+    p.add_argument("--name", help="relay name in leases (default: relay-host:pid:random)")
+    _connection_options(p)
 
-    p = sub.add_parser("demo", help="the whole system on this machine, checked end to end")
-    p.add_argument("--runs", type=int, default=5000)
-    p.add_argument("--workers", type=int, default=4)
-    p.add_argument("--relays", type=int, default=2)
+    p = command(
+        "maintain", "reap expired leases and prune delivered events, on a loop", cmd_maintain
+    )
+    p.add_argument("--interval", type=float, default=30.0, help="seconds between rounds (jittered)")
+    p.add_argument("--prune-after", type=_duration, default="7d",
+                   help="delete delivered events older than this (90s, 15m, 12h, 7d)")  # fmt: skip
+    p.add_argument("--no-prune", action="store_true", help="keep delivered events forever")
+    p.add_argument("--once", action="store_true", help="one round, print what it did, exit")
+    _connection_options(p)
+
+    p = command("demo", "the whole system on this machine, checked end to end", cmd_demo)
+    p.add_argument("--runs", type=_positive_int, default=5000, help="runs to enqueue")
+    p.add_argument("--workers", type=_positive_int, default=4, help="worker loops")
+    p.add_argument("--relays", type=_positive_int, default=2, help="relay loops")
     p.add_argument("--reset", action="store_true", help="delete existing runs first")
-    p.set_defaults(func=cmd_demo)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def _unreachable(exc: BaseException) -> str | None:
+    """The one-line reason when `exc` means the database is unreachable or not
+    a runrelay install; None for any other error."""
+    import psycopg
+    import psycopg_pool
+
+    from .errors import SchemaMissing
+
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, SchemaMissing):
+            return f"no runrelay schema: {seen} (run `runrelay migrate`)"
+        if isinstance(seen, psycopg.OperationalError | psycopg_pool.PoolTimeout):
+            first = str(seen).strip().splitlines()[0] if str(seen).strip() else type(seen).__name__
+            return f"cannot connect to the database: {first}"
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
-    return int(args.func(args))
+    _logging.configure(args.log_level, args.log_format)
+    try:
+        return int(args.func(args))
+    except CommandError as exc:
+        print(f"runrelay {args.command}: {exc}", file=sys.stderr)
+        return exc.code
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        reason = _unreachable(exc)
+        if reason is None:
+            raise
+        print(f"runrelay {args.command}: {reason}", file=sys.stderr)
+        return EXIT_UNREACHABLE
 
 
 if __name__ == "__main__":
