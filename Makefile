@@ -47,7 +47,7 @@ lint: $(VENV)/.installed
 	mypy
 
 freeze: $(VENV)/.installed
-	$(PY) -m runrelay._sqlsource freeze
+	$(PY) -m devtools.sqlsource freeze
 
 migrate: $(VENV)/.installed
 	alembic upgrade head
