@@ -71,7 +71,11 @@ def _prepare_threshold(args: argparse.Namespace) -> int | None:
 
 
 def _load(path: str) -> Any:
-    """Import 'package.module:attribute'."""
+    """Import 'package.module:attribute', from the working directory too (as
+    gunicorn and uvicorn do): `runrelay worker myapp.jobs:handle` run in the
+    project folder finds myapp without PYTHONPATH."""
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     module, _, attribute = path.partition(":")
     if not attribute:
         raise CommandError(f"expected module:attribute, got {path!r}", EXIT_USAGE)
@@ -263,14 +267,17 @@ def cmd_maintain(args: argparse.Namespace) -> int:
 
 @contextmanager
 def _demo_database(url: str | None) -> Iterator[str]:
-    """DATABASE_URL when given; otherwise a throwaway embedded PostgreSQL
-    (the `runrelay[embedded]` extra), migrated to head."""
+    """DATABASE_URL when given, otherwise a throwaway embedded PostgreSQL (the
+    `runrelay[embedded]` extra); either way migrated to head first."""
+    from . import migrations
+
     if url:
+        migrations.upgrade(url)
         yield url
         return
     from rich.console import Console
 
-    from . import _pgcluster, migrations
+    from . import _pgcluster
 
     with _pgcluster.cluster("embedded") as cluster:
         Console().print(f"[dim]embedded PostgreSQL {cluster.version} on port {cluster.port}[/dim]")

