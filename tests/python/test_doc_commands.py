@@ -269,3 +269,17 @@ def _run_sql_blocks(document: Path, url: str) -> None:
         finally:
             for role in created:
                 conn.execute(f"DROP ROLE IF EXISTS {role}")  # type: ignore[call-overload]
+
+
+def test_links_stay_inside_the_repository() -> None:
+    """README and docs link only to files of this repository (or the web):
+    a reader of the package or a clone must be able to follow every link."""
+    broken = []
+    for document in DOCUMENTS:
+        for target in re.findall(r"\]\(([^)\s]+)\)", document.read_text()):
+            if re.match(r"[a-z]+://|#|mailto:", target):
+                continue
+            path = (document.parent / target.split("#")[0]).resolve()
+            if not path.is_relative_to(REPO) or not path.exists():
+                broken.append(f"{document.relative_to(REPO)}: {target}")
+    assert broken == []
