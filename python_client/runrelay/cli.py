@@ -67,7 +67,7 @@ def _listen_url(args: argparse.Namespace, url: str) -> str:
 def _prepare_threshold(args: argparse.Namespace) -> int | None:
     from .client import DEFAULT_PREPARE_THRESHOLD
 
-    return None if args.no_prepare else DEFAULT_PREPARE_THRESHOLD
+    return None if getattr(args, "no_prepare", False) else DEFAULT_PREPARE_THRESHOLD
 
 
 def _load(path: str) -> Any:
@@ -131,7 +131,9 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     from .client import Client
 
-    with Client(_require_url(args), schema=args.schema) as client:
+    url = _require_url(args)
+    _probe(args, url)
+    with Client(url, schema=args.schema) as client:
         runs, events = client.run_stats(), client.ledger_stats()
     if args.json:
         print(json.dumps({"run_stats": runs, "ledger_stats": events}, default=str, indent=2))
@@ -159,10 +161,21 @@ def _pooled_client(args: argparse.Namespace, url: str, size: int) -> Any:
 
     from .client import Client
 
+    _probe(args, url)
     pool = ConnectionPool(url, min_size=1, max_size=size, kwargs=_pool_kwargs(args), open=True)
-    client = Client(pool, schema=args.schema)
-    client.get_schema_version()
-    return client
+    return Client(pool, schema=args.schema)
+
+
+def _probe(args: argparse.Namespace, url: str) -> None:
+    """Connect once, directly, and read the schema version: an unreachable
+    server or a missing install fails here in one line, before a pool would
+    retry in the background and log every attempt."""
+    import psycopg
+
+    from .client import Client
+
+    with psycopg.connect(url, **_pool_kwargs(args)) as conn:
+        Client(conn, schema=args.schema).get_schema_version()
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -197,12 +210,12 @@ async def _run_async_worker(
     from .client import AsyncClient
     from .worker import AsyncWorker
 
+    _probe(args, url)
     size = args.concurrency + 2
     async with AsyncConnectionPool(
         url, min_size=1, max_size=size, kwargs=_pool_kwargs(args), open=False
     ) as pool:
         client = AsyncClient(pool, schema=args.schema)
-        await client.get_schema_version()
         worker = AsyncWorker(client, handler, **options)
         worker.install_signal_handlers()
         await worker.run()
@@ -301,7 +314,8 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
-        shown = action.default not in (None, False, True, argparse.SUPPRESS)
+        # Identity, not equality: a default of 1 or 1.0 equals True.
+        shown = not any(action.default is v for v in (None, False, True, argparse.SUPPRESS))
         if shown and "default" not in text and action.option_strings:
             text += " (default: %(default)s)"
         return text

@@ -1,0 +1,125 @@
+"""The `runrelay` command's conventions: options anywhere, described defaults,
+--version, and failures as one clear line with a distinct exit status."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from importlib.metadata import version
+
+import pytest
+
+from conftest import REPO
+from runrelay.cli import EXIT_UNREACHABLE, EXIT_USAGE, build_parser
+
+COMMANDS = ["migrate", "downgrade", "status", "worker", "relay", "maintain", "demo"]
+NOWHERE = "postgresql://runrelay@127.0.0.1:1/nothing?connect_timeout=2"
+
+
+def _cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    return subprocess.run(
+        [sys.executable, "-m", "runrelay.cli", *args],
+        env={**environ, **env},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    raise AssertionError("no subcommands")
+
+
+def test_every_option_is_described_and_shows_its_default() -> None:
+    parser = build_parser()
+    commands = _subparsers(parser)
+    assert sorted(commands) == sorted(COMMANDS)
+    for name, sub in commands.items():
+        text = sub.format_help()
+        for action in sub._actions:
+            if not action.option_strings or action.dest == "help":
+                continue
+            assert action.help, f"{name} {action.option_strings[0]} has no description"
+        flat = " ".join(text.split())
+        for action in sub._actions:
+            default = action.default
+            if any(default is v for v in (None, False, True, argparse.SUPPRESS)):
+                continue
+            if action.option_strings:
+                assert f"(default: {default})" in flat or "default:" in (action.help or ""), (
+                    f"{name} {action.option_strings[0]}: default {default!r} not shown"
+                )
+
+
+def test_common_options_work_before_and_after_the_command() -> None:
+    parser = build_parser()
+    after = parser.parse_args(["migrate", "--schema", "billing", "--log-format", "json"])
+    before = parser.parse_args(["--schema", "billing", "--log-format", "json", "migrate"])
+    assert (after.schema, after.log_format) == (before.schema, before.log_format)
+    assert (after.schema, after.log_format) == ("billing", "json")
+    # Given on neither side: the defaults; on one side: that value, not overwritten.
+    plain = parser.parse_args(["status"])
+    assert (plain.schema, plain.log_level) == ("runrelay", "INFO")
+    mixed = parser.parse_args(["--schema", "a", "status", "--log-level", "debug"])
+    assert (mixed.schema, mixed.log_level) == ("a", "DEBUG")
+
+
+def test_version() -> None:
+    out = _cli("--version")
+    assert out.returncode == 0
+    assert out.stdout.strip() == f"runrelay {version('runrelay')}"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["migrate"],
+        ["status"],
+        ["worker", "json:loads"],
+        ["relay", "--jsonl", "/tmp/never-written.jsonl"],
+        ["maintain", "--once"],
+        ["downgrade", "base"],
+    ],
+    ids=lambda a: a[0],
+)
+def test_an_unreachable_database_is_one_line_and_exit_3(args: list[str]) -> None:
+    out = _cli(*args, "--database-url", NOWHERE)
+    assert out.returncode == EXIT_UNREACHABLE, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith(f"runrelay {args[0]}: cannot connect to the database")
+
+
+@pytest.mark.parametrize("args", [["status"], ["worker", "json:loads"], ["maintain", "--once"]])
+def test_a_database_without_the_schema_is_one_line_and_exit_3(db_url: str, args: list[str]) -> None:
+    out = _cli(*args, "--schema", "not_installed", DATABASE_URL=db_url)
+    assert out.returncode == EXIT_UNREACHABLE, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "runrelay migrate" in lines[0], out.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["status"], "set DATABASE_URL or pass --database-url"),
+        (["worker", "no_such_module:handle", "--database-url", NOWHERE], "cannot load"),
+        (["worker", "json", "--database-url", NOWHERE], "expected module:attribute"),
+        (["relay", "--database-url", NOWHERE], "pass exactly one of"),
+        (["relay", "--jsonl", "a", "--sink", "json:loads", "--database-url", NOWHERE], "exactly"),
+        (["maintain", "--prune-after", "soon", "--database-url", NOWHERE], "not a duration"),
+        (["worker", "json:loads", "--concurrency", "0"], "must be at least 1"),
+    ],
+)
+def test_usage_errors_are_one_line_and_exit_2(args: list[str], message: str) -> None:
+    out = _cli(*args)
+    assert out.returncode == EXIT_USAGE, out.stderr
+    assert message in out.stderr
+    assert "Traceback" not in out.stderr
