@@ -24,9 +24,9 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
+# runrelay demo migrates DATABASE_URL, or starts an embedded PostgreSQL without one.
 demo: $(VENV)/.installed
-	$(if $(DATABASE_URL),,$(PY) -m runrelay._pgcluster exec --flavor embedded --) \
-		bash -c 'alembic upgrade head && runrelay demo $(DEMO_ARGS)'
+	runrelay demo $(DEMO_ARGS)
 
 test: test-pg15 test-pg18
 
