@@ -38,6 +38,7 @@ BEGIN
             ('complete_attempts', 'worker'),
             ('fail_attempt', 'worker'),
             ('suspend_attempt', 'worker'),
+            ('release_attempt', 'worker'),
             ('prepare_waiting_failure', 'worker'),
             ('record_runner_terminal', 'worker'),
             ('claim_detached_terminal', 'worker'),

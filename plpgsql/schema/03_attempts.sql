@@ -4,6 +4,10 @@
 -- phase answered, so that the same call repeated after a lost reply answers
 -- the same (SPEC: "Replays are exact"). call_id remembers the claim call that
 -- opened the attempt, for claim replays.
+--
+-- Ended statuses: completed, failed, lost (a reaped lease), cancelled,
+-- resumed (a wait ended) and released (release_attempt handed the run back).
+-- Only failed and lost attempts count against the run's max_attempts.
 CREATE TABLE attempts (
     run_id text NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
     attempt integer NOT NULL,
@@ -29,14 +33,18 @@ CREATE TABLE attempts (
     CONSTRAINT attempts_status CHECK (
         status IN (
             'running', 'completed', 'failed', 'cancelled', 'waiting', 'lost',
-            'resumed'
+            'resumed', 'released'
         )
     ),
     CONSTRAINT attempts_running_has_lease CHECK (
         status <> 'running' OR lease_expires_at IS NOT NULL
     ),
     CONSTRAINT attempts_finished_iff_ended CHECK (
-        (status IN ('completed', 'failed', 'cancelled', 'lost', 'resumed'))
+        (
+            status IN (
+                'completed', 'failed', 'cancelled', 'lost', 'resumed', 'released'
+            )
+        )
         = (finished_at IS NOT NULL)
     ),
     CONSTRAINT attempts_waiting_has_wait CHECK (

@@ -162,6 +162,12 @@ OPERATIONS: dict[str, Operation] = {
             _enum(t.SuspendOutcome),
             set_returning=False,
         ),
+        Operation(
+            "release_attempt",
+            (*FENCE, ("run_at", "timestamptz"), ("reason", "text")),
+            _enum(t.ReleaseOutcome),
+            set_returning=False,
+        ),
         Operation("prepare_waiting_failure", FENCE, _enum(t.PrepareOutcome), set_returning=False),
         Operation(
             "record_runner_terminal",

@@ -235,6 +235,27 @@ class _Methods(Generic[R]):
         }
         return self._call("suspend_attempt", values, conn)
 
+    def release_attempt(
+        self,
+        run_id: str,
+        attempt: int,
+        lease_token: uuid.UUID,
+        run_at: datetime | None = None,
+        reason: str | None = None,
+        *,
+        conn: Any = None,
+    ) -> R:
+        """Hand a live attempt back without consuming one of max_attempts (a
+        shutdown, a snooze); the run is queued at run_at, or now -> ReleaseOutcome."""
+        values = {
+            "run_id": run_id,
+            "attempt": attempt,
+            "lease_token": lease_token,
+            "run_at": run_at,
+            "reason": reason,
+        }
+        return self._call("release_attempt", values, conn)
+
     def prepare_waiting_failure(
         self, run_id: str, attempt: int, lease_token: uuid.UUID, *, conn: Any = None
     ) -> R:

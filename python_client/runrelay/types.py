@@ -52,6 +52,12 @@ class SuspendOutcome(enum.StrEnum):
     FENCE_LOST = "fence_lost"
 
 
+class ReleaseOutcome(enum.StrEnum):
+    RELEASED = "released"
+    CANCELLED = "cancelled"
+    FENCE_LOST = "fence_lost"
+
+
 class PrepareOutcome(enum.StrEnum):
     PREPARED = "prepared"
     FENCE_LOST = "fence_lost"

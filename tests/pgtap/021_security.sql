@@ -4,7 +4,7 @@
 -- (producer: §3.1, worker: §3.2; relay, admin and PUBLIC: none), and the
 -- grants work end to end under SET ROLE.
 BEGIN;
-SELECT plan(140);
+SELECT plan(149);
 
 CREATE TEMP TABLE api (name text, args text[], grantee text) ON COMMIT DROP;
 INSERT INTO api VALUES
@@ -21,6 +21,7 @@ INSERT INTO api VALUES
     'runrelay_worker'
 ),
 ('suspend_attempt', ARRAY['text', 'integer', 'uuid', 'jsonb', 'jsonb'], 'runrelay_worker'),
+('release_attempt', ARRAY['text', 'integer', 'uuid', 'timestamptz', 'text'], 'runrelay_worker'),
 ('prepare_waiting_failure', ARRAY['text', 'integer', 'uuid'], 'runrelay_worker'),
 ('record_runner_terminal', ARRAY['text', 'integer', 'jsonb'], 'runrelay_worker'),
 ('claim_detached_terminal', ARRAY['text', 'integer', 'uuid'], 'runrelay_worker'),
@@ -35,9 +36,9 @@ SELECT
     format('runrelay.%I(%s)', a.name, array_to_string(a.args, ', '))::regprocedure AS oid
 FROM api AS a;
 
-SELECT is((SELECT count(*) FROM api), 14::bigint, 'the 14 functions of SPEC §3.1 and §3.2');
+SELECT is((SELECT count(*) FROM api), 15::bigint, 'the 15 functions of SPEC §3.1 and §3.2 (with release_attempt)');
 
--- EXECUTE: 14 functions x 4 roles.
+-- EXECUTE: 15 functions x 4 roles.
 SELECT
     function_privs_are(
         'runrelay', a.name, a.args, r.role,

@@ -3,7 +3,7 @@
 -- 25000 otherwise, before changing anything.
 SET default_transaction_isolation = 'repeatable read';
 BEGIN;
-SELECT plan(15);
+SELECT plan(16);
 
 SELECT throws_ok($$SELECT * FROM runrelay.enqueue_run('iso-1')$$, '25000', NULL, 'enqueue_run under REPEATABLE READ');
 SELECT throws_ok($$SELECT runrelay.signal_run('iso-1', 'go')$$, '25000', NULL, 'signal_run under REPEATABLE READ');
@@ -26,6 +26,10 @@ SELECT throws_ok(
 SELECT throws_ok(
     $$SELECT runrelay.suspend_attempt('iso-1', 1, gen_random_uuid(), '{"kind": "event", "name": "go"}')$$, '25000', NULL,
     'suspend_attempt under REPEATABLE READ'
+);
+SELECT throws_ok(
+    $$SELECT runrelay.release_attempt('iso-1', 1, gen_random_uuid())$$, '25000', NULL,
+    'release_attempt under REPEATABLE READ'
 );
 SELECT throws_ok(
     $$SELECT runrelay.prepare_waiting_failure('iso-1', 1, gen_random_uuid())$$, '25000', NULL,

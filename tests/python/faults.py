@@ -780,6 +780,7 @@ EXACT = {
     "complete_attempts",
     "fail_attempt",
     "suspend_attempt",
+    "release_attempt",
     "prepare_waiting_failure",
     "claim_detached_terminal",
     "append_events",
@@ -1152,7 +1153,8 @@ class Checker:
         if fn in ("complete_attempt", "fail_attempt") and result in ("completed", "failed"):
             yield args["run_id"], result
         elif (
-            fn in ("complete_attempt", "fail_attempt", "suspend_attempt") and result == "cancelled"
+            fn in ("complete_attempt", "fail_attempt", "suspend_attempt", "release_attempt")
+            and result == "cancelled"
         ) or (fn == "cancel_run" and result == "cancelled"):
             yield args["run_id"], "cancelled"
         elif fn == "complete_attempts":

@@ -69,6 +69,18 @@ def check_database(conn: psycopg.Connection) -> dict[str, int]:
         """
     ).fetchall()
     assert bad == [], f"live attempt of a run that is not running: {bad}"
+    # The failure budget counts failed and lost attempts only (released and
+    # resumed ones are free): a failed run spent exactly max_attempts of
+    # them, and no run ever spends more.
+    bad = conn.execute(
+        """
+        SELECT r.run_id, r.status, r.max_attempts, f.spent FROM runrelay.runs AS r
+        CROSS JOIN LATERAL (SELECT count(*) AS spent FROM runrelay.attempts AS a
+                            WHERE a.run_id = r.run_id AND a.status IN ('failed', 'lost')) AS f
+        WHERE f.spent > r.max_attempts OR (r.status = 'failed' AND f.spent <> r.max_attempts)
+        """
+    ).fetchall()
+    assert bad == [], f"failure budget not max_attempts failed or lost attempts: {bad}"
     bad = conn.execute(
         """
         SELECT run_id FROM runrelay.ledger

@@ -53,6 +53,7 @@ from runrelay import (
     PrepareOutcome,
     ReapedAttempt,
     ReapOutcome,
+    ReleaseOutcome,
     RenewedLease,
     RunnerTerminal,
     RunnerTerminalOutcome,
@@ -484,6 +485,64 @@ def test_fail_attempt_retries_then_fails(
     row = run_row(db, "r1")
     assert (row["status"], row["error"]) == ("failed", {"e": 2})
     assert events(db, "r1")[-2:] == ["gave.up", "run.failed"]
+
+
+def test_release_attempt_hands_the_run_back_without_spending_an_attempt(
+    drive: Callable[..., None], db: psycopg.Connection
+) -> None:
+    """A release queues the run again and keeps max_attempts whole; a replay
+    answers released again, a wrong token fence_lost, a marker cancelled."""
+    run_at = db_now(db) + timedelta(hours=1)
+
+    async def scenario(api: Api) -> None:
+        await api.enqueue_run("r1", max_attempts=1)
+        (first,) = await api.claim_attempts("w1")
+        released = await api.release_attempt(**first.fence, run_at=run_at, reason="shutdown")
+        assert released is ReleaseOutcome.RELEASED
+        again = await api.release_attempt(**first.fence, run_at=run_at, reason="shutdown")
+        assert again is ReleaseOutcome.RELEASED  # an exact replay
+        assert run_row(db, "r1")["run_at"] == run_at
+        assert await api.claim_attempts("w1") == []  # not due yet
+
+        ahead = await api.connect(options=SHIFTED_CLOCK)
+        (second,) = await api.claim_attempts("w1", conn=ahead)
+        assert second.attempt == 2
+        wrong = await api.release_attempt("r1", 2, uuid.uuid4())
+        assert wrong is ReleaseOutcome.FENCE_LOST
+        # released without run_at: runnable at once, still within the budget
+        assert await api.release_attempt(**second.fence) is ReleaseOutcome.RELEASED
+        (third,) = await api.claim_attempts("w1")
+        final = await api.fail_attempt(**third.fence, error={"e": 1})
+        assert final is FailOutcome.FAILED  # the one allowed failure
+
+        await api.enqueue_run("r2")
+        (claim,) = await api.claim_attempts("w1")
+        # The marker cancel_run leaves when a writer holds the locks.
+        db.execute(
+            "INSERT INTO runrelay.cancellations (run_id, reason, requested_at)"
+            " VALUES ('r2', 'stop', now())"
+        )
+        cancelled = await api.release_attempt(**claim.fence)
+        assert cancelled is ReleaseOutcome.CANCELLED
+        assert run_row(db, "r2")["status"] == "cancelled"
+
+    drive(scenario)
+    assert [attempt_status(db, "r1", n) for n in (1, 2, 3)] == ["released", "released", "failed"]
+    assert events(db, "r1") == [
+        "run.queued",
+        "run.started",
+        "run.retry_scheduled",
+        "run.started",
+        "run.retry_scheduled",
+        "run.started",
+        "run.failed",
+    ]
+    payload = db.execute(
+        "SELECT payload FROM runrelay.ledger WHERE run_id = 'r1' AND type = 'run.retry_scheduled'"
+        " ORDER BY seq LIMIT 1"
+    ).fetchone()
+    assert payload is not None
+    assert payload[0]["released"] is True and payload[0]["reason"] == "shutdown"
 
 
 def test_reap_expired_ends_lost_leases(drive: Callable[..., None], db: psycopg.Connection) -> None:
@@ -1028,6 +1087,7 @@ def round_trip_calls(now: datetime) -> dict[str, tuple[tuple[Any, ...], dict[str
         "complete_attempts": (([{"run_id": "rt", "attempt": 1, "lease_token": TOKEN}],), {}),
         "fail_attempt": ((*fence, {"e": 1}), {}),
         "suspend_attempt": ((*fence, {"kind": "event", "name": "n"}), {}),
+        "release_attempt": (fence, {"reason": "shutdown"}),
         "prepare_waiting_failure": (fence, {}),
         "record_runner_terminal": (("missing", 1, {}), {}),
         "claim_detached_terminal": (fence, {}),

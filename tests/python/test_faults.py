@@ -312,6 +312,12 @@ CASES: dict[str, ReplayCase] = {
         "exact",
         once=_once_event("run.waiting"),
     ),
+    "release_attempt": ReplayCase(
+        lambda db: {**fenced(_claimed(db)), "reason": "shutdown"},
+        lambda r: r == "released",
+        "exact",
+        once=_once_event("run.retry_scheduled"),
+    ),
     "prepare_waiting_failure": ReplayCase(
         lambda db: fenced(_suspended(db, {"kind": "event", "name": "go"})),
         lambda r: r == "prepared",

@@ -253,6 +253,47 @@ def test_migrations_are_reversible_and_idempotent_with_data() -> None:
         drop_database(name)
 
 
+def test_downgrade_to_0004_turns_released_attempts_into_resumed_ones() -> None:
+    """0004 has no released status: a downgrade maps released attempts to
+    resumed (ended without failing), every row stays valid under 0004's
+    CHECKs, 0004's functions keep the run's budget whole, and an upgrade back
+    still answers a replayed release with its recorded outcome."""
+    name = f"rr_release_down_{os.getpid()}"
+    url = create_database(name)
+    try:
+        alembic(url, "upgrade", "head")
+        with psycopg.connect(url, autocommit=True) as c:
+            c.execute("SELECT runrelay.enqueue_run('rel', max_attempts => 2)")
+            claim = c.execute(
+                "SELECT attempt, lease_token FROM runrelay.claim_attempts('w')"
+            ).fetchone()
+            assert claim is not None
+            release = "SELECT runrelay.release_attempt('rel', %s, %s, reason => 'deploy')"
+            assert c.execute(release, claim).fetchone() == ("released",)
+        alembic(url, "downgrade", "0004")
+        with psycopg.connect(url, autocommit=True) as c:
+            assert c.execute("SELECT runrelay.get_schema_version()").fetchone() == ("0004",)
+            rows = c.execute(
+                "SELECT a.status, a.finished_at IS NOT NULL, r.status FROM runrelay.attempts AS a"
+                " JOIN runrelay.runs AS r USING (run_id) WHERE a.run_id = 'rel'"
+            ).fetchall()
+            assert rows == [("resumed", True, "queued")]
+            with pytest.raises(errors.CheckViolation):
+                c.execute("UPDATE runrelay.attempts SET status = 'released' WHERE run_id = 'rel'")
+            second = c.execute(
+                "SELECT attempt, lease_token FROM runrelay.claim_attempts('w')"
+            ).fetchone()
+            assert second is not None and second[0] == 2
+            fail = "SELECT runrelay.fail_attempt('rel', %s, %s, '{}', retry_at => now())"
+            # The released attempt cost nothing: one failure of two allowed.
+            assert c.execute(fail, second).fetchone() == ("retry_scheduled",)
+        alembic(url, "upgrade", "head")
+        with psycopg.connect(url, autocommit=True) as c:
+            assert c.execute(release, claim).fetchone() == ("released",)
+    finally:
+        drop_database(name)
+
+
 def test_two_installs_share_one_database() -> None:
     name = f"rr_two_{os.getpid()}"
     url = create_database(name)

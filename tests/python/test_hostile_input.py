@@ -91,6 +91,7 @@ def base_calls(w: World) -> dict[str, dict[str, Any]]:
             "wait": {"kind": "sleep", "until": "2100-01-01T00:00:00Z"},
             "final_events": [],
         },
+        "release_attempt": {**fence, "run_at": "2020-01-01T00:00:00Z", "reason": "r"},
         "prepare_waiting_failure": fence,
         "record_runner_terminal": {"run_id": "absent", "attempt": 1, "result": {}},
         "claim_detached_terminal": fence,
@@ -143,6 +144,8 @@ NULLABLE = {
     ("claim_attempts", "call_id"),
     ("heartbeat", "lease_seconds"),
     ("fail_attempt", "retry_at"),
+    ("release_attempt", "run_at"),
+    ("release_attempt", "reason"),
     ("claim_ledger", "run_id"),
     ("claim_ledger", "lease_seconds"),
     ("claim_ledger", "expected_head"),
@@ -168,6 +171,7 @@ IDENTIFIERS = [
     ("complete_attempt", "run_id"),
     ("fail_attempt", "run_id"),
     ("suspend_attempt", "run_id"),
+    ("release_attempt", "run_id"),
     ("prepare_waiting_failure", "run_id"),
     ("record_runner_terminal", "run_id"),
     ("claim_detached_terminal", "run_id"),
@@ -294,6 +298,19 @@ def test_free_text_reason_is_bounded_not_blank_checked(db: psycopg.Connection) -
     assert_rejected(
         db, lambda: call(db, "cancel_run", run_id="r", reason="é" * 2001), "22023", "reason"
     )
+    enqueue(db, "held", queue="hq")
+    fence = fenced(claim_one(db, queues=["hq"]))
+    for value in [*WHITESPACE, "é" * 2000]:
+        db.execute("BEGIN")
+        try:
+            assert call(db, "release_attempt", **fence, reason=value)[0]["release_attempt"] == (
+                "released"
+            )
+        finally:
+            db.execute("ROLLBACK")
+    assert_rejected(
+        db, lambda: call(db, "release_attempt", **fence, reason="é" * 2001), "22023", "reason"
+    )
 
 
 def test_identifiers_nested_in_json_are_checked_alike(db: psycopg.Connection, world: World) -> None:
@@ -367,6 +384,7 @@ INT_LIMITS = [
     ("complete_attempt", "attempt", 1, 2**31 - 1),
     ("fail_attempt", "attempt", 1, 2**31 - 1),
     ("suspend_attempt", "attempt", 1, 2**31 - 1),
+    ("release_attempt", "attempt", 1, 2**31 - 1),
     ("prepare_waiting_failure", "attempt", 1, 2**31 - 1),
     ("record_runner_terminal", "attempt", 1, 2**31 - 1),
     ("claim_detached_terminal", "attempt", 1, 2**31 - 1),
@@ -456,6 +474,7 @@ def test_lease_seconds_are_clamped_everywhere(db: psycopg.Connection) -> None:
 TIMESTAMPS = [
     ("enqueue_run", "run_at"),
     ("fail_attempt", "retry_at"),
+    ("release_attempt", "run_at"),
     ("fail_ledger", "retry_at"),
     ("prune", "delivered_before"),
 ]
@@ -755,6 +774,7 @@ FENCED_CALLS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "complete_attempt": lambda f: {**f, "result": {"stolen": True}},
     "fail_attempt": lambda f: {**f, "error": {"stolen": True}},
     "suspend_attempt": lambda f: {**f, "wait": {"kind": "sleep", "until": "2100-01-01T00:00:00Z"}},
+    "release_attempt": lambda f: {**f, "reason": "stolen"},
     "complete_attempts": lambda f: {
         "items": [
             {"run_id": f["run_id"], "attempt": f["attempt"], "lease_token": str(f["lease_token"])}

@@ -18,6 +18,7 @@ import os
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -276,6 +277,28 @@ class SchedulerMachine(RuleBasedStateMachine):
             expected = self._fail(self.runs[a.run_id], a, "failed", "fail", retry_now=True)
         assert outcome == expected
 
+    @rule(a=consumes(attempts), later=st.booleans())
+    def release(self, a: MAttempt, later: bool) -> None:
+        """Hand the attempt back: the run is queued again (now, or from the
+        next clock step) and the attempt costs nothing of max_attempts."""
+        expected = self._expected_write(a, "release")
+        run_at = None
+        if later:  # halfway to the next step of the database clock
+            run_at = datetime.now(UTC) + timedelta(seconds=self.step * 1000 + 500)
+        outcome = scalar(self.db, "release_attempt", **self._fence(a), run_at=run_at)
+        run = self.runs[a.run_id]
+        if expected is None and run.status != "running":
+            expected = "fence_lost"
+        if expected is None:
+            expected = "released"
+            a.status, a.outcome = "released", ("release", "released")
+            run.status = "queued"
+            run.due_step = self.step + 1 if later else self.step
+            self._emit(run, "run.retry_scheduled")
+            COVERAGE["released"] += 1
+        assert outcome == expected
+        assert scalar(self.db, "release_attempt", **self._fence(a)) == expected  # a replay
+
     @rule(a=attempts, name=st.sampled_from(NAMES))
     def suspend(self, a: MAttempt, name: str) -> None:
         expected = self._expected_write(a, "suspend")
@@ -467,5 +490,6 @@ def test_scheduler_matches_the_reference_model(db: psycopg.Connection) -> None:
         "replay_rolled_back",
         "takeover_after_reap",
         "ledger_blocked",
+        "released",
     ):
         assert COVERAGE[counter] > 0, (counter, sorted(COVERAGE.items()))

@@ -89,7 +89,7 @@ def test_random_concurrent_operations_never_deadlock(
                 elif op == "write" and mine:
                     c = mine.pop(rng.randrange(len(mine)))
                     f = {k: c[k] for k in ("run_id", "attempt", "lease_token")}
-                    what = rng.choice(["hb", "complete", "fail", "suspend", "batch"])
+                    what = rng.choice(["hb", "complete", "fail", "suspend", "batch", "release"])
                     if what == "hb":
                         call(conn, "heartbeat", **f)
                         mine.append(c)
@@ -103,6 +103,9 @@ def test_random_concurrent_operations_never_deadlock(
                             error={"n": n},
                             retry_at="2000-01-01T00:00:00Z",
                         )
+                    elif what == "release":
+                        run_at = rng.choice([None, "2000-01-01T00:00:00Z"])
+                        call(conn, "release_attempt", **f, run_at=run_at, reason="random")
                     elif what == "suspend":
                         out = call(conn, "suspend_attempt", **f, wait=rng.choice(WAITS))
                         if out and next(iter(out[0].values())) == "waiting":

@@ -38,6 +38,12 @@ def _ledger_count(db: psycopg.Connection) -> int:
             "waiting",
         ),
         ("suspend_attempt", {"wait": {"kind": "event", "name": "go"}}, "waiting"),
+        ("release_attempt", {}, "released"),
+        (
+            "release_attempt",
+            {"run_at": "2999-01-01T00:00:00Z", "reason": "shutdown"},
+            "released",
+        ),
     ],
 )
 def test_fenced_write_replay_returns_recorded_outcome(
@@ -120,6 +126,7 @@ def test_wrong_token_is_fence_lost_and_changes_nothing(db: psycopg.Connection) -
         scalar(db, "suspend_attempt", **forged, wait={"kind": "event", "name": "x"}) == "fence_lost"
     )
     assert call(db, "heartbeat", **forged)[0]["outcome"] == "fence_lost"
+    assert scalar(db, "release_attempt", **forged) == "fence_lost"
     assert scalar(db, "prepare_waiting_failure", **forged) == "not_applicable"
     assert table_checksum(db) == before
     # After cancellation a foreign token still learns nothing (no oracle).

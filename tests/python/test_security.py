@@ -42,6 +42,7 @@ GRANTS: dict[str, frozenset[str]] = {
             "complete_attempts",
             "fail_attempt",
             "suspend_attempt",
+            "release_attempt",
             "prepare_waiting_failure",
             "record_runner_terminal",
             "claim_detached_terminal",
@@ -112,6 +113,7 @@ def _allowed_calls() -> dict[str, tuple[dict[str, Any], Callable[[list[tuple[Any
             {**fenced, "wait": {"kind": "sleep", "until": "2100-01-01T00:00:00Z"}},
             first_is("fence_lost"),
         ),
+        "release_attempt": (fenced, first_is("fence_lost")),
         "prepare_waiting_failure": (fenced, first_is("not_applicable")),
         "record_runner_terminal": (
             {"run_id": "sec-absent", "attempt": 1, "result": {}},
