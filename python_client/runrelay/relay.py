@@ -119,9 +119,20 @@ class Relay:
                 self._deliver(lane, claimed)
             except Exception as exc:
                 permanent = isinstance(exc, DeliveryError) and exc.permanent
-                error = {"type": type(exc).__name__, "message": str(exc)[:2000]}
+                # The consumer's Retry-After, if it sent one; None = server backoff.
+                retry_at = exc.retry_at if isinstance(exc, DeliveryError) else None
+                error: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc)[:2000]}
+                if isinstance(exc, DeliveryError) and exc.status is not None:
+                    error["status"] = exc.status
                 failures = self._retrying(
-                    partial(self.client.fail_ledger, self.name, ids, error, permanent=permanent)
+                    partial(
+                        self.client.fail_ledger,
+                        self.name,
+                        ids,
+                        error,
+                        retry_at=retry_at,
+                        permanent=permanent,
+                    )
                 )
                 self._count("blocked" if permanent else "delivery_failures", len(failures))
                 return delivered

@@ -1,34 +1,88 @@
 """Where a Relay delivers: any callable `sink(lane, events)`.
 
-A sink returns normally when the consumer accepted the whole batch; it raises
-DeliveryError(permanent=True) when retrying cannot help (the lane is then
-blocked until an operator requeues the event), and any other exception for a
-transient failure (retried with backoff). Built in: WebhookSink (HTTP POST)
-and JsonLinesSink (append to a file).
+A sink returns normally only when the consumer has durably accepted the whole
+batch: the relay then acknowledges the events and never offers them again. It
+raises DeliveryError(permanent=True) when retrying cannot help (the lane is
+then blocked until an operator requeues the event), and any other exception
+for a transient failure (retried with backoff; DeliveryError.retry_at, when
+set, is the moment the consumer asked to be retried at). Built in:
+WebhookSink (HTTP POST, optionally signed in the Standard Webhooks format) and
+JsonLinesSink (append to a file, fsynced).
+
+verify_signature() is the consumer's half of the signing: it checks the
+`webhook-*` headers of a request against its raw body.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import contextlib
+import hashlib
+import hmac
 import json
+import math
+import os
 import threading
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
+from datetime import UTC, datetime, timedelta
+from email.utils import parsedate_to_datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+
+import httpx
 
 from .types import LedgerEvent
 
 Sink = Callable[[str, Sequence[LedgerEvent]], None]
 
+# 4xx replies that mean "not now" rather than "never": 408 Request Timeout,
+# 409 Conflict (a consumer still processing an earlier attempt of the same
+# Idempotency-Key answers it), 425 Too Early, 429 Too Many Requests. Every
+# other 4xx says the request itself is unacceptable, so repeating it is futile.
+TRANSIENT_4XX = frozenset({408, 409, 425, 429})
+# Replies whose Retry-After header sets the next attempt (RFC 9110 §10.2.3).
+RETRY_AFTER_STATUSES = frozenset({429, 503})
+RETRY_AFTER_MIN = timedelta(seconds=1)
+RETRY_AFTER_MAX = timedelta(days=1)
+# Headers the sink computes itself; a caller-supplied one would be overwritten
+# or would contradict the signature, so it is refused up front.
+_RESERVED_HEADERS = frozenset(
+    {"idempotency-key", "webhook-id", "webhook-timestamp", "webhook-signature", "content-length"}
+)
+_SECRET_PREFIX = "whsec_"
+_APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+_ERROR_BODY_CHARS = 200
+
 
 class DeliveryError(Exception):
-    """A delivery failed; `permanent` says whether retrying can help."""
+    """A delivery failed.
 
-    def __init__(self, message: str, *, permanent: bool = False, status: int | None = None):
+    `permanent` says retrying cannot help (the relay blocks the lane);
+    `status` is the HTTP status when there was a reply; `retry_at` (UTC) is
+    when the consumer asked to be retried (Retry-After), None for the relay's
+    own backoff.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        permanent: bool = False,
+        status: int | None = None,
+        retry_at: datetime | None = None,
+    ):
         super().__init__(message)
         self.permanent = permanent
         self.status = status
+        self.retry_at = retry_at
+
+
+class SignatureError(ValueError):
+    """A webhook request failed signature verification (or could not be
+    verified: a header is missing or malformed, the timestamp is outside the
+    tolerance). The message says which."""
 
 
 def event_json(event: LedgerEvent) -> dict[str, Any]:
@@ -51,6 +105,129 @@ def batch_json(lane: str, events: Sequence[LedgerEvent]) -> dict[str, Any]:
     }
 
 
+def batch_key(events: Sequence[LedgerEvent]) -> str:
+    """ "<first delivery_key>..<last delivery_key>": the same on every
+    redelivery, because a batch is frozen at its first claim."""
+    return f"{events[0].delivery_key}..{events[-1].delivery_key}"
+
+
+# -- signing ----------------------------------------------------------------
+def signing_key(secret: str | bytes) -> bytes:
+    """The HMAC key of a secret: `whsec_<base64>` is decoded (the Standard
+    Webhooks form); any other str is used as its UTF-8 bytes, bytes as they are."""
+    if isinstance(secret, bytes):
+        key = secret
+    elif isinstance(secret, str):
+        if secret.startswith(_SECRET_PREFIX):
+            encoded = secret[len(_SECRET_PREFIX) :]
+            try:
+                key = base64.b64decode(encoded + "=" * (-len(encoded) % 4), validate=True)
+            except binascii.Error as err:
+                raise ValueError(
+                    f"secret: {_SECRET_PREFIX}… must be followed by base64 ({err})"
+                ) from None
+        else:
+            key = secret.encode("utf-8")
+    else:
+        raise TypeError(f"secret must be str or bytes, not {type(secret).__name__}")
+    if not key:
+        raise ValueError("secret must not be empty")
+    return key
+
+
+def sign(key: bytes, webhook_id: str, timestamp: int, body: bytes) -> str:
+    """`v1,<base64 HMAC-SHA256 of "{id}.{timestamp}.{body}">`."""
+    signed = f"{webhook_id}.{timestamp}.".encode() + body
+    digest = hmac.new(key, signed, hashlib.sha256).digest()
+    return "v1," + base64.b64encode(digest).decode("ascii")
+
+
+class _Headers(Protocol):
+    def items(self) -> Iterable[tuple[str, Any]]: ...
+
+
+def verify_signature(
+    secret: str | bytes,
+    headers: _Headers,
+    body: bytes | str,
+    tolerance: float = 300,
+) -> bool:
+    """Check a signed webhook request: returns True, or raises SignatureError.
+
+    `headers` is any mapping-like object with items() (a dict, an
+    http.server/email Message, httpx/Starlette/Werkzeug headers); names are
+    matched case-insensitively. `body` is the raw request body exactly as
+    received — re-serialised JSON will not match. The request is accepted
+    when `webhook-timestamp` is within `tolerance` seconds of this machine's
+    clock (either way) and any `v1,` entry of the space-separated
+    `webhook-signature` matches. It fails closed: every rejection raises, so a
+    forgotten check of the return value cannot let a forgery through. Dedupe
+    on `webhook-id` (the batch key) and the events' delivery keys: a batch can
+    be delivered more than once.
+    """
+    key = signing_key(secret)
+    if isinstance(tolerance, bool) or not isinstance(tolerance, int | float):
+        raise TypeError("tolerance must be a number of seconds")
+    if not math.isfinite(tolerance) or tolerance < 0:
+        raise ValueError("tolerance must be a finite number of seconds >= 0")
+    raw = body.encode("utf-8") if isinstance(body, str) else body
+    if not isinstance(raw, bytes | bytearray):
+        raise TypeError(f"body must be bytes or str, not {type(body).__name__}")
+    found = {str(name).lower(): str(value) for name, value in headers.items()}
+    missing = [
+        h for h in ("webhook-id", "webhook-timestamp", "webhook-signature") if not found.get(h)
+    ]
+    if missing:
+        raise SignatureError(f"missing header(s): {', '.join(missing)}")
+    stamp = found["webhook-timestamp"].strip()
+    if not stamp.isascii() or not stamp.isdigit():
+        raise SignatureError(f"webhook-timestamp is not unix seconds: {stamp[:40]!r}")
+    skew = time.time() - int(stamp)
+    if abs(skew) > tolerance:
+        when = "old" if skew > 0 else "far in the future"
+        raise SignatureError(
+            f"webhook-timestamp {stamp} is {abs(skew):.0f}s {when} (tolerance {tolerance:g}s):"
+            " a replayed request, or a clock out of sync"
+        )
+    expected = sign(key, found["webhook-id"], int(stamp), bytes(raw)).encode("ascii")
+    for candidate in found["webhook-signature"].split():
+        if candidate.startswith("v1,") and hmac.compare_digest(candidate.encode(), expected):
+            return True
+    raise SignatureError("no webhook-signature entry matches the body (wrong secret or tampered)")
+
+
+# -- Retry-After -----------------------------------------------------------
+def retry_after(value: str | None, now: datetime | None = None) -> datetime | None:
+    """The moment a Retry-After value names, as UTC, clamped to
+    [now + 1 s, now + 1 day]. Both forms: delta-seconds ("120") and HTTP-date
+    ("Wed, 21 Oct 2015 07:28:00 GMT"). None when absent or unparseable (the
+    relay then uses the server's backoff)."""
+    if value is None:
+        return None
+    now = now or datetime.now(UTC)
+    text = value.strip()
+    if text.isascii() and text.isdigit():
+        at = now + timedelta(seconds=min(int(text), RETRY_AFTER_MAX.total_seconds()))
+    else:
+        try:
+            at = parsedate_to_datetime(text)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if at.tzinfo is None:  # "-0000" zone: RFC 5322 says UTC with no local offset known
+            at = at.replace(tzinfo=UTC)
+        at = at.astimezone(UTC)
+    return min(max(at, now + RETRY_AFTER_MIN), now + RETRY_AFTER_MAX)
+
+
+# -- sinks ------------------------------------------------------------------
+def _seconds(name: str, value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number of seconds > 0, not {value!r}")
+    return float(value)
+
+
 class WebhookSink:
     """POST each batch as JSON to `url`.
 
@@ -58,45 +235,199 @@ class WebhookSink:
     delivery_key, created_at}, ...]}. Each event carries its delivery key for
     per-event deduplication; the batch's `Idempotency-Key` header is
     "<first key>..<last key>", stable across redeliveries because batches are
-    frozen. 2xx: delivered. 4xx other than 408 and 429: permanent failure.
-    Anything else, timeouts and connection errors: transient.
+    frozen.
+
+    Delivered only on a 2xx whose response was read to its end. Redirects are
+    never followed (a client following a 302/303 would re-send a POST as a
+    body-less GET and report success): any 3xx is a transient failure. 4xx
+    other than 408, 409, 425 and 429: permanent. 5xx, other statuses,
+    timeouts, refused/reset/closed connections: transient. On 429 and 503 a
+    Retry-After header becomes DeliveryError.retry_at.
+
+    With `secret`, each request is signed the Standard Webhooks way
+    (`webhook-id` = the batch key, `webhook-timestamp`, `webhook-signature`);
+    consumers check it with verify_signature(). One pooled, thread-safe
+    httpx.Client per sink keeps connections alive between batches; close() it
+    (or use the sink as a context manager) when done.
+
+    `connect_timeout` bounds opening a connection, `read_timeout` each wait
+    for the server (sending the body, or the next bytes of the reply). The
+    older `timeout=` sets both.
     """
 
     def __init__(
-        self, url: str, *, timeout: float = 10.0, headers: dict[str, str] | None = None
+        self,
+        url: str,
+        *,
+        connect_timeout: float = 5.0,
+        read_timeout: float = 30.0,
+        headers: dict[str, str] | None = None,
+        secret: str | bytes | None = None,
+        timeout: float | None = None,
     ) -> None:
+        if not isinstance(url, str):
+            raise TypeError(f"url must be a str, not {type(url).__name__}")
+        try:
+            parsed = httpx.URL(url)
+        except (httpx.InvalidURL, ValueError) as err:
+            raise ValueError(f"url {url!r} is not a valid URL: {err}") from None
+        if parsed.scheme not in ("http", "https") or not parsed.host:
+            raise ValueError(f"url must be an http:// or https:// URL with a host, not {url!r}")
+        if timeout is not None:
+            if (connect_timeout, read_timeout) != (5.0, 30.0):
+                raise ValueError("pass timeout= or connect_timeout=/read_timeout=, not both")
+            connect_timeout = read_timeout = timeout
+        self.connect_timeout = _seconds("connect_timeout", connect_timeout)
+        self.read_timeout = _seconds("read_timeout", read_timeout)
+        extra = dict(headers or {})
+        for name, value in extra.items():
+            if not isinstance(name, str) or not isinstance(value, str):
+                raise TypeError("headers must map str to str")
+            if name.lower() in _RESERVED_HEADERS:
+                raise ValueError(f"headers: {name!r} is set by the sink itself")
+        self._key = None if secret is None else signing_key(secret)
         self.url = url
-        self.timeout = timeout
-        self.headers = {"Content-Type": "application/json", **(headers or {})}
+        self.headers = {"Content-Type": "application/json", **extra}
+        self._client: httpx.Client | None = None
+        self._lock = threading.Lock()
+
+    # The client is built on first use, so constructing a sink does no I/O
+    # (building an SSL context reads the CA bundle).
+    def _http(self) -> httpx.Client:
+        with self._lock:
+            if self._client is None:
+                self._client = httpx.Client(
+                    follow_redirects=False,
+                    timeout=httpx.Timeout(
+                        connect=self.connect_timeout,
+                        read=self.read_timeout,
+                        write=self.read_timeout,
+                        pool=self.connect_timeout,
+                    ),
+                )
+            return self._client
+
+    def close(self) -> None:
+        """Close the pooled connections; a later delivery opens new ones."""
+        with self._lock:
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+    def __enter__(self) -> WebhookSink:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def __call__(self, lane: str, events: Sequence[LedgerEvent]) -> None:
         if not events:
             return
         body = json.dumps(batch_json(lane, events)).encode()
+        key = batch_key(events)
         headers = dict(self.headers)
-        headers["Idempotency-Key"] = f"{events[0].delivery_key}..{events[-1].delivery_key}"
-        request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
+        headers["Idempotency-Key"] = key
+        if self._key is not None:
+            # The timestamp is per attempt and the id per batch, as the
+            # Standard Webhooks spec has it: a redelivery is re-signed.
+            stamp = int(time.time())
+            headers["webhook-id"] = key
+            headers["webhook-timestamp"] = str(stamp)
+            headers["webhook-signature"] = sign(self._key, key, stamp, body)
+        where = f"POST {self.url}"
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                response.read()
-        except urllib.error.HTTPError as err:
-            permanent = 400 <= err.code < 500 and err.code not in (408, 429)
+            with self._http().stream("POST", self.url, content=body, headers=headers) as reply:
+                head = b""
+                for chunk in reply.iter_raw():  # to the end: a cut-off reply is no receipt
+                    if len(head) < _ERROR_BODY_CHARS:
+                        head += chunk[: _ERROR_BODY_CHARS - len(head)]
+        except httpx.TimeoutException as err:
+            raise DeliveryError(f"{where}: timed out ({type(err).__name__}: {err})") from err
+        except httpx.TransportError as err:
+            # Refused, reset, closed before or in the middle of the reply:
+            # the consumer may or may not have the batch; redeliver.
+            raise DeliveryError(f"{where}: {type(err).__name__}: {err}") from err
+        status = reply.status_code
+        if 200 <= status < 300:
+            return
+        answer = f"{where} answered {status} {reply.reason_phrase}".rstrip()
+        if 300 <= status < 400:
+            location = reply.headers.get("Location", "(no Location header)")
             raise DeliveryError(
-                f"{self.url} answered {err.code}", permanent=permanent, status=err.code
-            ) from err
-        except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as err:
-            raise DeliveryError(f"{self.url} unreachable: {err}") from err
+                f"{answer}: redirects are not followed (Location: {location});"
+                " the events were not delivered — point the sink at the final URL",
+                status=status,
+            )
+        retry_at = (
+            retry_after(reply.headers.get("Retry-After"))
+            if status in RETRY_AFTER_STATUSES
+            else None
+        )
+        detail = head.decode("utf-8", "replace").strip()
+        raise DeliveryError(
+            f"{answer}{': ' + detail if detail else ''}",
+            permanent=400 <= status < 500 and status not in TRANSIENT_4XX,
+            status=status,
+            retry_at=retry_at,
+        )
 
 
 class JsonLinesSink:
-    """Append each event as one JSON line (with its lane) to a file."""
+    """Append each event as one JSON line (with its lane) to a file.
+
+    A batch is written with one write, flushed and fsynced before the call
+    returns, so an acknowledged event survives a crash of this machine. A
+    failed write is cut back off the file, so a retry does not leave a torn
+    line behind. The file's directory must exist.
+    """
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        if not self.path.parent.is_dir():
+            raise FileNotFoundError(
+                f"JsonLinesSink: directory {str(self.path.parent)!r} does not exist"
+                f" (for {str(self.path)!r}); create it first"
+            )
         self._lock = threading.Lock()
 
     def __call__(self, lane: str, events: Sequence[LedgerEvent]) -> None:
-        lines = "".join(json.dumps({"lane": lane, **event_json(e)}) + "\n" for e in events)
-        with self._lock, open(self.path, "a", encoding="utf-8") as fh:
-            fh.write(lines)
-            fh.flush()
+        if not events:
+            return
+        text = "".join(json.dumps({"lane": lane, **event_json(e)}) + "\n" for e in events)
+        data = text.encode("utf-8")
+        where = f"JsonLinesSink {str(self.path)!r}"
+        with self._lock:
+            created = not self.path.exists()
+            try:
+                fd = os.open(
+                    self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666
+                )
+            except FileNotFoundError as err:
+                raise DeliveryError(
+                    f"{where}: directory {str(self.path.parent)!r} does not exist"
+                ) from err
+            except OSError as err:
+                raise DeliveryError(f"{where}: cannot open: {err}") from err
+            try:
+                start = os.lseek(fd, 0, os.SEEK_END)
+                try:
+                    view = memoryview(data)
+                    while view:
+                        view = view[os.write(fd, view) :]
+                    os.fsync(fd)
+                except OSError as err:
+                    with contextlib.suppress(OSError):
+                        os.ftruncate(fd, start)
+                    raise DeliveryError(f"{where}: write failed: {err}") from err
+            finally:
+                os.close(fd)
+            if created:  # the new directory entry must survive a crash too
+                _fsync_dir(self.path.parent)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
