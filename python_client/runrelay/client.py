@@ -7,26 +7,54 @@ caller's transaction if one is open, which is how a producer enqueues a run
 or appends events atomically with its own writes.
 
 The method bodies live once, in `_Methods`; the two classes differ only in
-how a statement is executed.
+how a statement is executed. Each body returns a `_Call[T]` naming its SQL
+function, and the `_operation` descriptor turns it into a method that returns
+``T`` on a `Client` and a coroutine of ``T`` on an `AsyncClient` — so a type
+checker sees ``client.enqueue_run(...)`` as an `EnqueueResult` and
+``await aclient.enqueue_run(...)`` likewise.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, contextmanager
 from datetime import datetime
-from typing import Any, Generic, TypeVar
+from types import MethodType
+from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar, overload
 
 import psycopg
 from psycopg.rows import dict_row
 
 from . import _core
 from .errors import translate
+from .types import (
+    AppendedEvent,
+    CancelOutcome,
+    ClaimedAttempt,
+    CompletedItem,
+    CompleteOutcome,
+    EnqueueResult,
+    FailOutcome,
+    HeartbeatResult,
+    LedgerEvent,
+    LedgerFailure,
+    PrepareOutcome,
+    ReapedAttempt,
+    ReleaseOutcome,
+    RenewedLease,
+    RunnerTerminal,
+    RunnerTerminalOutcome,
+    SignalOutcome,
+    SuspendOutcome,
+)
 
-R = TypeVar("R")
+P = ParamSpec("P")
+T = TypeVar("T")
 Rows = list[dict[str, Any]]
 
 # psycopg prepares a statement after this many executions on a connection.
@@ -75,14 +103,72 @@ def _autocommit(conn: psycopg.Connection[Any]) -> Iterator[None]:
         conn.autocommit = False
 
 
-class _Methods(Generic[R]):
-    """Every API method, written once. `_call` returns the result (sync) or an
-    awaitable of it (async)."""
+class _Call(Generic[T]):
+    """What one API method asks for: a SQL function of `_core.OPERATIONS`, its
+    argument values and the caller's connection (or None). ``T`` is the type
+    that function's `read` makes of its rows; the method body declares it."""
 
-    def _call(self, function: str, values: dict[str, Any], conn: Any) -> R:
+    __slots__ = ("conn", "function", "values")
+
+    def __init__(self, function: str, values: dict[str, Any], conn: Any) -> None:
+        self.function = function
+        self.values = values
+        self.conn = conn
+
+
+class _operation(Generic[P, T]):
+    """Makes a `_Methods` body returning `_Call[T]` an API method.
+
+    Read on a `Client`, it is a method with the body's parameters returning
+    ``T``; on an `AsyncClient`, one returning a coroutine of ``T``; on either
+    class, this descriptor, which can also be called with the client first.
+    Both run the body, then the client's `_call` hook."""
+
+    def __init__(self, body: Callable[Concatenate[_Methods, P], _Call[T]]) -> None:
+        self._body = body
+        functools.update_wrapper(self, body)
+        # help() and inspect.signature show what the method returns, not the
+        # _Call[...] the body hands to the client.
+        signature = inspect.signature(body)
+        result = signature.return_annotation
+        if isinstance(result, str) and result.startswith("_Call[") and result.endswith("]"):
+            signature = signature.replace(return_annotation=result[len("_Call[") : -1])
+        self.__signature__ = signature
+
+    @overload
+    def __get__(self, instance: None, owner: type[Any] | None = None) -> Self: ...
+    @overload
+    def __get__(self, instance: Client, owner: type[Any] | None = None) -> Callable[P, T]: ...
+    @overload
+    def __get__(
+        self, instance: AsyncClient, owner: type[Any] | None = None
+    ) -> Callable[P, Coroutine[Any, Any, T]]: ...
+    def __get__(self, instance: _Methods | None, owner: type[Any] | None = None) -> Any:
+        if instance is None:
+            return self
+        return MethodType(self, instance)
+
+    @overload
+    def __call__(self, client: Client, /, *args: P.args, **kwargs: P.kwargs) -> T: ...
+    @overload
+    def __call__(
+        self, client: AsyncClient, /, *args: P.args, **kwargs: P.kwargs
+    ) -> Coroutine[Any, Any, T]: ...
+    def __call__(self, client: _Methods, /, *args: P.args, **kwargs: P.kwargs) -> Any:
+        call = self._body(client, *args, **kwargs)
+        return client._call(call.function, call.values, call.conn)
+
+
+class _Methods:
+    """Every API method, written once: a body returning `_Call[result type]`
+    under `@_operation`. `_call` runs a call and returns its result (Client)
+    or a coroutine of it (AsyncClient)."""
+
+    def _call(self, function: str, values: dict[str, Any], conn: Any) -> Any:
         raise NotImplementedError
 
     # §3.1 producers --------------------------------------------------------
+    @_operation
     def enqueue_run(
         self,
         run_id: str,
@@ -95,9 +181,9 @@ class _Methods(Generic[R]):
         concurrency_key: str | None = None,
         *,
         conn: Any = None,
-    ) -> R:
+    ) -> _Call[EnqueueResult]:
         """Create a run (or return the identical existing one) -> EnqueueResult."""
-        return self._call(
+        return _Call(
             "enqueue_run",
             {
                 "run_id": run_id,
@@ -112,20 +198,30 @@ class _Methods(Generic[R]):
             conn,
         )
 
-    def append_events(self, run_id: str, events: Sequence[Any], *, conn: Any = None) -> R:
+    @_operation
+    def append_events(
+        self, run_id: str, events: Sequence[Any], *, conn: Any = None
+    ) -> _Call[list[AppendedEvent]]:
         """Append events to a run's ledger -> list[AppendedEvent]."""
-        return self._call("append_events", {"run_id": run_id, "events": list(events)}, conn)
+        return _Call("append_events", {"run_id": run_id, "events": list(events)}, conn)
 
-    def signal_run(self, run_id: str, name: str, payload: Any = None, *, conn: Any = None) -> R:
+    @_operation
+    def signal_run(
+        self, run_id: str, name: str, payload: Any = None, *, conn: Any = None
+    ) -> _Call[SignalOutcome]:
         """Send a named event to a run -> SignalOutcome."""
         values = {"run_id": run_id, "name": name, "payload": {} if payload is None else payload}
-        return self._call("signal_run", values, conn)
+        return _Call("signal_run", values, conn)
 
-    def cancel_run(self, run_id: str, reason: str | None = None, *, conn: Any = None) -> R:
+    @_operation
+    def cancel_run(
+        self, run_id: str, reason: str | None = None, *, conn: Any = None
+    ) -> _Call[CancelOutcome]:
         """Cancel a run without waiting for its locks -> CancelOutcome."""
-        return self._call("cancel_run", {"run_id": run_id, "reason": reason}, conn)
+        return _Call("cancel_run", {"run_id": run_id, "reason": reason}, conn)
 
     # §3.2 workers ----------------------------------------------------------
+    @_operation
     def claim_attempts(
         self,
         worker: str,
@@ -135,7 +231,7 @@ class _Methods(Generic[R]):
         call_id: uuid.UUID | None = None,
         *,
         conn: Any = None,
-    ) -> R:
+    ) -> _Call[list[ClaimedAttempt]]:
         """Claim runnable runs -> list[ClaimedAttempt]."""
         values = {
             "worker": worker,
@@ -144,8 +240,9 @@ class _Methods(Generic[R]):
             "lease_seconds": lease_seconds,
             "call_id": call_id,
         }
-        return self._call("claim_attempts", values, conn)
+        return _Call("claim_attempts", values, conn)
 
+    @_operation
     def heartbeat(
         self,
         run_id: str,
@@ -154,7 +251,7 @@ class _Methods(Generic[R]):
         lease_seconds: int = 30,
         *,
         conn: Any = None,
-    ) -> R:
+    ) -> _Call[HeartbeatResult]:
         """Extend a lease -> HeartbeatResult."""
         values = {
             "run_id": run_id,
@@ -162,8 +259,9 @@ class _Methods(Generic[R]):
             "lease_token": lease_token,
             "lease_seconds": lease_seconds,
         }
-        return self._call("heartbeat", values, conn)
+        return _Call("heartbeat", values, conn)
 
+    @_operation
     def complete_attempt(
         self,
         run_id: str,
@@ -173,7 +271,7 @@ class _Methods(Generic[R]):
         final_events: Sequence[Any] = (),
         *,
         conn: Any = None,
-    ) -> R:
+    ) -> _Call[CompleteOutcome]:
         """Complete a run from its live attempt -> CompleteOutcome."""
         values = {
             "run_id": run_id,
@@ -182,13 +280,17 @@ class _Methods(Generic[R]):
             "result": {} if result is None else result,
             "final_events": list(final_events),
         }
-        return self._call("complete_attempt", values, conn)
+        return _Call("complete_attempt", values, conn)
 
-    def complete_attempts(self, items: Sequence[Any], *, conn: Any = None) -> R:
+    @_operation
+    def complete_attempts(
+        self, items: Sequence[Any], *, conn: Any = None
+    ) -> _Call[list[CompletedItem]]:
         """Complete a batch in one round trip -> list[CompletedItem]. Items are
         ClaimedAttempt objects, (ClaimedAttempt, result) pairs or dicts."""
-        return self._call("complete_attempts", {"items": _core.complete_items(items)}, conn)
+        return _Call("complete_attempts", {"items": _core.complete_items(items)}, conn)
 
+    @_operation
     def fail_attempt(
         self,
         run_id: str,
@@ -201,7 +303,7 @@ class _Methods(Generic[R]):
         protect_waiting_suspension: bool = False,
         *,
         conn: Any = None,
-    ) -> R:
+    ) -> _Call[FailOutcome]:
         """Fail a live attempt -> FailOutcome."""
         values = {
             "run_id": run_id,
@@ -213,8 +315,9 @@ class _Methods(Generic[R]):
             "preserve_runner_terminal": preserve_runner_terminal,
             "protect_waiting_suspension": protect_waiting_suspension,
         }
-        return self._call("fail_attempt", values, conn)
+        return _Call("fail_attempt", values, conn)
 
+    @_operation
     def suspend_attempt(
         self,
         run_id: str,
@@ -224,7 +327,7 @@ class _Methods(Generic[R]):
         final_events: Sequence[Any] = (),
         *,
         conn: Any = None,
-    ) -> R:
+    ) -> _Call[SuspendOutcome]:
         """Suspend a live attempt on a typed wait -> SuspendOutcome."""
         values = {
             "run_id": run_id,
@@ -233,8 +336,9 @@ class _Methods(Generic[R]):
             "wait": wait,
             "final_events": list(final_events),
         }
-        return self._call("suspend_attempt", values, conn)
+        return _Call("suspend_attempt", values, conn)
 
+    @_operation
     def release_attempt(
         self,
         run_id: str,
@@ -244,7 +348,7 @@ class _Methods(Generic[R]):
         reason: str | None = None,
         *,
         conn: Any = None,
-    ) -> R:
+    ) -> _Call[ReleaseOutcome]:
         """Hand a live attempt back without consuming one of max_attempts (a
         shutdown, a snooze); the run is queued at run_at, or now -> ReleaseOutcome."""
         values = {
@@ -254,38 +358,48 @@ class _Methods(Generic[R]):
             "run_at": run_at,
             "reason": reason,
         }
-        return self._call("release_attempt", values, conn)
+        return _Call("release_attempt", values, conn)
 
+    @_operation
     def prepare_waiting_failure(
         self, run_id: str, attempt: int, lease_token: uuid.UUID, *, conn: Any = None
-    ) -> R:
+    ) -> _Call[PrepareOutcome]:
         """Prepare a waiting run's attempt for a protected failure -> PrepareOutcome."""
         values = {"run_id": run_id, "attempt": attempt, "lease_token": lease_token}
-        return self._call("prepare_waiting_failure", values, conn)
+        return _Call("prepare_waiting_failure", values, conn)
 
+    @_operation
     def record_runner_terminal(
         self, run_id: str, attempt: int, result: Any, *, conn: Any = None
-    ) -> R:
+    ) -> _Call[RunnerTerminalOutcome]:
         """A detached runner pushes its terminal -> RunnerTerminalOutcome."""
         values = {"run_id": run_id, "attempt": attempt, "result": result}
-        return self._call("record_runner_terminal", values, conn)
+        return _Call("record_runner_terminal", values, conn)
 
+    @_operation
     def claim_detached_terminal(
         self, run_id: str, attempt: int, lease_token: uuid.UUID, *, conn: Any = None
-    ) -> R:
+    ) -> _Call[bool]:
         """Take a detached wait back for its terminal write -> bool."""
         values = {"run_id": run_id, "attempt": attempt, "lease_token": lease_token}
-        return self._call("claim_detached_terminal", values, conn)
+        return _Call("claim_detached_terminal", values, conn)
 
-    def read_runner_terminal(self, run_id: str, attempt: int, *, conn: Any = None) -> R:
+    @_operation
+    def read_runner_terminal(
+        self, run_id: str, attempt: int, *, conn: Any = None
+    ) -> _Call[RunnerTerminal | None]:
         """The pushed runner terminal -> RunnerTerminal | None (no such attempt)."""
-        return self._call("read_runner_terminal", {"run_id": run_id, "attempt": attempt}, conn)
+        return _Call("read_runner_terminal", {"run_id": run_id, "attempt": attempt}, conn)
 
-    def reap_expired(self, max_attempts: int = 100, *, conn: Any = None) -> R:
+    @_operation
+    def reap_expired(
+        self, max_attempts: int = 100, *, conn: Any = None
+    ) -> _Call[list[ReapedAttempt]]:
         """End expired leases, apply stranded cancellations -> list[ReapedAttempt]."""
-        return self._call("reap_expired", {"max_attempts": max_attempts}, conn)
+        return _Call("reap_expired", {"max_attempts": max_attempts}, conn)
 
     # §3.3 relays -----------------------------------------------------------
+    @_operation
     def claim_ledger(
         self,
         relay: str,
@@ -299,7 +413,7 @@ class _Methods(Generic[R]):
         call_id: uuid.UUID | None = None,
         *,
         conn: Any = None,
-    ) -> R:
+    ) -> _Call[list[LedgerEvent]]:
         """Lease the next deliverable events -> list[LedgerEvent]."""
         values = {
             "relay": relay,
@@ -312,8 +426,9 @@ class _Methods(Generic[R]):
             "batch": batch,
             "call_id": call_id,
         }
-        return self._call("claim_ledger", values, conn)
+        return _Call("claim_ledger", values, conn)
 
+    @_operation
     def ack_ledger(
         self,
         relay: str,
@@ -324,7 +439,7 @@ class _Methods(Generic[R]):
         batch: bool = False,
         *,
         conn: Any = None,
-    ) -> R:
+    ) -> _Call[list[LedgerEvent]]:
         """Acknowledge delivered events and claim the next prefix -> list[LedgerEvent]."""
         values = {
             "relay": relay,
@@ -334,19 +449,24 @@ class _Methods(Generic[R]):
             "lease_seconds": lease_seconds,
             "batch": batch,
         }
-        return self._call("ack_ledger", values, conn)
+        return _Call("ack_ledger", values, conn)
 
+    @_operation
     def renew_ledger_lease(
         self, relay: str, event_ids: Sequence[int], lease_seconds: int = 30, *, conn: Any = None
-    ) -> R:
+    ) -> _Call[list[RenewedLease]]:
         """Extend held leases -> list[RenewedLease]."""
         values = {"relay": relay, "event_ids": list(event_ids), "lease_seconds": lease_seconds}
-        return self._call("renew_ledger_lease", values, conn)
+        return _Call("renew_ledger_lease", values, conn)
 
-    def release_ledger(self, relay: str, event_ids: Sequence[int], *, conn: Any = None) -> R:
+    @_operation
+    def release_ledger(
+        self, relay: str, event_ids: Sequence[int], *, conn: Any = None
+    ) -> _Call[int]:
         """Hand leases back without charging an attempt -> int."""
-        return self._call("release_ledger", {"relay": relay, "event_ids": list(event_ids)}, conn)
+        return _Call("release_ledger", {"relay": relay, "event_ids": list(event_ids)}, conn)
 
+    @_operation
     def fail_ledger(
         self,
         relay: str,
@@ -356,7 +476,7 @@ class _Methods(Generic[R]):
         permanent: bool = False,
         *,
         conn: Any = None,
-    ) -> R:
+    ) -> _Call[list[LedgerFailure]]:
         """Record a failed delivery -> list[LedgerFailure]."""
         values = {
             "relay": relay,
@@ -365,29 +485,35 @@ class _Methods(Generic[R]):
             "retry_at": retry_at,
             "permanent": permanent,
         }
-        return self._call("fail_ledger", values, conn)
+        return _Call("fail_ledger", values, conn)
 
+    @_operation
     def ledger_next_due_at(
         self, lane: str | None = None, run_id: str | None = None, *, conn: Any = None
-    ) -> R:
+    ) -> _Call[datetime | None]:
         """The earliest moment claimable ledger work exists -> datetime | None."""
-        return self._call("ledger_next_due_at", {"lane": lane, "run_id": run_id}, conn)
+        return _Call("ledger_next_due_at", {"lane": lane, "run_id": run_id}, conn)
 
-    def requeue_ledger_event(self, event_id: int, *, conn: Any = None) -> R:
+    @_operation
+    def requeue_ledger_event(self, event_id: int, *, conn: Any = None) -> _Call[bool]:
         """Unblock a failed event -> bool."""
-        return self._call("requeue_ledger_event", {"event_id": event_id}, conn)
+        return _Call("requeue_ledger_event", {"event_id": event_id}, conn)
 
-    def prune(self, delivered_before: datetime, max_rows: int = 10000, *, conn: Any = None) -> R:
+    @_operation
+    def prune(
+        self, delivered_before: datetime, max_rows: int = 10000, *, conn: Any = None
+    ) -> _Call[int]:
         """Delete delivered events older than the cut-off -> int."""
         values = {"delivered_before": delivered_before, "max_rows": max_rows}
-        return self._call("prune", values, conn)
+        return _Call("prune", values, conn)
 
-    def get_schema_version(self, *, conn: Any = None) -> R:
+    @_operation
+    def get_schema_version(self, *, conn: Any = None) -> _Call[str]:
         """The Alembic revision of the installed functions -> str."""
-        return self._call("get_schema_version", {}, conn)
+        return _Call("get_schema_version", {}, conn)
 
 
-class Client(_Methods[Any]):
+class Client(_Methods):
     """Synchronous client (psycopg 3, autocommit connections).
 
     `on_call(function, seconds)`, if given, is called after every successful
@@ -470,7 +596,7 @@ class Client(_Methods[Any]):
         self.close()
 
 
-class AsyncClient(_Methods[Awaitable[Any]]):
+class AsyncClient(_Methods):
     """asyncio client; the same methods, awaited."""
 
     def __init__(
@@ -531,7 +657,7 @@ class AsyncClient(_Methods[Awaitable[Any]]):
             _raise_typed(error)
             raise
 
-    def _call(self, function: str, values: dict[str, Any], conn: Any) -> Awaitable[Any]:
+    def _call(self, function: str, values: dict[str, Any], conn: Any) -> Coroutine[Any, Any, Any]:
         async def run() -> Any:
             rows = await self._execute(function, values, conn)
             return _core.OPERATIONS[function].read(rows)

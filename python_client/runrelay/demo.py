@@ -243,7 +243,10 @@ class Scenario:
                 time.sleep(0.02)
             if client.claim_detached_terminal(**job.attempt.fence):
                 terminal = client.read_runner_terminal(run_id, attempt)
-                client.complete_attempt(**job.attempt.fence, result=terminal.result)
+                # None only if the attempt vanished after the claim; its lease
+                # then lapses and the reaper settles it.
+                if terminal is not None:
+                    client.complete_attempt(**job.attempt.fence, result=terminal.result)
 
     def reaper(self, client: Client) -> None:
         while not self.stop.wait(1.0):

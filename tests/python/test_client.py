@@ -16,6 +16,8 @@ import contextlib
 import dataclasses
 import inspect
 import tempfile
+import types
+import typing
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -1218,3 +1220,98 @@ def test_default_pool_calls_are_one_round_trip(db: psycopg.Connection, db_url: s
             counts.append(frontend_round_trips(out[0]))
     assert counts == [1, 1]
     assert run_row(db, "p2")["status"] == "queued"
+
+
+def declared_result(name: str) -> Any:
+    """The result type a client method declares (its body's ``_Call[...]``),
+    which is what a user's type checker sees (tests/python/test_typing.py)."""
+    body = getattr(Client, name).__wrapped__
+    return typing.get_args(typing.get_type_hints(body)["return"])[0]
+
+
+def conforms(value: Any, declared: Any) -> bool:
+    """`value` is of the declared type: list[X], X | None, or exactly class X
+    (so an int is not a bool and a plain str is not an outcome enum)."""
+    if typing.get_origin(declared) is list:
+        (item,) = typing.get_args(declared)
+        return type(value) is list and all(conforms(v, item) for v in value)
+    if typing.get_origin(declared) in (types.UnionType, typing.Union):
+        return any(conforms(value, option) for option in typing.get_args(declared))
+    if declared is type(None):
+        return value is None
+    return type(value) is declared
+
+
+def test_conforms_rejects_what_a_type_checker_would() -> None:
+    assert conforms([], list[ClaimedAttempt])
+    assert not conforms([1], list[ClaimedAttempt])
+    assert not conforms(True, int)
+    assert not conforms("completed", CompleteOutcome)
+    assert conforms(None, datetime | None)
+    assert not conforms(None, datetime)
+    assert declared_result("claim_attempts") == list[ClaimedAttempt]
+
+
+def test_every_method_returns_its_declared_type(
+    drive: Callable[..., None], db: psycopg.Connection
+) -> None:
+    """Each method's values at run time are of the type its signature gives a
+    type checker, including non-empty lists and the non-None side of every
+    optional result, so a declaration cannot drift from _core's row readers."""
+    seen: dict[str, list[Any]] = {}
+
+    async def scenario(api: Api) -> None:
+        async def call(name: str, *args: Any, **kwargs: Any) -> Any:
+            value = await getattr(api, name)(*args, **kwargs)
+            assert conforms(value, declared_result(name)), (name, value)
+            seen.setdefault(name, []).append(value)
+            return value
+
+        ahead = await api.connect(options=SHIFTED_CLOCK)
+        detached = {"kind": "detached_runner", "runner": "gpu-7"}
+        await call("get_schema_version")
+        await call("enqueue_run", "a", payload={"k": 1})
+        await call("enqueue_run", "b")
+        await call("enqueue_run", "c", max_attempts=1)
+        await call("enqueue_run", "d")
+        await call("append_events", "a", [{"type": "note", "lane": "observability"}])
+        await call("signal_run", "a", "early")
+        await call("cancel_run", "missing")
+        claimed = {c.run_id: c for c in await call("claim_attempts", "w1", max_runs=4)}
+        a, b, c, d = (claimed[run_id] for run_id in "abcd")
+        await call("heartbeat", **a.fence)
+        await call("prepare_waiting_failure", **a.fence)
+        await call("complete_attempts", [b])
+        await call("fail_attempt", **c.fence, error={"e": 1})
+
+        await call("suspend_attempt", **d.fence, wait=detached)
+        await call("read_runner_terminal", "d", 2)  # no such attempt: None
+        await call("record_runner_terminal", "d", 1, {"out": 1})
+        await call("read_runner_terminal", "d", 1)
+        await call("claim_detached_terminal", **d.fence)
+        await call("complete_attempt", **d.fence, result={"out": 1})
+
+        (note,) = await call("claim_ledger", "relay-1", lane="observability", run_id="a")
+        await call("renew_ledger_lease", "relay-1", [note.event_id])
+        await call("fail_ledger", "relay-1", [note.event_id], {"e": 1})
+        await call("ledger_next_due_at", lane="observability")
+        await call("requeue_ledger_event", note.event_id)
+        (again,) = await call("claim_ledger", "relay-1", lane="observability", conn=ahead)
+        await call("release_ledger", "relay-1", [again.event_id])
+        (again,) = await call("claim_ledger", "relay-1", lane="observability", conn=ahead)
+        await call("ack_ledger", "relay-1", "a", [again.event_id])
+        await call("ledger_next_due_at", lane="observability", run_id="a")
+
+        await call("reap_expired", conn=ahead)  # a's lease lapses two hours ahead
+        await call("prune", db_now(db) + timedelta(hours=3))
+
+    drive(scenario)
+    assert set(seen) == set(_core.OPERATIONS), "a method is not checked"
+    empty = {
+        name
+        for name, values in seen.items()
+        if typing.get_origin(declared_result(name)) is list and not any(values)
+    }
+    assert empty == set(), "a list result was only ever checked empty"
+    for optional in ("read_runner_terminal", "ledger_next_due_at"):
+        assert None in seen[optional] and any(v is not None for v in seen[optional]), optional
