@@ -81,8 +81,11 @@ def test_worker_maps_handler_outcomes_to_writes(db: psycopg.Connection, client: 
     results = dict(db.execute("SELECT run_id, result FROM runrelay.runs").fetchall())
     assert results["event"]["resume"] == {"name": "go", "payload": {"v": 1}}
     assert results["sleep"]["resume"] == {"slept": True}
-    error = db.execute("SELECT error FROM runrelay.runs WHERE run_id = 'boom'").fetchone()
-    assert error == ({"type": "ValueError", "message": "nope"},)
+    (error,) = db.execute("SELECT error FROM runrelay.runs WHERE run_id = 'boom'").fetchone()
+    assert (error["type"], error["message"]) == ("ValueError", "nope")
+    # The handler's traceback is kept, ending at the line that raised.
+    assert error["traceback"].rstrip().endswith("ValueError: nope")
+    assert 'raise ValueError("nope")' in error["traceback"]
 
 
 def test_worker_stops_a_cancelled_handler_through_its_heartbeat(
