@@ -86,6 +86,10 @@ class Backoff:
         self.failures = 0
 
 
+# How often a blocking LISTEN wait looks at its stop event.
+STOP_CHECK = 0.5
+
+
 class Listener:
     """A LISTEN session on one channel that reconnects after losing its
     connection. `wait(timeout, stop)` returns after a notification, the
@@ -127,9 +131,16 @@ class Listener:
         if self.conn is None:
             stop.wait(timeout)
             return
+        # In slices, so that stop() (set from another thread or a signal
+        # handler) ends the wait within STOP_CHECK seconds, not the timeout.
+        deadline = time.monotonic() + timeout
         try:
-            for _ in self.conn.notifies(timeout=timeout, stop_after=1):
-                pass
+            while not stop.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                for _ in self.conn.notifies(timeout=min(left, STOP_CHECK), stop_after=1):
+                    return
         except psycopg.Error as exc:
             self._lost(exc)
             stop.wait(min(timeout, max(0.0, self._retry_at - time.monotonic())))
