@@ -58,3 +58,15 @@ def slow_sink(lane: str, events: Sequence[LedgerEvent]) -> None:
             "w": time.time(),
         })  # fmt: skip
     time.sleep(float(os.environ.get("RR_TEST_SINK_DELAY", "0")))
+
+
+async def arecord(job: Job) -> dict[str, Any]:
+    """`record` for `runrelay worker --async`: awaits payload["sleep"] seconds."""
+    import asyncio
+
+    base = {"run_id": job.run_id, "attempt": job.attempt.attempt, "pid": os.getpid()}
+    _append("RR_TEST_RECORD", {"ev": "start", **base})
+    payload = job.payload if isinstance(job.payload, dict) else {}
+    await asyncio.sleep(float(payload.get("sleep", 0)))
+    _append("RR_TEST_RECORD", {"ev": "end", **base})
+    return {"pid": os.getpid()}
