@@ -45,9 +45,9 @@ def test_backoff_grows_per_failure_and_resets_on_success() -> None:
     assert [top.next() for _ in range(6)] == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
     top.reset()
     assert top.next() == 0.5
-    for bad in ({"base": 0.0}, {"base": 1.0, "cap": 0.5}):
+    for base, cap in ((0.0, 1.0), (1.0, 0.5)):
         with pytest.raises(ValueError):
-            Backoff(**bad)
+            Backoff(base=base, cap=cap)
     with pytest.raises(ValueError):
         full_jitter(-1, 0.1, 1.0)
 
@@ -148,13 +148,12 @@ def test_a_denied_duty_is_disabled_with_one_warning_and_the_others_go_on(
 
 def test_maintenance_refuses_bad_settings_before_any_call(db_url: str) -> None:
     client = Client(db_url)
-    for bad in (
-        {"interval": 0},
-        {"prune_after": timedelta(seconds=-1)},
-        {"reap_batch": 0},
-    ):
-        with pytest.raises(ValueError):
-            Maintenance(client, **bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        Maintenance(client, interval=0)
+    with pytest.raises(ValueError):
+        Maintenance(client, prune_after=timedelta(seconds=-1))
+    with pytest.raises(ValueError):
+        Maintenance(client, reap_batch=0)
 
 
 # -- LISTEN reconnects ----------------------------------------------------------
