@@ -14,13 +14,23 @@ when permanent). With nothing to do the relay sleeps until
 ledger_next_due_at or a runrelay_ledger NOTIFY, whichever comes first.
 
 A claim that fails ambiguously (connection lost after COMMIT) is repeated
-with the same call_id, which returns exactly what the lost call took.
+with the same call_id, which returns exactly what the lost call took. Every
+relay call is repeated after a connection error with full-jitter backoff
+(runrelay._backoff); a pass that still fails is logged and the loop backs off
+and goes on, so the relay outlives a database outage. The LISTEN connection
+reconnects with the same backoff.
+
+Shutdown (install_signal_handlers): the first SIGINT/SIGTERM or stop()
+finishes the delivery in progress, acknowledges it and hands back any batch
+claimed next (release_ledger, no attempt charged); a second signal interrupts
+the delivery at once, hands its batch back and returns.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import threading
 import time
@@ -30,8 +40,7 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any, TypeVar
 
-import psycopg
-
+from ._backoff import CONNECTION_ERRORS, Backoff, Listener, first_line
 from .client import Client
 from .sinks import DeliveryError, Sink
 from .types import LedgerEvent, LedgerKind
@@ -70,9 +79,31 @@ class Relay:
         self._stop = threading.Event()
         self.stats: dict[str, int] = {}
         self._lock = threading.Lock()
+        self._signals = 0
+        self._holding: list[int] = []
 
     def stop(self) -> None:
+        """Finish the delivery in progress, hand back what is claimed, return."""
         self._stop.set()
+
+    def install_signal_handlers(self) -> None:
+        """SIGINT/SIGTERM: the first stops after the delivery in progress; a
+        second interrupts it (KeyboardInterrupt in the main thread), its
+        batch is handed back and run() re-raises. Call from the main thread."""
+
+        def handle(signum: int, _frame: Any) -> None:
+            name = signal.Signals(signum).name
+            self._signals += 1
+            if self._signals == 1:
+                log.info("%s: stopping after the delivery in progress "
+                         "(signal again to stop now)", name)  # fmt: skip
+                self.stop()
+                return
+            log.warning("%s again: stopping now; handing back the batch in delivery", name)
+            raise KeyboardInterrupt
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, handle)
 
     def _count(self, key: str, n: int = 1) -> None:
         with self._lock:
@@ -81,20 +112,47 @@ class Relay:
     # -- loop --------------------------------------------------------------
     def run(self, *, until_idle: float | None = None) -> None:
         """Deliver until stop() (or, with until_idle, until idle that long)."""
-        listener = self._listen()
+        listener = Listener(self.listen_dsn, "runrelay_ledger") if self.listen_dsn else None
         idle_since = time.monotonic()
+        backoff = Backoff(base=0.2, cap=30.0)
         try:
             while not self._stop.is_set():
-                delivered = sum(self.drain(lane) for lane in self.lanes)
+                try:
+                    delivered = sum(self.drain(lane) for lane in self.lanes)
+                    if not delivered:
+                        idle = time.monotonic() - idle_since
+                        if until_idle is not None and idle > until_idle:
+                            return
+                        self._sleep(listener)
+                except CONNECTION_ERRORS as exc:
+                    delay = backoff.next()
+                    self._count("pass_errors")
+                    log.warning("relay pass failed (%s); retrying in %.1fs",
+                                first_line(exc), delay)  # fmt: skip
+                    self._stop.wait(delay)
+                    continue
+                backoff.reset()
                 if delivered:
                     idle_since = time.monotonic()
-                    continue
-                if until_idle is not None and time.monotonic() - idle_since > until_idle:
-                    return
-                self._sleep(listener)
+        except KeyboardInterrupt:
+            self._hand_back()
+            raise
         finally:
             if listener is not None:
                 listener.close()
+
+    def _hand_back(self) -> None:
+        """After an interrupted delivery: release its leases so another relay
+        delivers the batch now rather than after lease_seconds."""
+        held, self._holding = self._holding, []
+        if not held:
+            return
+        try:
+            self.client.release_ledger(self.name, held)
+            log.info("handed back %d events", len(held))
+        except Exception as exc:
+            log.warning("could not hand back %d events (%s); their leases lapse after %ss",
+                        len(held), first_line(exc), self.lease_seconds)  # fmt: skip
 
     def drain(self, lane: str) -> int:
         """One pass on a lane: claim a run's batch, deliver, ack + claim next
@@ -184,38 +242,38 @@ class Relay:
 
         renewer = threading.Thread(target=renew, name=f"{self.name}-renew", daemon=True)
         renewer.start()
+        self._holding = ids
         try:
             self.sink(lane, events)
+        except Exception:
+            self._holding = []  # a sink error is failed (fail_ledger), not handed back
+            raise
+        else:
+            self._holding = []
         finally:
             done.set()
             renewer.join()
 
     def _retrying(self, call: Callable[[], T]) -> T:
-        """Repeat a call after a connection error. Every relay call is safe to
-        repeat: claims carry a call_id, acks and failures are idempotent."""
+        """Repeat a call after a connection error, with full-jitter backoff.
+        Every relay call is safe to repeat: claims carry a call_id, acks and
+        failures are idempotent. After the last try the error goes to run(),
+        which backs off and starts a new pass."""
+        backoff = Backoff(base=0.1, cap=2.0)
         for attempt in range(6):
             try:
                 return call()
-            except psycopg.OperationalError:
+            except CONNECTION_ERRORS as exc:
                 if self._stop.is_set() or attempt == 5:
                     raise
-                log.warning("relay call failed; repeating", exc_info=True)
-                time.sleep(min(2.0, 0.1 * 2**attempt))
+                delay = backoff.next()
+                log.warning("relay call failed (%s); repeating in %.1fs", first_line(exc), delay)
+                self._count("call_retries")
+                time.sleep(delay)
         raise AssertionError("unreachable")
 
     # -- sleeping ----------------------------------------------------------
-    def _listen(self) -> psycopg.Connection[Any] | None:
-        if not self.listen_dsn:
-            return None
-        try:
-            conn = psycopg.connect(self.listen_dsn, autocommit=True)
-            conn.execute("LISTEN runrelay_ledger")
-            return conn
-        except psycopg.Error:
-            log.warning("LISTEN unavailable; sleeping on ledger_next_due_at only", exc_info=True)
-            return None
-
-    def _sleep(self, listener: psycopg.Connection[Any] | None) -> None:
+    def _sleep(self, listener: Listener | None) -> None:
         due = self.client.ledger_next_due_at()
         if due is None:
             timeout = self.max_sleep
@@ -224,9 +282,5 @@ class Relay:
             timeout = min(self.max_sleep, max(0.02, timeout))
         if listener is None:
             self._stop.wait(timeout)
-            return
-        try:
-            for _ in listener.notifies(timeout=timeout, stop_after=1):
-                pass
-        except psycopg.Error:
-            self._stop.wait(timeout)
+        else:
+            listener.wait(timeout, self._stop)

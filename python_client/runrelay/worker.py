@@ -1,15 +1,18 @@
-"""The Worker loop: claim runs, run a handler per run, heartbeat, write the outcome.
+"""The Worker loops: claim runs, run a handler per run, heartbeat, write the outcome.
 
     worker = Worker(client, handler, queues=["email"], concurrency=8)
-    worker.run()          # until SIGINT/SIGTERM (install_signal_handlers) or stop()
+    worker.install_signal_handlers()
+    worker.run()          # until SIGINT/SIGTERM or stop()
 
 The handler receives a `Job`. What it does decides the write:
 
-* returns a value           -> complete_attempt(result=value)   (None -> {})
-* raises Suspend(wait=...)  -> suspend_attempt(wait)
-* raises Retry(after=s)     -> fail_attempt(retry_at=now + s)
-* raises anything else      -> fail_attempt(error={type, message}); the run
-                               retries with backoff until max_attempts.
+* returns a value             -> complete_attempt(result=value)   (None -> {})
+* raises Suspend(wait=...)    -> suspend_attempt(wait)
+* raises Retry(after=s)       -> fail_attempt(retry_at=now + s)
+* raises Snooze(after=s)      -> the run is handed back to run again in s
+                                 seconds (see release_write)
+* raises anything else        -> fail_attempt(error={type, message, traceback});
+                                 the run retries with backoff until max_attempts.
 
 A heartbeat thread extends every in-flight lease every `heartbeat_every`
 seconds; when one answers `cancelled` (or `fence_lost`) the job's `cancelled`
@@ -18,6 +21,29 @@ returns early — its write will answer `cancelled` and change nothing. With
 `batch_size > 1` the worker claims several runs per round trip and completes
 the successful ones with one complete_attempts call.
 
+Maintenance (on by default): each worker also calls reap_expired every
+lease_seconds/2 (at least 1 s, at most 30 s; override with
+`maintenance_interval`), jittered ±50%, so the runs of a peer that was
+SIGKILLed go back to the queue about half a lease after its lease expired,
+with no other process running. `maintenance=False` turns it off (then run
+`runrelay maintain` somewhere).
+
+Shutdown: the first SIGINT/SIGTERM (install_signal_handlers) or stop() ends
+claiming; in-flight handlers get `shutdown_grace` seconds to finish, then the
+rest are handed back (release_write) and their `cancelled` events set. A
+second signal ends the grace period at once. One log line for each.
+
+Logging: one line per finished job on logger ``runrelay.worker`` — message
+"run finished" with run_id, attempt, queue, outcome (what the write answered)
+and duration_ms as extras; WARNING with the traceback when the handler raised
+an unexpected exception, INFO otherwise.
+
+Database outages: claims are replayed with the same call_id after a
+connection error (an exact replay if the lost claim committed), writes are
+repeated (fenced writes are replay-safe), the LISTEN connection reconnects —
+all with full-jitter backoff (runrelay._backoff); the loop never exits or
+busy-loops because the database is away.
+
 Delivery guarantee: at-least-once execution of handlers (a worker that dies
 after its handler's side effect but before the write sees the run retried),
 exactly-once state transitions.
@@ -25,28 +51,41 @@ exactly-once state transitions.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
-import random
 import signal
 import socket
 import threading
 import time
+import traceback
 import uuid
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import psycopg
-
+from ._backoff import (
+    CONNECTION_ERRORS,
+    AsyncListener,
+    Backoff,
+    Listener,
+    first_line,
+    jittered,
+    wait_event,
+)
 from .client import Client
-from .types import ClaimedAttempt, HeartbeatOutcome
+from .maintenance import AsyncMaintenance, Maintenance
+from .types import ClaimedAttempt, CompletedItem, HeartbeatOutcome
 
 log = logging.getLogger("runrelay.worker")
 # "Retry at once", independent of any clock skew between this host and the server.
 RETRY_NOW = datetime(1970, 1, 1, tzinfo=UTC)
+# A handler's traceback is stored in the attempt's error; the end of it (the
+# frames nearest the raise) is what matters, and a row should stay small.
+TRACEBACK_CHARS = 8000
+MESSAGE_CHARS = 2000
 
 
 class Suspend(Exception):
@@ -85,6 +124,19 @@ class Retry(Exception):
         self.after = after
 
 
+class Snooze(Exception):
+    """Raise from a handler to hand the run back, to run again in `after`
+    seconds (a rate limit, a resource not ready yet). Goes through
+    release_write, like a shutdown's hand-back."""
+
+    def __init__(self, after: float, reason: str | None = None) -> None:
+        if not after >= 0:
+            raise ValueError(f"Snooze(after=...) must be a number of seconds >= 0, got {after!r}")
+        super().__init__(reason or f"snoozed for {after}s")
+        self.after = after
+        self.reason = reason
+
+
 @dataclass
 class Job:
     """What a handler gets: the claimed attempt and a cancellation flag."""
@@ -92,6 +144,7 @@ class Job:
     attempt: ClaimedAttempt
     cancelled: threading.Event = field(default_factory=threading.Event)
     lost: bool = False
+    started: float = field(default_factory=time.monotonic)
 
     @property
     def run_id(self) -> str:
@@ -109,6 +162,36 @@ class Job:
 Handler = Callable[[Job], Any]
 
 
+def error_of(exc: BaseException) -> dict[str, str]:
+    """The attempt error for a handler's exception: type, message and the
+    end of its traceback."""
+    text = "".join(traceback.format_exception(exc))
+    return {
+        "type": type(exc).__name__,
+        "message": str(exc)[:MESSAGE_CHARS],
+        "traceback": text[-TRACEBACK_CHARS:],
+    }
+
+
+def release_write(
+    job: Job, run_at: datetime | None, reason: str | None, kind: str = "WorkerShutdown"
+) -> tuple[str, dict[str, Any]]:
+    """The one write that hands a run back: (client method, kwargs). Used by
+    both workers' shutdown (kind "WorkerShutdown") and by Snooze (kind
+    "Snooze"); `run_at` None means at once.
+
+    Today this is fail_attempt with retry_at, which uses up an attempt (a
+    hand-back of a run's last attempt fails the run). It becomes
+    release_attempt(run_id, attempt, lease_token, run_at, reason) — no
+    attempt used — once that SQL function ships; only this function changes."""
+    error = {"type": kind, "message": (reason or kind)[:MESSAGE_CHARS]}
+    return "fail_attempt", {
+        **job.attempt.fence,
+        "error": error,
+        "retry_at": run_at if run_at is not None else RETRY_NOW,
+    }
+
+
 def write_for(job: Job, outcome: Any) -> tuple[str, dict[str, Any]]:
     """The one write a handler's outcome calls for: (client method, kwargs).
     `outcome` is what the handler returned, or the exception it raised. Shared
@@ -124,10 +207,36 @@ def write_for(job: Job, outcome: Any) -> tuple[str, dict[str, Any]]:
         retry_at = datetime.now(UTC) + timedelta(seconds=outcome.after)
         error = {"type": "Retry", "message": str(outcome)}
         return "fail_attempt", {**fence, "error": error, "retry_at": retry_at}
+    if isinstance(outcome, Snooze):
+        run_at = datetime.now(UTC) + timedelta(seconds=outcome.after)
+        return release_write(job, run_at, str(outcome), "Snooze")
     if isinstance(outcome, Exception):
-        error = {"type": type(outcome).__name__, "message": str(outcome)[:2000]}
-        return "fail_attempt", {**fence, "error": error}
+        return "fail_attempt", {**fence, "error": error_of(outcome)}
     return "complete_attempt", {**fence, "result": {} if outcome is None else outcome}
+
+
+def unexpected(outcome: Any) -> BaseException | None:
+    """The handler's exception when it is a failure (not one of the control
+    exceptions Suspend, Retry, Snooze), else None."""
+    if isinstance(outcome, Exception) and not isinstance(outcome, Suspend | Retry | Snooze):
+        return outcome
+    return None
+
+
+def log_finished(job: Job, written: Any, failure: BaseException | None = None) -> None:
+    """The per-job log line: INFO, or WARNING with the traceback when the
+    handler raised."""
+    extra = {
+        "run_id": job.run_id,
+        "attempt": job.attempt.attempt,
+        "queue": job.attempt.queue,
+        "outcome": str(written),
+        "duration_ms": round((time.monotonic() - job.started) * 1000),
+    }
+    if failure is not None:
+        log.warning("run finished", exc_info=failure, extra=extra)
+    else:
+        log.info("run finished", extra=extra)
 
 
 def heartbeat_seen(job: Job, outcome: HeartbeatOutcome) -> bool:
@@ -143,8 +252,45 @@ def _default_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
-class Worker:
-    """Runs `handler` for claimed runs with `concurrency` threads."""
+def default_maintenance_interval(lease_seconds: int) -> float:
+    """A worker's default reap interval: half a lease, between 1 s and 30 s
+    (jittered ±50% by the Maintenance loop)."""
+    return min(30.0, max(1.0, lease_seconds / 2))
+
+
+class _Signals:
+    """The two-step signal protocol both workers share: the first signal
+    stops claiming, the second ends the grace period."""
+
+    name: str
+    shutdown_grace: float
+
+    def __init__(self) -> None:
+        self._signals = 0
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        self._signals += 1
+        if self._signals == 1:
+            log.info(
+                "%s: no new claims; in-flight runs get %.1fs to finish "
+                "(signal again to hand them back now)",
+                sig.name,
+                self.shutdown_grace,
+            )
+            self.stop()
+        else:
+            log.warning("%s again: handing in-flight runs back now", sig.name)
+            self._abort_grace()
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def _abort_grace(self) -> None:
+        raise NotImplementedError
+
+
+class Worker(_Signals):
+    """Runs `handler` for claimed runs on up to `concurrency` threads."""
 
     def __init__(
         self,
@@ -160,7 +306,10 @@ class Worker:
         poll_interval: float = 1.0,
         listen_dsn: str | None = None,
         shutdown_grace: float = 10.0,
+        maintenance: bool = True,
+        maintenance_interval: float | None = None,
     ) -> None:
+        super().__init__()
         self.client = client
         self.handler = handler
         self.queues = list(queues) if queues is not None else None
@@ -172,7 +321,12 @@ class Worker:
         self.poll_interval = poll_interval
         self.listen_dsn = listen_dsn
         self.shutdown_grace = shutdown_grace
+        interval = maintenance_interval or default_maintenance_interval(lease_seconds)
+        self.maintenance = (
+            Maintenance(client, interval=interval, prune_after=None) if maintenance else None
+        )
         self._stop = threading.Event()
+        self._abort = threading.Event()
         self._beats_done = threading.Event()
         self._inflight: dict[tuple[str, int], Job] = {}
         self._lock = threading.Lock()
@@ -181,12 +335,19 @@ class Worker:
 
     # -- control -----------------------------------------------------------
     def stop(self) -> None:
+        """Stop claiming; run() returns after the shutdown grace period."""
         self._stop.set()
 
+    def _abort_grace(self) -> None:
+        self._stop.set()
+        self._abort.set()
+
     def install_signal_handlers(self) -> None:
-        """SIGINT/SIGTERM stop claiming; in-flight work finishes or is released."""
+        """SIGINT/SIGTERM: the first stops claiming (in-flight work gets
+        shutdown_grace), a second hands in-flight runs back at once. Call
+        from the main thread."""
         for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: self.stop())
+            signal.signal(sig, lambda signum, _frame: self._on_signal(signal.Signals(signum)))
 
     def _count(self, key: str, n: int = 1) -> None:
         with self._lock:
@@ -196,30 +357,43 @@ class Worker:
     def run(self, *, until_idle: float | None = None) -> None:
         """Claim and run work until stop() (or, with until_idle, until nothing
         was claimable for that many seconds)."""
-        listener = self._listen()
+        listener = Listener(self.listen_dsn, "runrelay_runs") if self.listen_dsn else None
         beat = threading.Thread(target=self._heartbeats, name=f"{self.name}-hb", daemon=True)
         beat.start()
-        pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix=self.name)
+        upkeep: threading.Thread | None = None
+        if self.maintenance is not None:
+            upkeep = threading.Thread(
+                target=self.maintenance.run, name=f"{self.name}-maint", daemon=True
+            )
+            upkeep.start()
         idle_since = time.monotonic()
         try:
             while not self._stop.is_set():
                 free = self._free_slots()
                 if free == 0:
                     continue
-                claimed = self._claim(min(free, self.batch_size))
+                claimed = self._claim(free)
                 if claimed:
                     idle_since = time.monotonic()
-                    self._dispatch(pool, claimed)
+                    self._dispatch(claimed)
                     continue
                 idle_for = time.monotonic() - idle_since
                 if until_idle is not None and idle_for > until_idle and not self._inflight:
                     break
-                self._sleep(listener)
+                timeout = jittered(self.poll_interval)
+                if listener is None:
+                    self._stop.wait(timeout)
+                else:
+                    listener.wait(timeout, self._stop)
         finally:
-            self._shutdown(pool)
             self._stop.set()
+            if self.maintenance is not None:
+                self.maintenance.stop()
+            self._shutdown()
             self._beats_done.set()
             beat.join(timeout=5)
+            if upkeep is not None:
+                upkeep.join(timeout=5)
             if listener is not None:
                 listener.close()
 
@@ -238,8 +412,13 @@ class Worker:
             self._slots.release()
 
     def _claim(self, n: int) -> list[ClaimedAttempt]:
+        """Claim up to n runs (n slots are reserved). After a connection
+        error the claim is ambiguous (it may have committed): it is repeated
+        with the same call_id — an exact replay if it did, a fresh claim if
+        not — with backoff, until it resolves or the worker stops."""
         call_id = uuid.uuid4()
-        for attempt in range(5):
+        backoff = Backoff(base=0.1, cap=10.0)
+        while True:
             try:
                 claimed: list[ClaimedAttempt] = self.client.claim_attempts(
                     self.name,
@@ -248,63 +427,59 @@ class Worker:
                     lease_seconds=self.lease_seconds,
                     call_id=call_id,
                 )
-                self._release_slots(n - len(claimed))
-                self._count("claimed", len(claimed))
-                return claimed
-            except psycopg.OperationalError:
-                # Ambiguous: the claim may have committed. Repeat with the same
-                # call_id: an exact replay if it did, a fresh claim if not.
-                log.warning("claim failed; replaying call %s", call_id, exc_info=True)
-                time.sleep(min(2.0, 0.1 * 2**attempt))
-        self._release_slots(n)
-        return []
-
-    def _sleep(self, listener: psycopg.Connection[Any] | None) -> None:
-        timeout = self.poll_interval * (0.5 + random.random())
-        if listener is None:
-            self._stop.wait(timeout)
-            return
-        try:
-            for _ in listener.notifies(timeout=timeout, stop_after=1):
-                pass
-        except psycopg.Error:
-            self._stop.wait(timeout)
-
-    def _listen(self) -> psycopg.Connection[Any] | None:
-        if not self.listen_dsn:
-            return None
-        try:
-            conn = psycopg.connect(self.listen_dsn, autocommit=True)
-            conn.execute("LISTEN runrelay_runs")
-            return conn
-        except psycopg.Error:
-            log.warning("LISTEN unavailable; polling", exc_info=True)
-            return None
+            except CONNECTION_ERRORS as exc:
+                self._count("claim_errors")
+                if self._stop.is_set():
+                    self._release_slots(n)
+                    return []
+                delay = backoff.next()
+                log.warning(
+                    "claim failed (%s); replaying call %s in %.1fs", first_line(exc), call_id, delay
+                )
+                self._stop.wait(delay)
+                continue
+            self._release_slots(n - len(claimed))
+            self._count("claimed", len(claimed))
+            return claimed
 
     # -- running handlers --------------------------------------------------
-    def _dispatch(self, pool: ThreadPoolExecutor, claimed: list[ClaimedAttempt]) -> None:
+    def _dispatch(self, claimed: list[ClaimedAttempt]) -> None:
+        """One daemon thread per job (per batch with batch_size > 1): a
+        handler that never returns cannot keep the process alive after
+        shutdown handed its run back."""
         jobs = [Job(a) for a in claimed]
         with self._lock:
             for job in jobs:
                 self._inflight[(job.run_id, job.attempt.attempt)] = job
         if self.batch_size > 1 and len(jobs) > 1:
-            pool.submit(self._run_batch, jobs)
+            self._spawn(self._run_batch, jobs)
         else:
             for job in jobs:
-                pool.submit(self._run_one, job)
+                self._spawn(self._run_one, job)
+
+    def _spawn(self, target: Callable[[Any], None], arg: Any) -> None:
+        threading.Thread(target=target, args=(arg,), name=f"{self.name}-run", daemon=True).start()
 
     def _finish(self, job: Job) -> None:
         with self._lock:
             self._inflight.pop((job.run_id, job.attempt.attempt), None)
         self._slots.release()
 
+    def _call_handler(self, job: Job) -> Any:
+        try:
+            return self.handler(job)
+        except Exception as exc:
+            return exc
+
     def _run_one(self, job: Job) -> None:
         try:
-            outcome = self._execute(job)
-            if outcome is not None:
-                self._write_completion(job, outcome)
+            outcome = self._call_handler(job)
+            method, kwargs = write_for(job, outcome)
+            written = self._write(method, kwargs)
+            self._count(f"{method.split('_')[0]}:{written}")
+            log_finished(job, written, unexpected(outcome))
         except Exception:
-            log.exception("writing the outcome of %s failed", job.run_id)
+            log.exception("writing the outcome of run %s failed", job.run_id)
             self._count("write_errors")
         finally:
             self._finish(job)
@@ -313,13 +488,18 @@ class Worker:
         done: list[tuple[Job, Any]] = []
         try:
             for job in jobs:
-                outcome = self._execute(job)
-                if outcome is not None:
-                    done.append((job, outcome[1]))
+                outcome = self._call_handler(job)
+                method, kwargs = write_for(job, outcome)
+                if method == "complete_attempt":
+                    done.append((job, kwargs["result"]))
+                    continue
+                written = self._write(method, kwargs)
+                self._count(f"{method.split('_')[0]}:{written}")
+                log_finished(job, written, unexpected(outcome))
             if done:
-                results = self.client.complete_attempts([(j.attempt, r) for j, r in done])
-                for item in results:
-                    self._count(f"complete:{item.outcome}")
+                items = [(j.attempt, r) for j, r in done]
+                results = self._call(lambda: self.client.complete_attempts(items))
+                _log_batch([j for j, _ in done], results, self._count)
         except Exception:
             log.exception("batch completion failed")
             self._count("write_errors")
@@ -327,23 +507,23 @@ class Worker:
             for job in jobs:
                 self._finish(job)
 
-    def _execute(self, job: Job) -> tuple[str, Any] | None:
-        """Run the handler and write a suspend or failure here; return
-        ("complete", result) for the caller to write (alone or batched)."""
-        try:
-            outcome: Any = self.handler(job)
-        except Exception as exc:
-            outcome = exc
-        method, kwargs = write_for(job, outcome)
-        if method == "complete_attempt":
-            return ("complete", kwargs["result"])
-        written = getattr(self.client, method)(**kwargs)
-        self._count(f"{method.split('_')[0]}:{written}")
-        return None
+    def _write(self, method: str, kwargs: dict[str, Any], tries: int = 6) -> Any:
+        return self._call(lambda: getattr(self.client, method)(**kwargs), tries)
 
-    def _write_completion(self, job: Job, outcome: tuple[str, Any]) -> None:
-        result = self.client.complete_attempt(**job.attempt.fence, result=outcome[1])
-        self._count(f"complete:{result}")
+    def _call(self, call: Callable[[], Any], tries: int = 6) -> Any:
+        """A fenced write, repeated after a connection error: a repeated
+        write returns the outcome the first one recorded if it committed."""
+        backoff = Backoff(base=0.1, cap=2.0)
+        for n in range(tries):
+            try:
+                return call()
+            except CONNECTION_ERRORS as exc:
+                if n == tries - 1:
+                    raise
+                delay = backoff.next()
+                log.warning("write failed (%s); repeating in %.1fs", first_line(exc), delay)
+                time.sleep(delay)
+        raise AssertionError("unreachable")
 
     # -- heartbeats --------------------------------------------------------
     def _heartbeats(self) -> None:
@@ -359,32 +539,48 @@ class Worker:
                     beat = self.client.heartbeat(
                         **job.attempt.fence, lease_seconds=self.lease_seconds
                     )
-                except Exception:
-                    log.warning("heartbeat for %s failed", job.run_id, exc_info=True)
+                except Exception as exc:
+                    log.warning("heartbeat for %s failed (%s)", job.run_id, first_line(exc))
                     continue
                 if heartbeat_seen(job, beat.outcome):
                     self._count(f"heartbeat:{beat.outcome}")
 
-    def _shutdown(self, pool: ThreadPoolExecutor) -> None:
-        """Let in-flight handlers finish within the grace period; release the
-        rest so another worker retries them at once."""
+    def _shutdown(self) -> None:
+        """Let in-flight handlers finish within the grace period (a second
+        signal ends it); hand the rest back so another worker runs them."""
         deadline = time.monotonic() + self.shutdown_grace
-        while self._inflight and time.monotonic() < deadline:
-            time.sleep(0.02)
+        if self._inflight and not self._abort.is_set():
+            log.info(
+                "waiting up to %.1fs for %d in-flight runs",
+                self.shutdown_grace,
+                len(self._inflight),
+            )
+        while self._inflight and not self._abort.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._abort.wait(min(0.05, left))
         with self._lock:
             leftovers = list(self._inflight.values())
         for job in leftovers:
             job.cancelled.set()
+            method, kwargs = release_write(job, None, f"{self.name} stopped")
             try:
-                self.client.fail_attempt(
-                    **job.attempt.fence,
-                    error={"type": "WorkerShutdown", "message": f"{self.name} stopped"},
-                    retry_at=RETRY_NOW,
-                )
-                self._count("released_on_shutdown")
+                written = self._write(method, kwargs, tries=3)
             except Exception:
-                log.warning("could not release %s", job.run_id, exc_info=True)
-        pool.shutdown(wait=False, cancel_futures=True)
+                log.warning("could not hand back run %s", job.run_id, exc_info=True)
+                continue
+            self._count("released_on_shutdown")
+            log_finished(job, written)
+
+
+def _log_batch(jobs: list[Job], results: list[CompletedItem], count: Callable[[str], None]) -> None:
+    by_key = {(j.run_id, j.attempt.attempt): j for j in jobs}
+    for item in results:
+        count(f"complete:{item.outcome}")
+        job = by_key.get((item.run_id, item.attempt))
+        if job is not None:
+            log_finished(job, item.outcome)
 
 
 def run_in_thread(worker: Worker, **kwargs: Any) -> tuple[threading.Thread, Future[None]]:
@@ -403,25 +599,30 @@ def run_in_thread(worker: Worker, **kwargs: Any) -> tuple[threading.Thread, Futu
     return thread, future
 
 
-class AsyncWorker:
-    """The asyncio Worker: `concurrency` tasks on an AsyncClient; the handler
-    is a coroutine function taking a Job. Same outcome mapping, heartbeats and
-    cancellation as Worker."""
+class AsyncWorker(_Signals):
+    """The asyncio Worker: up to `concurrency` handler tasks on an
+    AsyncClient; the handler is a coroutine function taking a Job. Same
+    outcome mapping, heartbeats, cancellation, batching, LISTEN wake-ups,
+    claim replay, maintenance, signals and shutdown hand-back as Worker."""
 
     def __init__(
         self,
         client: Any,
-        handler: Callable[[Job], Any],
+        handler: Callable[[Job], Awaitable[Any]],
         *,
         queues: Sequence[str] | None = None,
         concurrency: int = 4,
         name: str | None = None,
         lease_seconds: int = 30,
         heartbeat_every: float | None = None,
+        batch_size: int = 1,
         poll_interval: float = 1.0,
+        listen_dsn: str | None = None,
+        shutdown_grace: float = 10.0,
+        maintenance: bool = True,
+        maintenance_interval: float | None = None,
     ) -> None:
-        import asyncio
-
+        super().__init__()
         self.client = client
         self.handler = handler
         self.queues = list(queues) if queues is not None else None
@@ -429,77 +630,185 @@ class AsyncWorker:
         self.name = name or _default_name()
         self.lease_seconds = lease_seconds
         self.heartbeat_every = heartbeat_every or max(1.0, lease_seconds / 3)
+        self.batch_size = max(1, batch_size)
         self.poll_interval = poll_interval
+        self.listen_dsn = listen_dsn
+        self.shutdown_grace = shutdown_grace
+        interval = maintenance_interval or default_maintenance_interval(lease_seconds)
+        self.maintenance = (
+            AsyncMaintenance(client, interval=interval, prune_after=None) if maintenance else None
+        )
         self._stop = asyncio.Event()
+        self._abort = asyncio.Event()
         self._inflight: dict[tuple[str, int], Job] = {}
         self.stats: dict[str, int] = {}
 
     def stop(self) -> None:
+        """Stop claiming; run() returns after the shutdown grace period."""
         self._stop.set()
 
-    def _count(self, key: str) -> None:
-        self.stats[key] = self.stats.get(key, 0) + 1
+    def _abort_grace(self) -> None:
+        self._stop.set()
+        self._abort.set()
+
+    def install_signal_handlers(self) -> None:
+        """As Worker.install_signal_handlers, on the running event loop."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+
+    def _count(self, key: str, n: int = 1) -> None:
+        self.stats[key] = self.stats.get(key, 0) + n
 
     async def run(self, *, until_idle: float | None = None) -> None:
-        import asyncio
-
+        """Claim and run work until stop() (or, with until_idle, until nothing
+        was claimable for that many seconds)."""
+        listener = AsyncListener(self.listen_dsn, "runrelay_runs") if self.listen_dsn else None
         tasks: set[asyncio.Task[None]] = set()
         beat = asyncio.create_task(self._heartbeats())
+        upkeep = asyncio.create_task(self.maintenance.run()) if self.maintenance else None
         idle_since = time.monotonic()
         try:
             while not self._stop.is_set():
-                free = self.concurrency - len(tasks)
+                free = self.concurrency - len(self._inflight)
                 if free <= 0:
-                    await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                    await self._wait_any(tasks, self.poll_interval)
                     continue
-                claimed = await self.client.claim_attempts(
-                    self.name,
-                    self.queues,
-                    max_runs=free,
-                    lease_seconds=self.lease_seconds,
-                    call_id=uuid.uuid4(),
-                )
-                for attempt in claimed:
-                    job = Job(attempt)
-                    self._inflight[(job.run_id, attempt.attempt)] = job
-                    task = asyncio.create_task(self._run_one(job))
-                    tasks.add(task)
-                    task.add_done_callback(tasks.discard)
+                claimed = await self._claim(min(free, self.batch_size))
                 if claimed:
                     idle_since = time.monotonic()
+                    self._dispatch(claimed, tasks)
                     continue
                 idle_for = time.monotonic() - idle_since
-                if until_idle is not None and idle_for > until_idle and not tasks:
+                if until_idle is not None and idle_for > until_idle and not self._inflight:
                     break
-                try:
-                    delay = self.poll_interval * (0.5 + random.random())
-                    await asyncio.wait_for(self._stop.wait(), timeout=delay)
-                except TimeoutError:
-                    pass
-            if tasks:
-                await asyncio.wait(tasks)
+                timeout = jittered(self.poll_interval)
+                if listener is None:
+                    await wait_event(self._stop, timeout)
+                else:
+                    await listener.wait(timeout, self._stop)
         finally:
             self._stop.set()
+            if self.maintenance is not None:
+                self.maintenance.stop()
+            await self._shutdown(tasks)
             beat.cancel()
+            others = [t for t in (beat, upkeep) if t is not None]
+            await asyncio.gather(*others, return_exceptions=True)
+            if listener is not None:
+                await listener.close()
+
+    async def _wait_any(self, tasks: set[asyncio.Task[None]], timeout: float) -> None:
+        """Until a handler task ends, stop() is called, or `timeout`."""
+        stopped = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait(
+                {*tasks, stopped}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            stopped.cancel()
+
+    async def _claim(self, n: int) -> list[ClaimedAttempt]:
+        """As Worker._claim: replay with the same call_id after a connection
+        error, with backoff, until it resolves or the worker stops."""
+        call_id = uuid.uuid4()
+        backoff = Backoff(base=0.1, cap=10.0)
+        while True:
+            try:
+                claimed: list[ClaimedAttempt] = await self.client.claim_attempts(
+                    self.name,
+                    self.queues,
+                    max_runs=n,
+                    lease_seconds=self.lease_seconds,
+                    call_id=call_id,
+                )
+            except CONNECTION_ERRORS as exc:
+                self._count("claim_errors")
+                if self._stop.is_set():
+                    return []
+                delay = backoff.next()
+                log.warning(
+                    "claim failed (%s); replaying call %s in %.1fs", first_line(exc), call_id, delay
+                )
+                await wait_event(self._stop, delay)
+                continue
+            self._count("claimed", len(claimed))
+            return claimed
+
+    def _dispatch(self, claimed: list[ClaimedAttempt], tasks: set[asyncio.Task[None]]) -> None:
+        jobs = [Job(a) for a in claimed]
+        for job in jobs:
+            self._inflight[(job.run_id, job.attempt.attempt)] = job
+        if self.batch_size > 1 and len(jobs) > 1:
+            coros = [self._run_batch(jobs)]
+        else:
+            coros = [self._run_one(job) for job in jobs]
+        for coro in coros:
+            task = asyncio.create_task(coro)
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+
+    async def _call_handler(self, job: Job) -> Any:
+        try:
+            return await self.handler(job)
+        except Exception as exc:
+            return exc
 
     async def _run_one(self, job: Job) -> None:
         try:
-            try:
-                outcome: Any = await self.handler(job)
-            except Exception as exc:
-                outcome = exc
+            outcome = await self._call_handler(job)
             method, kwargs = write_for(job, outcome)
-            written = await getattr(self.client, method)(**kwargs)
+            written = await self._write(method, kwargs)
             self._count(f"{method.split('_')[0]}:{written}")
+            log_finished(job, written, unexpected(outcome))
         except Exception:
-            log.exception("writing the outcome of %s failed", job.run_id)
+            log.exception("writing the outcome of run %s failed", job.run_id)
             self._count("write_errors")
         finally:
             self._inflight.pop((job.run_id, job.attempt.attempt), None)
 
-    async def _heartbeats(self) -> None:
-        import asyncio
+    async def _run_batch(self, jobs: list[Job]) -> None:
+        """Handlers of one claim run concurrently; the successful ones are
+        completed with one complete_attempts call."""
+        try:
+            outcomes = await asyncio.gather(*(self._call_handler(j) for j in jobs))
+            done: list[tuple[Job, Any]] = []
+            for job, outcome in zip(jobs, outcomes, strict=True):
+                method, kwargs = write_for(job, outcome)
+                if method == "complete_attempt":
+                    done.append((job, kwargs["result"]))
+                    continue
+                written = await self._write(method, kwargs)
+                self._count(f"{method.split('_')[0]}:{written}")
+                log_finished(job, written, unexpected(outcome))
+            if done:
+                items = [(j.attempt, r) for j, r in done]
+                results = await self._call(lambda: self.client.complete_attempts(items))
+                _log_batch([j for j, _ in done], results, self._count)
+        except Exception:
+            log.exception("batch completion failed")
+            self._count("write_errors")
+        finally:
+            for job in jobs:
+                self._inflight.pop((job.run_id, job.attempt.attempt), None)
 
+    async def _write(self, method: str, kwargs: dict[str, Any], tries: int = 6) -> Any:
+        return await self._call(lambda: getattr(self.client, method)(**kwargs), tries)
+
+    async def _call(self, call: Callable[[], Awaitable[Any]], tries: int = 6) -> Any:
+        backoff = Backoff(base=0.1, cap=2.0)
+        for n in range(tries):
+            try:
+                return await call()
+            except CONNECTION_ERRORS as exc:
+                if n == tries - 1:
+                    raise
+                delay = backoff.next()
+                log.warning("write failed (%s); repeating in %.1fs", first_line(exc), delay)
+                await asyncio.sleep(delay)
+        raise AssertionError("unreachable")
+
+    async def _heartbeats(self) -> None:
         while True:
             await asyncio.sleep(self.heartbeat_every)
             for job in list(self._inflight.values()):
@@ -509,8 +818,45 @@ class AsyncWorker:
                     beat = await self.client.heartbeat(
                         **job.attempt.fence, lease_seconds=self.lease_seconds
                     )
-                except Exception:
-                    log.warning("heartbeat for %s failed", job.run_id, exc_info=True)
+                except Exception as exc:
+                    log.warning("heartbeat for %s failed (%s)", job.run_id, first_line(exc))
                     continue
                 if heartbeat_seen(job, beat.outcome):
                     self._count(f"heartbeat:{beat.outcome}")
+
+    async def _shutdown(self, tasks: set[asyncio.Task[None]]) -> None:
+        """Let handler tasks finish within the grace period (a second signal
+        ends it); hand the rest back, then cancel their tasks."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.shutdown_grace
+        if self._inflight and not self._abort.is_set():
+            log.info(
+                "waiting up to %.1fs for %d in-flight runs",
+                self.shutdown_grace,
+                len(self._inflight),
+            )
+        aborted = asyncio.ensure_future(self._abort.wait())
+        try:
+            while tasks and not self._abort.is_set():
+                left = deadline - loop.time()
+                if left <= 0:
+                    break
+                await asyncio.wait(
+                    {*tasks, aborted}, timeout=left, return_when=asyncio.FIRST_COMPLETED
+                )
+        finally:
+            aborted.cancel()
+        for job in list(self._inflight.values()):
+            job.cancelled.set()
+            method, kwargs = release_write(job, None, f"{self.name} stopped")
+            try:
+                written = await self._write(method, kwargs, tries=3)
+            except Exception:
+                log.warning("could not hand back run %s", job.run_id, exc_info=True)
+                continue
+            self._count("released_on_shutdown")
+            log_finished(job, written)
+        pending = list(tasks)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)

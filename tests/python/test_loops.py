@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections import Counter
@@ -19,7 +20,7 @@ from psycopg_pool import ConnectionPool
 from runrelay import Client, LedgerEvent
 from runrelay.relay import Relay
 from runrelay.sinks import DeliveryError, JsonLinesSink, WebhookSink
-from runrelay.worker import Job, Retry, Suspend, Worker, run_in_thread
+from runrelay.worker import Job, Retry, Snooze, Suspend, Worker, run_in_thread
 
 Connect = Callable[..., psycopg.Connection]
 
@@ -81,8 +82,11 @@ def test_worker_maps_handler_outcomes_to_writes(db: psycopg.Connection, client: 
     results = dict(db.execute("SELECT run_id, result FROM runrelay.runs").fetchall())
     assert results["event"]["resume"] == {"name": "go", "payload": {"v": 1}}
     assert results["sleep"]["resume"] == {"slept": True}
-    error = db.execute("SELECT error FROM runrelay.runs WHERE run_id = 'boom'").fetchone()
-    assert error == ({"type": "ValueError", "message": "nope"},)
+    (error,) = db.execute("SELECT error FROM runrelay.runs WHERE run_id = 'boom'").fetchone()
+    assert (error["type"], error["message"]) == ("ValueError", "nope")
+    # The handler's traceback is kept, ending at the line that raised.
+    assert error["traceback"].rstrip().endswith("ValueError: nope")
+    assert 'raise ValueError("nope")' in error["traceback"]
 
 
 def test_worker_stops_a_cancelled_handler_through_its_heartbeat(
@@ -344,3 +348,52 @@ def _fake_event() -> LedgerEvent:
     return LedgerEvent(
         LedgerKind.CLAIMED, 1, "r", 1, "t", {}, "r:1", datetime.now(UTC), False, None, None
     )
+
+
+def test_snooze_hands_the_run_back_to_run_later(db: psycopg.Connection, client: Client) -> None:
+    seen: list[int] = []
+
+    def handler(job: Job) -> Any:
+        seen.append(job.attempt.attempt)
+        if job.attempt.attempt == 1:
+            raise Snooze(after=3600, reason="rate limited")
+        return {"ok": True}
+
+    client.enqueue_run("later", max_attempts=3)
+    Worker(client, handler, poll_interval=0.05, maintenance=False).run(until_idle=0.3)
+    status, error, run_at_ahead = db.execute(
+        "SELECT status, error, run_at > now() + interval '50 minutes'"
+        " FROM runrelay.runs WHERE run_id = 'later'"
+    ).fetchone()
+    assert (status, run_at_ahead) == ("queued", True)
+    assert error == {"type": "Snooze", "message": "rate limited"}
+    assert seen == [1]
+    with pytest.raises(ValueError):
+        Snooze(after=-1)
+
+
+def test_each_finished_job_logs_one_line_with_its_fields(
+    db: psycopg.Connection, client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    def handler(job: Job) -> Any:
+        if job.run_id == "bad":
+            raise KeyError("missing")
+        return None
+
+    client.enqueue_run("good", queue="q1")
+    client.enqueue_run("bad", queue="q1", max_attempts=1)
+    with caplog.at_level(logging.INFO, logger="runrelay.worker"):
+        Worker(client, handler, queues=["q1"], poll_interval=0.05, maintenance=False).run(
+            until_idle=0.3
+        )
+    finished = [r for r in caplog.records if r.getMessage() == "run finished"]
+    assert len(finished) == 2  # one line per job
+    lines = {r.run_id: r for r in finished}
+    good, bad = lines["good"], lines["bad"]
+    fields = ("outcome", "queue", "attempt")
+    assert good.levelno == logging.INFO and good.exc_info is None
+    assert [getattr(good, f) for f in fields] == ["completed", "q1", 1]
+    assert isinstance(good.duration_ms, int) and good.duration_ms >= 0
+    assert bad.levelno == logging.WARNING
+    assert [getattr(bad, f) for f in fields] == ["failed", "q1", 1]
+    assert bad.exc_info is not None and isinstance(bad.exc_info[1], KeyError)

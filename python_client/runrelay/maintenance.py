@@ -1,0 +1,257 @@
+"""Maintenance: the periodic duties no single run triggers.
+
+    maintenance = Maintenance(client, interval=30.0, prune_after=timedelta(days=7))
+    maintenance.run()            # until stop() / SIGINT / SIGTERM
+    maintenance.run_once()       # one round -> {"reaped": 3, "pruned": 120}
+
+Duties, each round:
+
+* **reap** — `reap_expired` ends the leases of workers that died (their runs
+  retry or fail by the normal rules) and applies stranded cancellations. It is
+  called again while a call returns as many rows as it was allowed to, at
+  most `max_calls` times, so a backlog drains without one long transaction.
+* **prune** — with `prune_after` set, `prune(delivered_before=now -
+  prune_after)` deletes delivered ledger events in chunks of `prune_batch`,
+  again at most `max_calls` chunks per round.
+
+Which role may call what (plpgsql/grants.sql): `reap_expired` is a worker
+function, `prune` an admin one. A duty whose call raises PermissionDenied is
+switched off for the life of this object with one WARNING line; the other
+duties go on. A superuser or the schema owner may run both.
+
+Every Worker and AsyncWorker runs reap on its own (see worker.py), so a fleet
+of workers recovers a SIGKILLed peer's runs without any extra process;
+`runrelay maintain` is for pruning, or for fleets that opt out.
+
+The loop survives the database being away: a failed round is logged and the
+next one waits a full-jitter backoff instead of the interval. The interval
+itself is jittered ±50% so that many processes do not reap in step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from ._backoff import CONNECTION_ERRORS, Backoff, first_line, jittered, wait_event
+from .errors import PermissionDenied
+
+log = logging.getLogger("runrelay.maintenance")
+
+DUTIES = ("reap", "prune")
+
+
+class _Duties:
+    """What the sync and async loops share: settings, and which duties a
+    PermissionDenied has switched off."""
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        interval: float = 30.0,
+        prune_after: timedelta | None = timedelta(days=7),
+        reap_batch: int = 100,
+        prune_batch: int = 10000,
+        max_calls: int = 50,
+        reap: bool = True,
+    ) -> None:
+        if interval <= 0:
+            raise ValueError(f"interval must be positive, got {interval!r}")
+        if prune_after is not None and prune_after < timedelta(0):
+            raise ValueError(f"prune_after must not be negative, got {prune_after!r}")
+        if reap_batch < 1 or prune_batch < 1 or max_calls < 1:
+            raise ValueError("reap_batch, prune_batch and max_calls must be at least 1")
+        self.client = client
+        self.interval = interval
+        self.prune_after = prune_after
+        self.reap_batch = reap_batch
+        self.prune_batch = prune_batch
+        self.max_calls = max_calls
+        self.disabled: set[str] = set()
+        if not reap:
+            self.disabled.add("reap")
+        if prune_after is None:
+            self.disabled.add("prune")
+        self.rounds = 0
+        self._signals = 0
+        self._stop = self._new_event()
+
+    def _new_event(self) -> Any:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        """End run() after the current call."""
+        self._stop.set()
+
+    def _denied(self, duty: str, exc: PermissionDenied) -> None:
+        self.disabled.add(duty)
+        log.warning(
+            "maintenance duty %s disabled: this role may not call it (%s)",
+            duty,
+            exc.message,
+            extra={"duty": duty},
+        )
+
+    def _cutoff(self) -> datetime:
+        assert self.prune_after is not None
+        return datetime.now(UTC) - self.prune_after
+
+    def _log_round(self, done: dict[str, int]) -> None:
+        level = logging.INFO if any(done.values()) else logging.DEBUG
+        log.log(level, "maintenance round", extra=dict(done))
+
+    def _signal_count(self) -> int:
+        self._signals += 1
+        return self._signals
+
+
+class Maintenance(_Duties):
+    """Reaps expired leases and prunes delivered events on a jittered interval.
+
+    `reap=False` leaves reaping to others (a prune-only loop); `prune_after=None`
+    never prunes."""
+
+    _stop: threading.Event
+
+    def _new_event(self) -> threading.Event:
+        return threading.Event()
+
+    def install_signal_handlers(self) -> None:
+        """First SIGINT/SIGTERM: finish the round and return from run(). A
+        second one: stop at once (KeyboardInterrupt) — nothing is held."""
+
+        def handle(signum: int, _frame: Any) -> None:
+            if self._signal_count() == 1:
+                log.info("%s: stopping after this round", signal.Signals(signum).name)
+                self.stop()
+                return
+            log.warning("%s again: stopping now", signal.Signals(signum).name)
+            raise KeyboardInterrupt
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, handle)
+
+    def run_once(self) -> dict[str, int]:
+        """One round of every enabled duty -> {"reaped": n, "pruned": m}.
+        Connection errors propagate; the loop in run() handles them."""
+        done = {"reaped": 0, "pruned": 0}
+        if "reap" not in self.disabled:
+            done["reaped"] = self._chunks("reap", self._reap, self.reap_batch)
+        if "prune" not in self.disabled:
+            done["pruned"] = self._chunks("prune", self._prune, self.prune_batch)
+        self.rounds += 1
+        self._log_round(done)
+        return done
+
+    def _reap(self) -> int:
+        return len(self.client.reap_expired(self.reap_batch))
+
+    def _prune(self) -> int:
+        return int(self.client.prune(self._cutoff(), self.prune_batch))
+
+    def _chunks(self, duty: str, call: Callable[[], int], full: int) -> int:
+        total = 0
+        try:
+            for _ in range(self.max_calls):
+                n = call()
+                total += n
+                if n < full or self._stop.is_set():
+                    break
+        except PermissionDenied as exc:
+            self._denied(duty, exc)
+        return total
+
+    def run(self) -> None:
+        """Rounds until stop(); each followed by a jittered interval, or by a
+        backoff after the database failed the round."""
+        backoff = Backoff(base=0.5, cap=max(1.0, self.interval))
+        while not self._stop.is_set():
+            try:
+                self.run_once()
+                backoff.reset()
+                delay = jittered(self.interval)
+            except CONNECTION_ERRORS as exc:
+                delay = backoff.next()
+                log.warning(
+                    "maintenance round failed (%s); retrying in %.1fs", first_line(exc), delay
+                )
+            if self.disabled.issuperset(DUTIES):
+                log.warning("maintenance has no duty left that this role may run; stopping")
+                return
+            self._stop.wait(delay)
+
+
+class AsyncMaintenance(_Duties):
+    """Maintenance on an AsyncClient, for asyncio programs and AsyncWorker."""
+
+    _stop: asyncio.Event
+
+    def _new_event(self) -> asyncio.Event:
+        return asyncio.Event()
+
+    def install_signal_handlers(self) -> None:
+        """As Maintenance.install_signal_handlers, on the running event loop."""
+        loop = asyncio.get_running_loop()
+
+        def handle(sig: signal.Signals) -> None:
+            if self._signal_count() == 1:
+                log.info("%s: stopping after this round", sig.name)
+                self.stop()
+                return
+            log.warning("%s again: stopping now", sig.name)
+            for task in asyncio.all_tasks(loop):
+                task.cancel()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, handle, sig)
+
+    async def run_once(self) -> dict[str, int]:
+        done = {"reaped": 0, "pruned": 0}
+        if "reap" not in self.disabled:
+            done["reaped"] = await self._chunks("reap", self._reap, self.reap_batch)
+        if "prune" not in self.disabled:
+            done["pruned"] = await self._chunks("prune", self._prune, self.prune_batch)
+        self.rounds += 1
+        self._log_round(done)
+        return done
+
+    async def _reap(self) -> int:
+        return len(await self.client.reap_expired(self.reap_batch))
+
+    async def _prune(self) -> int:
+        return int(await self.client.prune(self._cutoff(), self.prune_batch))
+
+    async def _chunks(self, duty: str, call: Callable[[], Any], full: int) -> int:
+        total = 0
+        try:
+            for _ in range(self.max_calls):
+                n = int(await call())
+                total += n
+                if n < full or self._stop.is_set():
+                    break
+        except PermissionDenied as exc:
+            self._denied(duty, exc)
+        return total
+
+    async def run(self) -> None:
+        backoff = Backoff(base=0.5, cap=max(1.0, self.interval))
+        while not self._stop.is_set():
+            try:
+                await self.run_once()
+                backoff.reset()
+                delay = jittered(self.interval)
+            except CONNECTION_ERRORS as exc:
+                delay = backoff.next()
+                log.warning(
+                    "maintenance round failed (%s); retrying in %.1fs", first_line(exc), delay
+                )
+            if self.disabled.issuperset(DUTIES):
+                log.warning("maintenance has no duty left that this role may run; stopping")
+                return
+            await wait_event(self._stop, delay)

@@ -1,0 +1,192 @@
+"""Maintenance (reap + prune), the full-jitter backoff, and the LISTEN
+connection that reconnects — against a real server."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import subprocess
+import sys
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from faults import shifted, terminate_backend, wait_for
+from runrelay import Client
+from runrelay._backoff import Backoff, full_jitter, jittered
+from runrelay.maintenance import Maintenance
+from runrelay.relay import Relay
+from runrelay.worker import Job, Worker, run_in_thread
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+# -- backoff ------------------------------------------------------------------
+def test_full_jitter_stays_within_zero_and_the_capped_exponential() -> None:
+    rng = random.Random(7)
+    for failures in range(12):
+        ceiling = min(5.0, 0.1 * 2**failures)
+        samples = [full_jitter(failures, 0.1, 5.0, rng.random) for _ in range(2000)]
+        assert all(0.0 <= s <= ceiling for s in samples), failures
+        # Spread over the whole range, not clustered at one end (lock-step).
+        assert min(samples) < 0.1 * ceiling and max(samples) > 0.9 * ceiling, failures
+    assert full_jitter(3, 0.1, 5.0, lambda: 1.0) == pytest.approx(0.8)
+    assert full_jitter(200, 0.1, 5.0, lambda: 1.0) == 5.0  # no overflow, capped
+    assert full_jitter(3, 0.1, 5.0, lambda: 0.0) == 0.0
+
+
+def test_backoff_grows_per_failure_and_resets_on_success() -> None:
+    top = Backoff(base=0.5, cap=4.0, rng=lambda: 1.0)
+    assert [top.next() for _ in range(6)] == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
+    top.reset()
+    assert top.next() == 0.5
+    for base, cap in ((0.0, 1.0), (1.0, 0.5)):
+        with pytest.raises(ValueError):
+            Backoff(base=base, cap=cap)
+    with pytest.raises(ValueError):
+        full_jitter(-1, 0.1, 1.0)
+
+
+def test_jittered_interval_is_within_half_either_side() -> None:
+    rng = random.Random(3)
+    samples = [jittered(10.0, rng=rng.random) for _ in range(2000)]
+    assert all(5.0 <= s <= 15.0 for s in samples)
+    assert min(samples) < 5.5 and max(samples) > 14.5
+    with pytest.raises(ValueError):
+        jittered(1.0, spread=1.5)
+
+
+# -- maintenance --------------------------------------------------------------
+def _expired_claim(
+    connect: Callable[..., psycopg.Connection], run_id: str, ago: str = "1 hour"
+) -> None:
+    """A run enqueued and claimed by a worker that vanished `ago`: its lease is long past."""
+    old = connect()
+    with shifted(old, f"-{ago}"):
+        client = Client(old)
+        client.enqueue_run(run_id, max_attempts=3)
+        claimed = client.claim_attempts("ghost", lease_seconds=30)
+    assert [a.run_id for a in claimed] == [run_id]
+
+
+def test_maintain_once_reaps_an_expired_lease_and_prunes_old_deliveries(
+    db: psycopg.Connection, db_url: str, connect: Callable[..., psycopg.Connection]
+) -> None:
+    _expired_claim(connect, "orphan", ago="10 days")
+    old = connect()
+    with shifted(old, "-9 days"):  # its queued/started events delivered nine days ago
+        Relay(Client(old), lambda lane, events: None, max_sleep=0.05).run(until_idle=0.2)
+    Client(db_url).enqueue_run("fresh")
+    Relay(Client(db_url), lambda lane, events: None, max_sleep=0.05).run(until_idle=0.2)
+    old_delivered = db.execute(
+        "SELECT count(*) FROM runrelay.ledger"
+        " WHERE state = 'delivered' AND delivered_at < now() - interval '7 days'"
+    ).fetchone()
+    recent = db.execute(
+        "SELECT delivery_key FROM runrelay.ledger"
+        " WHERE state = 'delivered' AND delivered_at > now() - interval '1 hour'"
+    ).fetchall()
+    assert old_delivered is not None and old_delivered[0] >= 2 and recent
+
+    out = subprocess.run(
+        [sys.executable, "-m", "runrelay.cli", "maintain", "--once", "--prune-after", "7d"],
+        env={**os.environ, "DATABASE_URL": db_url},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {"reaped": 1, "pruned": old_delivered[0]}
+    attempt = db.execute(
+        "SELECT status, error->>'reason' FROM runrelay.attempts WHERE run_id = 'orphan'"
+    ).fetchone()
+    assert attempt == ("lost", "lease_expired")
+    assert db.execute("SELECT status FROM runrelay.runs WHERE run_id = 'orphan'").fetchone() == (
+        "queued",
+    )
+    left = db.execute(
+        "SELECT count(*) FROM runrelay.ledger"
+        " WHERE state = 'delivered' AND delivered_at < now() - interval '7 days'"
+    ).fetchone()
+    assert left == (0,)
+    still = db.execute(
+        "SELECT delivery_key FROM runrelay.ledger"
+        " WHERE state = 'delivered' AND delivered_at > now() - interval '1 hour'"
+    ).fetchall()
+    assert set(recent) <= set(still)
+
+
+def test_a_denied_duty_is_disabled_with_one_warning_and_the_others_go_on(
+    db: psycopg.Connection,
+    db_url: str,
+    connect: Callable[..., psycopg.Connection],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The worker role may reap but not prune: prune is switched off once,
+    with one warning, and reap keeps working round after round."""
+    _expired_claim(connect, "orphan1")
+    as_worker = connect()
+    as_worker.execute("SET ROLE runrelay_worker")
+    maintenance = Maintenance(Client(as_worker), prune_after=timedelta(days=1))
+    with caplog.at_level(logging.WARNING, logger="runrelay.maintenance"):
+        assert maintenance.run_once() == {"reaped": 1, "pruned": 0}
+        _expired_claim(connect, "orphan2")
+        assert maintenance.run_once() == {"reaped": 1, "pruned": 0}
+    warnings = [r for r in caplog.records if r.name == "runrelay.maintenance"]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
+    assert "maintenance duty prune disabled" in warnings[0].getMessage()
+    assert maintenance.disabled == {"prune"}
+    statuses = db.execute("SELECT status FROM runrelay.attempts ORDER BY run_id").fetchall()
+    assert statuses == [("lost",), ("lost",)]
+
+
+def test_maintenance_refuses_bad_settings_before_any_call(db_url: str) -> None:
+    client = Client(db_url)
+    with pytest.raises(ValueError):
+        Maintenance(client, interval=0)
+    with pytest.raises(ValueError):
+        Maintenance(client, prune_after=timedelta(seconds=-1))
+    with pytest.raises(ValueError):
+        Maintenance(client, reap_batch=0)
+
+
+# -- LISTEN reconnects ----------------------------------------------------------
+def _listen_backends(db: psycopg.Connection, channel: str) -> list[int]:
+    rows = db.execute(
+        "SELECT pid FROM pg_stat_activity WHERE query = %s AND datname = current_database()",
+        [f"LISTEN {channel}"],
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def test_a_worker_whose_listen_connection_is_terminated_reconnects_and_wakes_up(
+    db: psycopg.Connection, db_url: str
+) -> None:
+    """poll_interval is a minute: only a NOTIFY can start the run within the
+    wait, and only on a LISTEN connection that came back."""
+    done: list[str] = []
+
+    def handler(job: Job) -> None:
+        done.append(job.run_id)
+
+    worker = Worker(Client(db_url), handler, poll_interval=60, listen_dsn=db_url,
+                    maintenance=False)  # fmt: skip
+    thread, result = run_in_thread(worker)
+    try:
+        wait_for(lambda: len(_listen_backends(db, "runrelay_runs")) == 1, 30, "LISTEN")
+        (first,) = _listen_backends(db, "runrelay_runs")
+        assert terminate_backend(db, first)
+        wait_for(lambda: _listen_backends(db, "runrelay_runs") not in ([], [first]), 30,
+                 "LISTEN again")  # fmt: skip
+        Client(db_url).enqueue_run("woken")
+        wait_for(lambda: done == ["woken"], 20, "the run picked up on NOTIFY")
+    finally:
+        worker.stop()
+        thread.join(30)
+    result.result(timeout=1)
