@@ -581,7 +581,8 @@ def markdown(doc: Doc, results_path: str, images: list[str]) -> str:
     if NOTES.exists():
         out.append(NOTES.read_text())
     out.append(
-        "\n## Reproduce\n\n```bash\nmake bench        # full run, < 10 minutes, rewrites this file\n"
+        "\n## Reproduce\n\n```bash\n"
+        "make bench        # full run, < 10 minutes, rewrites this file\n"
         "make bench-quick  # tiny sizes, a smoke test (part of make test)\n"
         "python -m bench.run --sizes 1000 100000 --reps 5 --out /tmp/bench\n```\n"
     )

@@ -180,16 +180,11 @@ def release_write(
     both workers' shutdown (kind "WorkerShutdown") and by Snooze (kind
     "Snooze"); `run_at` None means at once.
 
-    Today this is fail_attempt with retry_at, which uses up an attempt (a
-    hand-back of a run's last attempt fails the run). It becomes
-    release_attempt(run_id, attempt, lease_token, run_at, reason) — no
-    attempt used — once that SQL function ships; only this function changes."""
-    error = {"type": kind, "message": (reason or kind)[:MESSAGE_CHARS]}
-    return "fail_attempt", {
-        **job.attempt.fence,
-        "error": error,
-        "retry_at": run_at if run_at is not None else RETRY_NOW,
-    }
+    It is release_attempt: the run is queued again (at run_at, or at once by
+    the server's clock) and the attempt does not count against max_attempts;
+    the reason is recorded in the run.retry_scheduled event."""
+    text = kind if not reason or reason == kind else f"{kind}: {reason}"
+    return "release_attempt", {**job.attempt.fence, "run_at": run_at, "reason": text[:2000]}
 
 
 def write_for(job: Job, outcome: Any) -> tuple[str, dict[str, Any]]:

@@ -132,3 +132,17 @@ def plans(db: psycopg.Connection) -> Callable[[], list[str]]:
         return out
 
     return take
+
+
+def handed_back(db: psycopg.Connection, run_id: str) -> tuple[str, str, str]:
+    """(run status, its latest attempt's status, the release reason)."""
+    row = db.execute(
+        "SELECT r.status, a.status, l.payload ->> 'reason'"
+        " FROM runrelay.runs AS r"
+        " JOIN runrelay.attempts AS a ON a.run_id = r.run_id"
+        " JOIN runrelay.ledger AS l ON l.run_id = r.run_id AND l.type = 'run.retry_scheduled'"
+        " WHERE r.run_id = %s ORDER BY a.attempt DESC, l.seq DESC LIMIT 1",
+        (run_id,),
+    ).fetchone()
+    assert row is not None
+    return row

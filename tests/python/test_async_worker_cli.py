@@ -14,6 +14,7 @@ from typing import Any
 
 import psycopg
 
+from conftest import handed_back
 from runrelay import AsyncClient, Client
 from runrelay.worker import AsyncWorker, Job, Suspend
 
@@ -214,10 +215,7 @@ def test_async_worker_hands_back_unfinished_runs_and_cancels_their_tasks(
 
     asyncio.run(main())
     assert cancelled == ["stuck"]
-    status, error = db.execute(
-        "SELECT status, error FROM runrelay.runs WHERE run_id = 'stuck'"
-    ).fetchone()
-    assert status == "queued" and error["type"] == "WorkerShutdown"
+    assert handed_back(db, "stuck") == ("queued", "released", "WorkerShutdown")
 
 
 def test_async_worker_replays_a_claim_whose_reply_was_lost(
@@ -317,8 +315,5 @@ def test_cli_async_worker_second_signal_hands_the_run_back(
     finally:
         if proc.poll() is None:
             proc.kill()
-    status, error = db.execute(
-        "SELECT status, error FROM runrelay.runs WHERE run_id = 'long'"
-    ).fetchone()
-    assert status == "queued" and error["type"] == "WorkerShutdown"
+    assert handed_back(db, "long") == ("queued", "released", "WorkerShutdown")
     assert "SIGTERM again: handing in-flight runs back now" in err.read_text()

@@ -24,6 +24,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from conftest import handed_back
 from faults import Checker, read_jsonl, wait_for
 from runrelay import Client
 
@@ -198,11 +199,8 @@ def test_a_second_signal_ends_the_grace_period_and_hands_the_run_back(
 
     w.send_signal(signal.SIGTERM)
     assert w.wait(timeout=30) == 0
-    status, error = db.execute(
-        "SELECT status, error FROM runrelay.runs WHERE run_id = 'long'"
-    ).fetchone()
-    assert status == "queued"
-    assert error["type"] == "WorkerShutdown"
+    # Handed back without using an attempt.
+    assert handed_back(db, "long") == ("queued", "released", "WorkerShutdown")
     log = procs.stderr("w")
     assert "SIGTERM: no new claims" in log
     assert "SIGTERM again: handing in-flight runs back now" in log
