@@ -13,10 +13,8 @@ which covers what is derivable from them — the state machine of every run
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +24,7 @@ import pytest
 
 from conftest import handed_back
 from faults import Checker, read_jsonl, wait_for
+from installed import Installed
 from runrelay import Client
 
 HERE = Path(__file__).resolve().parent
@@ -33,24 +32,25 @@ REPO = HERE.parents[1]
 
 
 class Processes:
-    """`runrelay` CLI processes of one test; any still alive are killed at the end."""
+    """`runrelay` CLI processes of one test, run from the wheel installed in a
+    fresh venv (what a user runs); any still alive are killed at the end."""
 
-    def __init__(self, db_url: str, folder: Path) -> None:
+    def __init__(self, db_url: str, folder: Path, installed: Installed) -> None:
         self.folder = folder
-        self.env = {
-            **os.environ,
-            "DATABASE_URL": db_url,
-            "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
-            "RR_TEST_RECORD": str(folder / "record.jsonl"),
-        }
+        self.installed = installed
+        self.env = installed.env(
+            DATABASE_URL=db_url,
+            PYTHONPATH=str(HERE),  # the test handlers and sinks, nothing of runrelay
+            RR_TEST_RECORD=str(folder / "record.jsonl"),
+        )
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def start(self, name: str, *args: str, **env: str) -> subprocess.Popen[bytes]:
         with open(self.folder / f"{name}.stderr", "wb") as err:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "runrelay.cli", *args],
+                [self.installed.runrelay, *args],
                 env={**self.env, **env},
-                cwd=REPO,
+                cwd=self.installed.home,
                 stdout=err,
                 stderr=err,
             )
@@ -71,8 +71,8 @@ class Processes:
 
 
 @pytest.fixture
-def procs(db_url: str, tmp_path: Path) -> Iterator[Processes]:
-    p = Processes(db_url, tmp_path)
+def procs(db_url: str, tmp_path: Path, installed: Installed) -> Iterator[Processes]:
+    p = Processes(db_url, tmp_path, installed)
     yield p
     p.close()
 
