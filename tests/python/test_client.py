@@ -1274,11 +1274,13 @@ def test_every_method_returns_its_declared_type(
         await call("enqueue_run", "b")
         await call("enqueue_run", "c", max_attempts=1)
         await call("enqueue_run", "d")
+        await call("enqueue_run", "e")
         await call("append_events", "a", [{"type": "note", "lane": "observability"}])
         await call("signal_run", "a", "early")
         await call("cancel_run", "missing")
-        claimed = {c.run_id: c for c in await call("claim_attempts", "w1", max_runs=4)}
-        a, b, c, d = (claimed[run_id] for run_id in "abcd")
+        claimed = {c.run_id: c for c in await call("claim_attempts", "w1", max_runs=5)}
+        a, b, c, d, e = (claimed[run_id] for run_id in "abcde")
+        await call("release_attempt", **e.fence, reason="Shutdown: w1 stopping")
         await call("heartbeat", **a.fence)
         await call("prepare_waiting_failure", **a.fence)
         await call("complete_attempts", [b])
