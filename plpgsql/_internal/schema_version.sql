@@ -8,7 +8,7 @@ VOLATILE
 SECURITY DEFINER
 SET search_path FROM CURRENT
 AS $$
-    SELECT '0005'::text;
+    SELECT '0006'::text;
 $$;
 
 COMMENT ON FUNCTION get_schema_version() IS

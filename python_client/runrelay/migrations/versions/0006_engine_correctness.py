@@ -1,0 +1,27 @@
+"""Engine correctness: one lane lock order for every multi-run call, exact
+replays (idempotency ids for signal_run and cancel_run), a caller's tighter
+lock_timeout honoured, and a pushed detached-runner terminal that cannot wait
+forever.
+
+Revision ID: 0006
+Revises: 0005
+Create Date: 2026-12-02
+"""
+
+from runrelay.migrations import support
+
+revision = "0006"
+down_revision = "0005"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    support.run_frozen(revision, "upgrade.sql")
+    support.install_code(revision)
+
+
+def downgrade() -> None:
+    support.drop_code()
+    support.run_frozen(revision, "downgrade.sql")
+    support.install_code(down_revision)
