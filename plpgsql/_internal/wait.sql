@@ -57,3 +57,36 @@ $$;
 
 COMMENT ON FUNCTION _normalize_wait(jsonb) IS
 'Validates a wait object and returns it canonicalised (kind, name/runner, until/timeout_at).';
+
+-- _suspension_in_force(): the attempt's suspension is the one its run is in —
+-- the rule prepare_waiting_failure and fail_attempt(...,
+-- protect_waiting_suspension => true) share. True iff the run waits, on a wait
+-- that is not a detached runner's; the attempt is the run's current attempt;
+-- it recorded that very wait; and its receipt is still
+-- {"status": "suspended", "wait": <that wait>}. A detached runner's wait never
+-- qualifies: its outcome belongs to the runner (record_runner_terminal
+-- replaces the receipt with the pushed terminal) and it ends through
+-- claim_detached_terminal, so a protected failure must not overwrite it.
+-- Time is the caller's to check (a wait past wake_at has ended). Reads only
+-- its arguments: the caller passes rows read under the custody locks.
+CREATE FUNCTION _suspension_in_force(p_run runs, p_attempt attempts)
+RETURNS boolean
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    RETURN coalesce(
+        p_run.status = 'waiting'
+        AND p_run.wait ->> 'kind' <> 'detached_runner'
+        AND p_attempt.run_id = p_run.run_id
+        AND p_attempt.attempt = p_run.attempt_count
+        AND p_attempt.wait = p_run.wait
+        AND p_attempt.runner_result = jsonb_build_object('status', 'suspended', 'wait', p_run.wait),
+        FALSE
+    );
+END;
+$$;
+
+COMMENT ON FUNCTION _suspension_in_force(runs, attempts) IS
+'True iff the attempt''s recorded suspension (wait and receipt) is the non-detached wait its run is in.';
