@@ -153,7 +153,11 @@ $$;
 COMMENT ON FUNCTION _wake(runs, jsonb) IS
 'Resumes a waiting run: attempt resumed, run queued with resume, run.resumed emitted.';
 
--- What a wait that ended by time delivers to the next attempt.
+-- What a wait that ended by time delivers to the next attempt. A detached
+-- runner's wait that ended with a pushed terminal nobody claimed (its claim
+-- window passed, see _wake_at) also carries that terminal, so the next
+-- attempt can write it instead of running the work again. Called under the
+-- run's lock, which every writer of runner_result holds too.
 CREATE FUNCTION _timeout_resume(p_run runs)
 RETURNS jsonb
 LANGUAGE sql
@@ -162,12 +166,19 @@ SET search_path FROM CURRENT
 AS $$
     SELECT CASE
         WHEN p_run.wait ->> 'kind' = 'sleep' THEN jsonb_build_object('slept', TRUE)
-        ELSE jsonb_build_object('timed_out', TRUE)
+        ELSE jsonb_build_object('timed_out', TRUE) || coalesce((
+            SELECT jsonb_build_object('runner_result', a.runner_result)
+            FROM attempts AS a
+            WHERE
+                a.run_id = p_run.run_id
+                AND a.attempt = p_run.attempt_count
+                AND a.runner_result_received_at IS NOT NULL
+        ), '{}'::jsonb)
     END;
 $$;
 
 COMMENT ON FUNCTION _timeout_resume(runs) IS
-'The resume of a wait that ended by time: {"slept": true} for a sleep, else {"timed_out": true}.';
+'The resume of a wait that ended by time: {"slept": true}, else {"timed_out": true} (+ runner_result if one was pushed).';
 
 -- Exponential backoff with jitter for the n-th failure: base * 2^(n-1),
 -- capped, then scaled by a random factor in [0.5, 1).

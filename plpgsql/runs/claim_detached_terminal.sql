@@ -4,10 +4,14 @@
 -- running with a fresh 30 s lease so its owner — the holder of the lease
 -- token — can write the terminal with complete_attempt or
 -- fail_attempt(..., preserve_runner_terminal => true). The wait ends here:
--- run.resumed is emitted, transport-only. Locks: key, run row, attempt row.
--- Returns true when the attempt is (now, or already after an earlier call)
--- claimed for its terminal; false when there is no pushed terminal to claim,
--- the token or attempt is wrong, or a cancel marker was applied instead.
+-- run.resumed is emitted, transport-only, and the run's deadline is disarmed
+-- (the lease governs from now on; if it lapses, reap_expired sends the
+-- attempt back to waiting and restores the deadline). Locks: key, run row,
+-- attempt row. Returns true when the attempt is (now, or already after an
+-- earlier call) claimed for its terminal; false when there is no pushed
+-- terminal to claim, the token or attempt is wrong, the claim window is over
+-- (record_runner_terminal's deadline has passed, woken or not: time wins),
+-- or a cancel marker was applied instead.
 CREATE FUNCTION claim_detached_terminal(
     run_id text,
     attempt integer,
@@ -24,6 +28,7 @@ DECLARE
     v_run runs;
     v_attempt attempts;
     v_now timestamptz;
+    v_seq bigint;
 BEGIN
     PERFORM _require_read_committed();
     PERFORM _check_id('run_id', claim_detached_terminal.run_id);
@@ -42,21 +47,25 @@ BEGIN
     IF v_attempt.status = 'running' THEN
         RETURN TRUE;
     END IF;
-    IF v_attempt.status <> 'waiting' THEN
+    v_now := _now();
+    IF v_attempt.status <> 'waiting' OR v_run.wake_at <= v_now THEN
         RETURN FALSE;
     END IF;
     IF _apply_marker(v_run) THEN
         RETURN FALSE;
     END IF;
-    v_now := _now();
     UPDATE attempts AS a
     SET status = 'running', heartbeat_at = v_now, lease_expires_at = v_now + _lease(30)
     WHERE a.run_id = claim_detached_terminal.run_id AND a.attempt = claim_detached_terminal.attempt;
+    UPDATE runs AS r
+    SET wake_at = NULL, updated_at = v_now, ledger_seq = r.ledger_seq + 1
+    WHERE r.run_id = claim_detached_terminal.run_id
+    RETURNING r.ledger_seq INTO v_seq;
     PERFORM _emit(claim_detached_terminal.run_id, 'run.resumed',
-        jsonb_build_object('attempt', claim_detached_terminal.attempt, 'resume', NULL), TRUE);
+        jsonb_build_object('attempt', claim_detached_terminal.attempt, 'resume', NULL), TRUE, v_seq);
     RETURN TRUE;
 END;
 $$;
 
 COMMENT ON FUNCTION claim_detached_terminal(text, integer, uuid) IS
-'Moves a waiting detached attempt with a pushed terminal back to running for its owner; true when claimed.';
+'Moves a waiting detached attempt with a pushed terminal back to running for its owner, within its claim window; true when claimed.';

@@ -10,14 +10,17 @@
 --   cancelled       — a cancel marker won;
 --   fence_lost      — not the live current attempt, wrong token, or (with
 --                     protect_waiting_suspension) the run no longer waits on
---                     the suspension this attempt recorded;
+--                     the suspension this attempt recorded: it was woken or
+--                     timed out, the wait is a detached runner's (whose
+--                     pushed terminal a protected failure never overwrites),
+--                     or the attempt's receipt is no longer that suspension;
 --   superseded      — with preserve_runner_terminal: a detached runner pushed
 --                     its terminal after the claim; it is authoritative and
 --                     nothing is written.
 -- With protect_waiting_suspension (after prepare_waiting_failure) the failure
--- applies only while the run still waits on the very same suspension, no
--- cancel marker exists and no newer attempt exists, all checked after the
--- custody locks. final_events are appended before the run.retry_scheduled /
+-- applies only while the run still waits on the very same suspension
+-- (_suspension_in_force, and before its wake_at), no cancel marker exists and
+-- no newer attempt exists, all checked after the custody locks. final_events are appended before the run.retry_scheduled /
 -- run.failed event. Replays answer the recorded outcome and write nothing.
 CREATE FUNCTION fail_attempt(
     run_id text,
@@ -62,9 +65,10 @@ BEGIN
         RETURN v_outcome;
     END IF;
     IF fail_attempt.protect_waiting_suspension THEN
-        -- Past its timeout the suspension has ended even if not yet woken.
-        IF v_run.status <> 'waiting' OR v_run.wait IS DISTINCT FROM v_attempt.wait
-            OR v_run.wake_at <= _now() THEN
+        -- The suspension this attempt recorded must still be the one in force
+        -- (never a detached runner's: a pushed terminal is not the worker's to
+        -- overwrite), and past its wake_at it has ended even if not yet woken.
+        IF NOT _suspension_in_force(v_run, v_attempt) OR v_run.wake_at <= _now() THEN
             RETURN 'fence_lost';
         END IF;
     END IF;

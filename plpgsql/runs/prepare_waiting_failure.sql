@@ -3,16 +3,18 @@
 -- Takes the custody locks first (key, run row, attempt row), then decides in
 -- a fresh snapshot:
 --   not_applicable — the run is not waiting, or waits on a detached runner;
---   prepared       — this attempt's receipt is the very wait the run is in,
---                    the token matches, no newer attempt exists and no cancel
---                    marker exists: the attempt is set back to running (with
---                    a fresh 30 s lease) so fail_attempt(...,
---                    protect_waiting_suspension => true) can write;
+--   prepared       — this attempt's receipt is the very wait the run is in
+--                    (_suspension_in_force), the token matches, no newer
+--                    attempt exists and no cancel marker exists: the attempt
+--                    is set back to running (with a fresh 30 s lease) so
+--                    fail_attempt(..., protect_waiting_suspension => true)
+--                    can write;
 --   fence_lost     — otherwise.
 -- Preparing never clears the wait and never emits run.resumed: a signal or a
 -- timeout that arrives before the failure still wins, and the protected
 -- failure then answers fence_lost. Replaying a committed prepare answers
--- prepared again.
+-- prepared again and writes nothing (the lease it granted is not extended:
+-- heartbeat does that).
 CREATE FUNCTION prepare_waiting_failure(
     run_id text,
     attempt integer,
@@ -41,11 +43,15 @@ BEGIN
     END IF;
     IF v_attempt.run_id IS NULL
         OR v_attempt.lease_token IS DISTINCT FROM prepare_waiting_failure.lease_token
-        OR v_attempt.attempt <> v_run.attempt_count
         OR v_attempt.status NOT IN ('waiting', 'running')
-        OR v_attempt.wait IS DISTINCT FROM v_run.wait
+        OR NOT _suspension_in_force(v_run, v_attempt)
         OR (_cancel_reason(v_run.run_id)).requested THEN
         RETURN 'fence_lost';
+    END IF;
+    IF v_attempt.status = 'running' THEN
+        -- Already prepared (a replay after a lost reply): the same answer,
+        -- and nothing written — not even a fresher lease.
+        RETURN 'prepared';
     END IF;
     v_now := _now();
     UPDATE attempts AS a

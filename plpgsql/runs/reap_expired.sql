@@ -8,7 +8,10 @@
 --   cancelled        — a cancel marker exists: it is applied;
 --   waiting          — the attempt had been prepared for a waiting failure or
 --                      claimed for a detached terminal: it goes back to
---                      waiting and the run keeps waiting;
+--                      waiting and the run keeps waiting, with its deadline
+--                      (_wake_at) restored — a claimed detached terminal's
+--                      claim window, which the claim had disarmed, so a
+--                      lapsed owner cannot leave the run waiting forever;
 --   retry_scheduled / failed — the attempt becomes lost and the run retries
 --                      or fails by the same rules as fail_attempt.
 -- Also applies up to max_attempts cancel markers that no writer has applied
@@ -62,6 +65,10 @@ BEGIN
             UPDATE attempts AS a
             SET status = 'waiting'
             WHERE a.run_id = v_candidate.run_id AND a.attempt = v_candidate.attempt;
+            UPDATE runs AS r
+            SET wake_at = _wake_at(r.wait, v_attempt.runner_result_received_at)
+            WHERE r.run_id = v_candidate.run_id
+                AND r.wake_at IS DISTINCT FROM _wake_at(r.wait, v_attempt.runner_result_received_at);
             RETURN NEXT (v_candidate.run_id, v_candidate.attempt, 'waiting')::reap_expired_result;
         ELSE
             v_error := jsonb_build_object(

@@ -2,9 +2,14 @@
 --
 -- No lease token: the runner is outside the worker's custody. Locks: key,
 -- run row, attempt row. First write wins:
---   recorded  — stored on the attempt (runner_result, received_at); the
---               wait's timeout is disarmed and the run is announced on
---               runrelay_runs so its owner can claim_detached_terminal;
+--   recorded  — stored on the attempt (runner_result, received_at), and
+--               the run is announced on runrelay_runs so its owner can
+--               claim_detached_terminal. The wait's deadline becomes the
+--               claim window (_wake_at): 5 minutes from now, or timeout_at
+--               if that is sooner. A terminal its owner never claims cannot
+--               keep the run waiting: past the deadline the next claim on
+--               the queue wakes the run, resume {"timed_out": true,
+--               "runner_result": <the pushed result>};
 --   duplicate — the same result was already recorded;
 --   conflict  — a different result was already recorded (kept);
 --   too_late  — the wait already ended (its timeout_at has passed, woken or
@@ -53,7 +58,7 @@ BEGIN
     SET runner_result = record_runner_terminal.result, runner_result_received_at = v_now
     WHERE a.run_id = record_runner_terminal.run_id AND a.attempt = record_runner_terminal.attempt;
     UPDATE runs AS r
-    SET wake_at = NULL, updated_at = v_now
+    SET wake_at = _wake_at(r.wait, v_now), updated_at = v_now
     WHERE r.run_id = record_runner_terminal.run_id;
     PERFORM pg_notify('runrelay_runs', v_run.queue);
     RETURN 'recorded';

@@ -59,7 +59,7 @@ BEGIN
         PERFORM _check_keys_unused('final_events', v_events);
         PERFORM _append(suspend_attempt.run_id, v_events);
     END IF;
-    v_wake_at := coalesce(v_wait ->> 'until', v_wait ->> 'timeout_at')::timestamptz;
+    v_wake_at := _wake_at(v_wait);
     UPDATE attempts AS a
     SET status = 'waiting',
         wait = v_wait,

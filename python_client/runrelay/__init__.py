@@ -37,6 +37,7 @@ from .types import (
     RunStatus,
     SignalOutcome,
     SuspendOutcome,
+    WaitingFailureOutcome,
 )
 
 __all__ = [
@@ -73,5 +74,6 @@ __all__ = [
     "SignalOutcome",
     "StatementTimeout",
     "SuspendOutcome",
+    "WaitingFailureOutcome",
     "WrongIsolation",
 ]

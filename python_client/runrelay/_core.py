@@ -252,6 +252,16 @@ OPERATIONS: dict[str, Operation] = {
 }
 
 
+def waiting_failure(prepared: t.PrepareOutcome, failed: t.FailOutcome) -> t.WaitingFailureOutcome:
+    """The one answer of fail_waiting's two calls. The protected failure's
+    answer decides (on a repeat after a lost reply it is the outcome the first
+    failure recorded, whatever the prepare says now); a refusal is reported as
+    not_applicable when the prepare found no suspension of that kind to fail."""
+    if failed is t.FailOutcome.FENCE_LOST and prepared is t.PrepareOutcome.NOT_APPLICABLE:
+        return t.WaitingFailureOutcome.NOT_APPLICABLE
+    return t.WaitingFailureOutcome(str(failed))
+
+
 def view_query(schema: str, view: str) -> sql.Composed:
     return sql.SQL("SELECT * FROM {}.{} ORDER BY 1, 2").format(
         sql.Identifier(schema), sql.Identifier(view)

@@ -2,9 +2,10 @@
 
 Both take a conninfo string, a psycopg connection or a psycopg_pool pool;
 constructors do no I/O. Every method issues exactly one statement (one round
-trip). ``conn=`` runs the call on the caller's connection — inside the
-caller's transaction if one is open, which is how a producer enqueues a run
-or appends events atomically with its own writes.
+trip), except `fail_waiting`, a documented helper of two calls. ``conn=`` runs
+the call on the caller's connection — inside the caller's transaction if one
+is open, which is how a producer enqueues a run or appends events atomically
+with its own writes.
 
 The method bodies live once, in `_Methods`; the two classes differ only in
 how a statement is executed. Each body returns a `_Call[T]` naming its SQL
@@ -51,11 +52,39 @@ from .types import (
     RunnerTerminalOutcome,
     SignalOutcome,
     SuspendOutcome,
+    WaitingFailureOutcome,
 )
 
 P = ParamSpec("P")
 T = TypeVar("T")
 Rows = list[dict[str, Any]]
+
+# The documentation of Client.fail_waiting and AsyncClient.fail_waiting.
+FAIL_WAITING_DOC = """Fail a run that waits on this attempt's suspension, unless the wait
+ends first -> WaitingFailureOutcome.
+
+The waiting-failure protocol of the SQL API as one call: it is **two round
+trips**, ``prepare_waiting_failure`` then ``fail_attempt(...,
+protect_waiting_suspension=True)``, because ``fail_attempt`` writes only for a
+live attempt and a suspended one is not live: the prepare makes it live again
+*without* ending the wait, and the protected failure applies only if that same
+suspension is still in force when it holds the run's locks. Each call is its
+own transaction (unless ``conn=`` is inside yours), so a signal, a timeout or a
+cancellation may commit between them — and then it wins. The protected
+failure is sent even when the prepare refused, so that repeating the whole
+helper after a lost reply answers exactly what the first one did (every
+answer below is replay-safe).
+
+* ``retry_scheduled`` / ``failed`` — the failure applied: the wait is cleared
+  and the run retries (``retry_at``, or backoff) or, attempts exhausted, fails;
+* ``cancelled`` — a cancel marker won; the run is cancelled;
+* ``fence_lost`` — refused, nothing written: the suspension is no longer the
+  one in force (a signal or timeout woke the run, which resumes; a newer
+  attempt exists; a cancellation is pending) or the token is wrong;
+* ``not_applicable`` — refused, nothing written: the run is not waiting, or
+  waits on a detached runner (whose pushed terminal is the runner's to write,
+  see claim_detached_terminal).
+"""
 
 # psycopg prepares a statement after this many executions on a connection.
 # Pass prepare_threshold=None when a pooler in transaction mode cannot keep
@@ -573,6 +602,32 @@ class Client(_Methods):
             self._on_call(function, time.perf_counter() - started)
         return _core.OPERATIONS[function].read(rows)
 
+    def fail_waiting(
+        self,
+        run_id: str,
+        attempt: int,
+        lease_token: uuid.UUID,
+        error: Any,
+        retry_at: datetime | None = None,
+        final_events: Sequence[Any] = (),
+        *,
+        conn: Any = None,
+    ) -> WaitingFailureOutcome:
+        prepared = self.prepare_waiting_failure(run_id, attempt, lease_token, conn=conn)
+        failed = self.fail_attempt(
+            run_id,
+            attempt,
+            lease_token,
+            error,
+            retry_at,
+            final_events,
+            protect_waiting_suspension=True,
+            conn=conn,
+        )
+        return _core.waiting_failure(prepared, failed)
+
+    fail_waiting.__doc__ = FAIL_WAITING_DOC
+
     def run_stats(self, *, conn: Any = None) -> list[dict[str, Any]]:
         """Rows of the run_stats view (admin role)."""
         return self._view("run_stats", conn)
@@ -663,6 +718,32 @@ class AsyncClient(_Methods):
             return _core.OPERATIONS[function].read(rows)
 
         return run()
+
+    async def fail_waiting(
+        self,
+        run_id: str,
+        attempt: int,
+        lease_token: uuid.UUID,
+        error: Any,
+        retry_at: datetime | None = None,
+        final_events: Sequence[Any] = (),
+        *,
+        conn: Any = None,
+    ) -> WaitingFailureOutcome:
+        prepared = await self.prepare_waiting_failure(run_id, attempt, lease_token, conn=conn)
+        failed = await self.fail_attempt(
+            run_id,
+            attempt,
+            lease_token,
+            error,
+            retry_at,
+            final_events,
+            protect_waiting_suspension=True,
+            conn=conn,
+        )
+        return _core.waiting_failure(prepared, failed)
+
+    fail_waiting.__doc__ = FAIL_WAITING_DOC
 
     async def run_stats(self, *, conn: Any = None) -> list[dict[str, Any]]:
         return await self._view("run_stats", conn)

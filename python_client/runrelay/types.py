@@ -64,6 +64,17 @@ class PrepareOutcome(enum.StrEnum):
     NOT_APPLICABLE = "not_applicable"
 
 
+class WaitingFailureOutcome(enum.StrEnum):
+    """What `Client.fail_waiting` (prepare_waiting_failure, then
+    fail_attempt(..., protect_waiting_suspension=True)) answers."""
+
+    RETRY_SCHEDULED = "retry_scheduled"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    FENCE_LOST = "fence_lost"
+    NOT_APPLICABLE = "not_applicable"
+
+
 class SignalOutcome(enum.StrEnum):
     RESUMED = "resumed"
     STORED = "stored"

@@ -8,6 +8,11 @@ The handler receives a `Job`. What it does decides the write:
 
 * returns a value             -> complete_attempt(result=value)   (None -> {})
 * raises Suspend(wait=...)    -> suspend_attempt(wait)
+* raises Suspend(wait=..., on_waiting=step)
+                              -> suspend_attempt(wait); once the run waits,
+                                 step() runs; if it raises, the waiting run is
+                                 failed with fail_waiting unless its wait
+                                 ended first (see Suspend)
 * raises Retry(after=s)       -> fail_attempt(retry_at=now + s)
 * raises Snooze(after=s)      -> the run is handed back to run again in s
                                  seconds (see release_write)
@@ -52,6 +57,7 @@ exactly-once state transitions.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import os
 import signal
@@ -77,7 +83,7 @@ from ._backoff import (
 )
 from .client import Client
 from .maintenance import AsyncMaintenance, Maintenance
-from .types import ClaimedAttempt, CompletedItem, HeartbeatOutcome
+from .types import ClaimedAttempt, CompletedItem, HeartbeatOutcome, SuspendOutcome
 
 log = logging.getLogger("runrelay.worker")
 # "Retry at once", independent of any clock skew between this host and the server.
@@ -89,31 +95,59 @@ MESSAGE_CHARS = 2000
 
 
 class Suspend(Exception):
-    """Raise from a handler to suspend the run on a typed wait."""
+    """Raise from a handler to suspend the run on a typed wait.
 
-    def __init__(self, wait: dict[str, Any], final_events: Sequence[Any] = ()) -> None:
+    `on_waiting`, if given, is the handler's last step: a callable (a
+    coroutine function on AsyncWorker) the worker runs once suspend_attempt
+    answered `waiting` — work that must start only after the wait is
+    recorded, e.g. asking a human for the approval the run waits for. This is
+    the one place a worker decides a *waiting* run's failure: if the step
+    raises, the worker fails the run with `Client.fail_waiting` (the
+    waiting-failure protocol: prepare_waiting_failure, then a protected
+    fail_attempt), so a signal or timeout that ended the wait first still
+    wins — the failure answers `fence_lost` and the run resumes — while a
+    failure that applied first is final: a late signal finds the run failed
+    (or queued for retry, the signal stored). The step is not run when the
+    suspension answered anything else (`resumed`: the awaited signal was
+    already there). It runs at most once: the run is durably waiting while it
+    runs, the worker neither heartbeats nor hands back a waiting run, and if
+    the worker dies during the step the run simply keeps waiting. A detached
+    runner's wait cannot be failed this way (fail_waiting answers
+    `not_applicable`): its outcome is the runner's to push."""
+
+    def __init__(
+        self,
+        wait: dict[str, Any],
+        final_events: Sequence[Any] = (),
+        on_waiting: Callable[[], Any] | None = None,
+    ) -> None:
         super().__init__(wait.get("kind", "wait"))
         self.wait = wait
         self.final_events = list(final_events)
+        self.on_waiting = on_waiting
 
     @classmethod
-    def sleep(cls, seconds: float) -> Suspend:
+    def sleep(cls, seconds: float, on_waiting: Callable[[], Any] | None = None) -> Suspend:
         until = datetime.now(UTC) + timedelta(seconds=seconds)
-        return cls({"kind": "sleep", "until": until.isoformat()})
+        return cls({"kind": "sleep", "until": until.isoformat()}, on_waiting=on_waiting)
 
     @classmethod
-    def event(cls, name: str, timeout: float | None = None) -> Suspend:
+    def event(
+        cls, name: str, timeout: float | None = None, on_waiting: Callable[[], Any] | None = None
+    ) -> Suspend:
         wait: dict[str, Any] = {"kind": "event", "name": name}
         if timeout is not None:
             wait["timeout_at"] = (datetime.now(UTC) + timedelta(seconds=timeout)).isoformat()
-        return cls(wait)
+        return cls(wait, on_waiting=on_waiting)
 
     @classmethod
-    def detached(cls, runner: str, timeout: float | None = None) -> Suspend:
+    def detached(
+        cls, runner: str, timeout: float | None = None, on_waiting: Callable[[], Any] | None = None
+    ) -> Suspend:
         wait: dict[str, Any] = {"kind": "detached_runner", "runner": runner}
         if timeout is not None:
             wait["timeout_at"] = (datetime.now(UTC) + timedelta(seconds=timeout)).isoformat()
-        return cls(wait)
+        return cls(wait, on_waiting=on_waiting)
 
 
 class Retry(Exception):
@@ -145,6 +179,9 @@ class Job:
     cancelled: threading.Event = field(default_factory=threading.Event)
     lost: bool = False
     started: float = field(default_factory=time.monotonic)
+    # Set once the run waits while the handler's on_waiting step runs: there
+    # is no lease to heartbeat and nothing to hand back.
+    suspended: bool = False
 
     @property
     def run_id(self) -> str:
@@ -208,6 +245,25 @@ def write_for(job: Job, outcome: Any) -> tuple[str, dict[str, Any]]:
     if isinstance(outcome, Exception):
         return "fail_attempt", {**fence, "error": error_of(outcome)}
     return "complete_attempt", {**fence, "result": {} if outcome is None else outcome}
+
+
+def waits_for_step(outcome: Any, written: Any) -> Suspend | None:
+    """The Suspend whose on_waiting step must run now: the handler asked for
+    one and suspend_attempt answered waiting."""
+    if (
+        isinstance(outcome, Suspend)
+        and outcome.on_waiting is not None
+        and written == SuspendOutcome.WAITING
+    ):
+        return outcome
+    return None
+
+
+def waiting_failure_write(job: Job, exc: BaseException) -> tuple[str, dict[str, Any]]:
+    """The write for an on_waiting step that raised: fail the waiting run
+    through the waiting-failure protocol (Client.fail_waiting), which a signal
+    or timeout that ended the wait first still wins."""
+    return "fail_waiting", {**job.attempt.fence, "error": error_of(exc)}
 
 
 def unexpected(outcome: Any) -> BaseException | None:
@@ -466,13 +522,30 @@ class Worker(_Signals):
         except Exception as exc:
             return exc
 
+    def _write_outcome(self, job: Job, outcome: Any) -> None:
+        """Write what the handler's outcome calls for; then, for a suspension
+        with an on_waiting step that now waits, run the step and, if it
+        raises, fail the waiting run (Suspend explains the protocol)."""
+        method, kwargs = write_for(job, outcome)
+        written = self._write(method, kwargs)
+        self._count(f"{method.split('_')[0]}:{written}")
+        failure = unexpected(outcome)
+        suspend = waits_for_step(outcome, written)
+        if suspend is not None and suspend.on_waiting is not None:
+            job.suspended = True
+            try:
+                suspend.on_waiting()
+            except Exception as exc:
+                method, kwargs = waiting_failure_write(job, exc)
+                written = self._write(method, kwargs)
+                self._count(f"fail_waiting:{written}")
+                failure = exc
+        log_finished(job, written, failure)
+
     def _run_one(self, job: Job) -> None:
         try:
             outcome = self._call_handler(job)
-            method, kwargs = write_for(job, outcome)
-            written = self._write(method, kwargs)
-            self._count(f"{method.split('_')[0]}:{written}")
-            log_finished(job, written, unexpected(outcome))
+            self._write_outcome(job, outcome)
         except Exception:
             log.exception("writing the outcome of run %s failed", job.run_id)
             self._count("write_errors")
@@ -488,9 +561,7 @@ class Worker(_Signals):
                 if method == "complete_attempt":
                     done.append((job, kwargs["result"]))
                     continue
-                written = self._write(method, kwargs)
-                self._count(f"{method.split('_')[0]}:{written}")
-                log_finished(job, written, unexpected(outcome))
+                self._write_outcome(job, outcome)
             if done:
                 items = [(j.attempt, r) for j, r in done]
                 results = self._call(lambda: self.client.complete_attempts(items))
@@ -528,7 +599,7 @@ class Worker(_Signals):
             with self._lock:
                 jobs = list(self._inflight.values())
             for job in jobs:
-                if job.cancelled.is_set():
+                if job.cancelled.is_set() or job.suspended:
                     continue
                 try:
                     beat = self.client.heartbeat(
@@ -556,7 +627,8 @@ class Worker(_Signals):
                 break
             self._abort.wait(min(0.05, left))
         with self._lock:
-            leftovers = list(self._inflight.values())
+            # A suspended job's run waits durably: nothing to hand back.
+            leftovers = [j for j in self._inflight.values() if not j.suspended]
         for job in leftovers:
             job.cancelled.set()
             method, kwargs = release_write(job, None, f"{self.name} stopped")
@@ -749,13 +821,31 @@ class AsyncWorker(_Signals):
         except Exception as exc:
             return exc
 
+    async def _write_outcome(self, job: Job, outcome: Any) -> None:
+        """As Worker._write_outcome; the on_waiting step may be a coroutine
+        function."""
+        method, kwargs = write_for(job, outcome)
+        written = await self._write(method, kwargs)
+        self._count(f"{method.split('_')[0]}:{written}")
+        failure = unexpected(outcome)
+        suspend = waits_for_step(outcome, written)
+        if suspend is not None and suspend.on_waiting is not None:
+            job.suspended = True
+            try:
+                step = suspend.on_waiting()
+                if inspect.isawaitable(step):
+                    await step
+            except Exception as exc:
+                method, kwargs = waiting_failure_write(job, exc)
+                written = await self._write(method, kwargs)
+                self._count(f"fail_waiting:{written}")
+                failure = exc
+        log_finished(job, written, failure)
+
     async def _run_one(self, job: Job) -> None:
         try:
             outcome = await self._call_handler(job)
-            method, kwargs = write_for(job, outcome)
-            written = await self._write(method, kwargs)
-            self._count(f"{method.split('_')[0]}:{written}")
-            log_finished(job, written, unexpected(outcome))
+            await self._write_outcome(job, outcome)
         except Exception:
             log.exception("writing the outcome of run %s failed", job.run_id)
             self._count("write_errors")
@@ -773,9 +863,7 @@ class AsyncWorker(_Signals):
                 if method == "complete_attempt":
                     done.append((job, kwargs["result"]))
                     continue
-                written = await self._write(method, kwargs)
-                self._count(f"{method.split('_')[0]}:{written}")
-                log_finished(job, written, unexpected(outcome))
+                await self._write_outcome(job, outcome)
             if done:
                 items = [(j.attempt, r) for j, r in done]
                 results = await self._call(lambda: self.client.complete_attempts(items))
@@ -807,7 +895,7 @@ class AsyncWorker(_Signals):
         while True:
             await asyncio.sleep(self.heartbeat_every)
             for job in list(self._inflight.values()):
-                if job.cancelled.is_set():
+                if job.cancelled.is_set() or job.suspended:
                     continue
                 try:
                     beat = await self.client.heartbeat(
@@ -841,7 +929,8 @@ class AsyncWorker(_Signals):
                 )
         finally:
             aborted.cancel()
-        for job in list(self._inflight.values()):
+        # A suspended job's run waits durably: nothing to hand back.
+        for job in [j for j in self._inflight.values() if not j.suspended]:
             job.cancelled.set()
             method, kwargs = release_write(job, None, f"{self.name} stopped")
             try:

@@ -1,9 +1,11 @@
 -- Detached runners (SPEC §3.2): suspend on a detached_runner wait (its
 -- run.waiting / run.resumed are transport-only), record_runner_terminal
 -- (recorded, duplicate, conflict, too_late, not_found), read_runner_terminal,
--- claim_detached_terminal, and fail_attempt's superseded.
+-- claim_detached_terminal and its claim window (a pushed terminal nobody
+-- claims ends the wait), fail_attempt's superseded, and a protected waiting
+-- failure that must not overwrite a pushed terminal.
 BEGIN;
-SELECT plan(51);
+SELECT plan(69);
 
 -- The wait.
 SELECT tests.start_run('d1');
@@ -68,10 +70,18 @@ SELECT is(
     (SELECT result FROM runrelay.read_runner_terminal('d1', 1)), '{"status": "ok", "out": 1}'::jsonb,
     'the first result is kept'
 );
-SELECT tests.set_clock('2 hours');
+SELECT is(
+    (
+        SELECT r.wake_at - a.runner_result_received_at
+        FROM runrelay.runs AS r INNER JOIN runrelay.attempts AS a ON r.run_id = a.run_id
+        WHERE r.run_id = 'd1'
+    ), interval '5 minutes',
+    'a recorded terminal must be claimed within the 5-minute claim window (sooner than this timeout_at)'
+);
+SELECT tests.set_clock('4 minutes');
 SELECT is_empty(
     $$SELECT * FROM runrelay.claim_attempts(worker => 'w1', queues => ARRAY['d1'])$$,
-    'once a terminal is recorded the wait''s timeout is disarmed: a claim past timeout_at does not wake it'
+    'within the claim window a claim does not wake the run'
 );
 SELECT tests.set_clock('0');
 
@@ -89,11 +99,17 @@ SELECT is(
     'the owner claims the pushed terminal: true'
 );
 SELECT results_eq(
-    $$SELECT r.status, a.status, a.lease_expires_at - a.heartbeat_at
+    $$SELECT r.status, r.wake_at, a.status, a.lease_expires_at - a.heartbeat_at
       FROM runrelay.runs AS r INNER JOIN runrelay.attempts AS a USING (run_id) WHERE r.run_id = 'd1'$$,
-    $$VALUES ('waiting', 'running', interval '30 seconds')$$,
-    'the waiting attempt is moved to running with a fresh lease'
+    $$VALUES ('waiting', NULL::timestamptz, 'running', interval '30 seconds')$$,
+    'the waiting attempt is moved to running with a fresh lease; the lease, not the claim window, governs now'
 );
+SELECT tests.set_clock('6 minutes');
+SELECT is_empty(
+    $$SELECT * FROM runrelay.claim_attempts(worker => 'w1', queues => ARRAY['d1'])$$,
+    'a claimed terminal is not woken when the claim window would have passed'
+);
+SELECT tests.set_clock('0');
 SELECT results_eq(
     $$SELECT type, transport_only FROM runrelay.ledger WHERE run_id = 'd1' ORDER BY seq$$,
     $$VALUES ('run.queued', FALSE), ('run.started', FALSE), ('run.waiting', TRUE), ('run.resumed', TRUE)$$,
@@ -229,14 +245,112 @@ SELECT is(
 SELECT tests.start_waiting('d8', '{"kind": "detached_runner", "runner": "r"}');
 SELECT runrelay.record_runner_terminal('d8', 1, '{"ok": true}');
 SELECT runrelay.claim_detached_terminal('d8', 1, tests.token('d8'));
-SELECT tests.set_clock('5 minutes');
+SELECT tests.set_clock('1 minute');
 SELECT results_eq(
     $$SELECT * FROM runrelay.reap_expired() WHERE run_id = 'd8'$$,
     $$VALUES ('d8', 1, 'waiting')$$,
     'reap_expired sends an expired claimed-for-terminal attempt back to waiting'
 );
 SELECT is(
-    runrelay.claim_detached_terminal('d8', 1, tests.token('d8')), TRUE, 'its owner can claim the terminal again'
+    (
+        SELECT r.wake_at - a.runner_result_received_at
+        FROM runrelay.runs AS r INNER JOIN runrelay.attempts AS a ON r.run_id = a.run_id
+        WHERE r.run_id = 'd8'
+    ), interval '5 minutes',
+    'the reaped attempt waits again under its claim window'
+);
+SELECT is(
+    runrelay.claim_detached_terminal('d8', 1, tests.token('d8')), TRUE,
+    'its owner can claim the terminal again within the window'
+);
+
+-- A pushed terminal nobody claims: the claim window ends the wait.
+SELECT tests.start_waiting('d9', '{"kind": "detached_runner", "runner": "r"}');
+SELECT runrelay.record_runner_terminal('d9', 1, '{"ok": 9}');
+SELECT tests.set_clock('6 minutes');
+SELECT is(
+    runrelay.claim_detached_terminal('d9', 1, tests.token('d9')), FALSE,
+    'past the claim window claim_detached_terminal answers false, even before a claim woke the run'
+);
+SELECT is(tests.state('d9'), 'waiting:waiting', 'and changes nothing');
+SELECT results_eq(
+    $$SELECT run_id, attempt, resume FROM runrelay.claim_attempts(worker => 'w1', queues => ARRAY['d9'])$$,
+    $$VALUES ('d9', 2, '{"timed_out": true, "runner_result": {"ok": 9}}'::jsonb)$$,
+    'the next claim wakes the run; its resume carries the unclaimed terminal'
+);
+SELECT is(tests.state('d9'), 'running:resumed,running', 'the old attempt is resumed, a new one runs');
+SELECT results_eq(
+    $$SELECT type, transport_only FROM runrelay.ledger WHERE run_id = 'd9' ORDER BY seq$$,
+    $$VALUES ('run.queued', FALSE), ('run.started', FALSE), ('run.waiting', TRUE), ('run.resumed', TRUE),
+        ('run.started', FALSE)$$,
+    'the wait ends with one transport-only run.resumed'
+);
+SELECT is(
+    runrelay.claim_detached_terminal('d9', 1, tests.token('d9')), FALSE,
+    'the old owner can no longer claim the terminal'
+);
+SELECT is(
+    runrelay.record_runner_terminal('d9', 1, '{"ok": 9}'), 'duplicate', 'the runner repeating its push: duplicate'
+);
+SELECT tests.set_clock('0');
+
+-- A timeout_at sooner than the claim window bounds it.
+SELECT tests.start_waiting(
+    'd10', jsonb_build_object('kind', 'detached_runner', 'runner', 'r', 'timeout_at', now() + interval '1 minute')
+);
+SELECT runrelay.record_runner_terminal('d10', 1, '{"ok": 10}');
+SELECT is(
+    (
+        SELECT wake_at FROM runrelay.runs
+        WHERE run_id = 'd10'
+    ), now() + interval '1 minute',
+    'with a sooner timeout_at, the claim window ends at timeout_at'
+);
+SELECT tests.set_clock('2 minutes');
+SELECT results_eq(
+    $$SELECT run_id, attempt, resume FROM runrelay.claim_attempts(worker => 'w1', queues => ARRAY['d10'])$$,
+    $$VALUES ('d10', 2, '{"timed_out": true, "runner_result": {"ok": 10}}'::jsonb)$$,
+    'past timeout_at the next claim wakes the run with the unclaimed terminal'
+);
+SELECT tests.set_clock('0');
+
+-- A claimed terminal whose owner lapses after the window: reaping restores
+-- the deadline, which has passed, and the next claim wakes the run.
+SELECT tests.start_waiting('d11', '{"kind": "detached_runner", "runner": "r"}');
+SELECT runrelay.record_runner_terminal('d11', 1, '{"ok": 11}');
+SELECT runrelay.claim_detached_terminal('d11', 1, tests.token('d11'));
+SELECT tests.set_clock('6 minutes');
+SELECT results_eq(
+    $$SELECT * FROM runrelay.reap_expired() WHERE run_id = 'd11'$$,
+    $$VALUES ('d11', 1, 'waiting')$$,
+    'the lapsed claim is reaped back to waiting'
+);
+SELECT results_eq(
+    $$SELECT run_id, attempt, resume FROM runrelay.claim_attempts(worker => 'w1', queues => ARRAY['d11'])$$,
+    $$VALUES ('d11', 2, '{"timed_out": true, "runner_result": {"ok": 11}}'::jsonb)$$,
+    'its claim window is over: the next claim wakes the run'
+);
+SELECT tests.set_clock('0');
+
+-- A protected waiting failure never overwrites a pushed terminal, even once
+-- the owner has claimed it (the attempt is running again).
+SELECT tests.start_waiting('d12', '{"kind": "detached_runner", "runner": "r"}');
+SELECT runrelay.record_runner_terminal('d12', 1, '{"status": "completed"}');
+SELECT runrelay.claim_detached_terminal('d12', 1, tests.token('d12'));
+SELECT is(
+    runrelay.fail_attempt('d12', 1, tests.token('d12'), '{"e": "gave up"}', protect_waiting_suspension => TRUE),
+    'fence_lost', 'a protected failure of a claimed detached terminal answers fence_lost'
+);
+SELECT results_eq(
+    $$SELECT r.status, r.error, a.status, a.runner_result FROM runrelay.runs AS r
+      INNER JOIN runrelay.attempts AS a USING (run_id) WHERE r.run_id = 'd12'$$,
+    $$VALUES ('waiting', NULL::jsonb, 'running', '{"status": "completed"}'::jsonb)$$,
+    'and writes nothing: the pushed terminal stands'
+);
+SELECT is(tests.event_count('d12'), 4::bigint, 'the refused failure emits nothing');
+SELECT is(
+    runrelay.complete_attempt('d12', 1, tests.token('d12'), '{"status": "completed"}'), 'completed',
+    'the owner still writes the runner''s terminal'
 );
 
 SELECT * FROM finish();

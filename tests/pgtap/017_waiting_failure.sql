@@ -1,9 +1,10 @@
 -- prepare_waiting_failure and fail_attempt(..., protect_waiting_suspension)
 -- (SPEC §3.2): prepared, fence_lost, not_applicable; preparing never clears
 -- the wait nor emits run.resumed; a signal, a timeout or a cancellation that
--- arrives after the prepare still wins.
+-- arrives after the prepare still wins; a replayed prepare writes nothing; a
+-- protected failure needs the attempt's receipt to be the suspension in force.
 BEGIN;
-SELECT plan(37);
+SELECT plan(41);
 
 -- not_applicable.
 SELECT tests.start_run('w-run');
@@ -51,9 +52,34 @@ SELECT results_eq(
 SELECT is(
     tests.lifecycle('w1'), ARRAY['run.queued', 'run.started', 'run.waiting'], 'preparing emits no run.resumed'
 );
+-- The replay comes a minute later, so a refreshed lease or heartbeat would show.
+CREATE TEMP TABLE w1_before AS
+SELECT
+    (
+        SELECT a::text FROM runrelay.attempts AS a
+        WHERE a.run_id = 'w1'
+    ) AS attempt_row,
+    (
+        SELECT r::text FROM runrelay.runs AS r
+        WHERE r.run_id = 'w1'
+    ) AS run_row,
+    (
+        SELECT array_agg(l::text ORDER BY l.seq) FROM runrelay.ledger AS l
+        WHERE l.run_id = 'w1'
+    ) AS ledger_rows;
+SELECT tests.set_clock('1 minute');
 SELECT is(
     runrelay.prepare_waiting_failure('w1', 1, tests.token('w1')), 'prepared', 'a replayed prepare answers prepared'
 );
+SELECT results_eq(
+    $$SELECT
+        (SELECT a::text FROM runrelay.attempts AS a WHERE a.run_id = 'w1'),
+        (SELECT r::text FROM runrelay.runs AS r WHERE r.run_id = 'w1'),
+        (SELECT array_agg(l::text ORDER BY l.seq) FROM runrelay.ledger AS l WHERE l.run_id = 'w1')$$,
+    $$SELECT attempt_row, run_row, ledger_rows FROM w1_before$$,
+    'the replay changes nothing: attempt (lease, heartbeat), run and ledger rows are byte-identical'
+);
+SELECT tests.set_clock('0');
 SELECT is(tests.event_count('w1'), 3::bigint, 'the replay emits nothing');
 SELECT is(
     runrelay.fail_attempt('w1', 1, gen_random_uuid(), '{}', protect_waiting_suspension => TRUE), 'fence_lost',
@@ -162,6 +188,20 @@ SELECT is(
     tests.lifecycle('w7'), ARRAY['run.queued', 'run.started', 'run.waiting', 'run.cancelled'],
     'run.cancelled is emitted, no run.retry_scheduled'
 );
+
+-- The receipt is part of the suspension in force: an attempt whose receipt
+-- no longer records the wait the run is in cannot be prepared, and its
+-- protected failure is refused. (No API call rewrites a non-detached receipt;
+-- the row is edited directly to isolate the rule.)
+SELECT tests.start_waiting('w8', '{"kind": "event", "name": "go"}');
+SELECT is(runrelay.prepare_waiting_failure('w8', 1, tests.token('w8')), 'prepared', 'fixture: w8 prepared');
+UPDATE runrelay.attempts SET runner_result = '{"status": "something else"}'
+WHERE run_id = 'w8';
+SELECT is(
+    runrelay.fail_attempt('w8', 1, tests.token('w8'), '{}', protect_waiting_suspension => TRUE), 'fence_lost',
+    'a protected failure whose receipt is not the suspension in force: fence_lost'
+);
+SELECT is(tests.state('w8'), 'waiting:running', 'and the run keeps waiting');
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -27,8 +27,11 @@ TRANSITIONS: dict[str, dict[str, str]] = {
         "run.completed": "end",
     },
     # A detached wait's run.resumed (claim_detached_terminal) leaves the run
-    # waiting for its owner's terminal; any other resume queues it.
+    # waiting for its owner's terminal; any other resume queues it. A claimed
+    # terminal whose lease lapsed is reaped back to waiting (no event), and
+    # resumes again: claimed anew, or woken once its claim window is over.
     "maybe_queued": {
+        "run.resumed": "maybe_queued",
         "run.started": "running",
         "run.cancelled": "end",
         "run.completed": "end",

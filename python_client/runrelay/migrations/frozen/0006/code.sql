@@ -1253,7 +1253,11 @@ $$;
 COMMENT ON FUNCTION _wake(runs, jsonb) IS
 'Resumes a waiting run: attempt resumed, run queued with resume, run.resumed emitted.';
 
--- What a wait that ended by time delivers to the next attempt.
+-- What a wait that ended by time delivers to the next attempt. A detached
+-- runner's wait that ended with a pushed terminal nobody claimed (its claim
+-- window passed, see _wake_at) also carries that terminal, so the next
+-- attempt can write it instead of running the work again. Called under the
+-- run's lock, which every writer of runner_result holds too.
 CREATE FUNCTION _timeout_resume(p_run runs)
 RETURNS jsonb
 LANGUAGE sql
@@ -1262,12 +1266,19 @@ SET search_path FROM CURRENT
 AS $$
     SELECT CASE
         WHEN p_run.wait ->> 'kind' = 'sleep' THEN jsonb_build_object('slept', TRUE)
-        ELSE jsonb_build_object('timed_out', TRUE)
+        ELSE jsonb_build_object('timed_out', TRUE) || coalesce((
+            SELECT jsonb_build_object('runner_result', a.runner_result)
+            FROM attempts AS a
+            WHERE
+                a.run_id = p_run.run_id
+                AND a.attempt = p_run.attempt_count
+                AND a.runner_result_received_at IS NOT NULL
+        ), '{}'::jsonb)
     END;
 $$;
 
 COMMENT ON FUNCTION _timeout_resume(runs) IS
-'The resume of a wait that ended by time: {"slept": true} for a sleep, else {"timed_out": true}.';
+'The resume of a wait that ended by time: {"slept": true}, else {"timed_out": true} (+ runner_result if one was pushed).';
 
 -- Exponential backoff with jitter for the n-th failure: base * 2^(n-1),
 -- capped, then scaled by a random factor in [0.5, 1).
@@ -1630,6 +1641,70 @@ $$;
 COMMENT ON FUNCTION _normalize_wait(jsonb) IS
 'Validates a wait object and returns it canonicalised (kind, name/runner, until/timeout_at).';
 
+-- _wake_at(): when a wait ends by itself — runs.wake_at, the deadline that
+-- claims (_wake_due), signal_run and the time checks of the fenced writes all
+-- read. A sleep ends at its until; an event or detached_runner wait at its
+-- timeout_at (never, without one). Once a detached runner has pushed its
+-- terminal (p_received_at), the owner must claim it within the claim window,
+-- 5 minutes, and never after the wait's timeout_at: the earlier of the two
+-- ends the wait. Without that bound a terminal its owner never claims (the
+-- owner died, or lost the token) would keep the run waiting forever; past it,
+-- the next claim on the run's queue wakes the run like any due wait, and the
+-- next attempt's resume carries the pushed result (see _timeout_resume).
+CREATE FUNCTION _wake_at(p_wait jsonb, p_received_at timestamptz DEFAULT NULL)
+RETURNS timestamptz
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_claim_window constant interval := interval '5 minutes';
+    v_deadline timestamptz := coalesce(p_wait ->> 'until', p_wait ->> 'timeout_at')::timestamptz;
+BEGIN
+    IF p_wait ->> 'kind' = 'detached_runner' AND p_received_at IS NOT NULL THEN
+        -- least() ignores a null: without timeout_at, the window alone bounds it.
+        RETURN least(v_deadline, p_received_at + v_claim_window);
+    END IF;
+    RETURN v_deadline;
+END;
+$$;
+
+COMMENT ON FUNCTION _wake_at(jsonb, timestamptz) IS
+'When a wait ends by itself: until / timeout_at; a pushed detached terminal also within a 5-minute claim window.';
+
+-- _suspension_in_force(): the attempt's suspension is the one its run is in —
+-- the rule prepare_waiting_failure and fail_attempt(...,
+-- protect_waiting_suspension => true) share. True iff the run waits, on a wait
+-- that is not a detached runner's; the attempt is the run's current attempt;
+-- it recorded that very wait; and its receipt is still
+-- {"status": "suspended", "wait": <that wait>}. A detached runner's wait never
+-- qualifies: its outcome belongs to the runner (record_runner_terminal
+-- replaces the receipt with the pushed terminal) and it ends through
+-- claim_detached_terminal, so a protected failure must not overwrite it.
+-- Time is the caller's to check (a wait past wake_at has ended). Reads only
+-- its arguments: the caller passes rows read under the custody locks.
+CREATE FUNCTION _suspension_in_force(p_run runs, p_attempt attempts)
+RETURNS boolean
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    RETURN coalesce(
+        p_run.status = 'waiting'
+        AND p_run.wait ->> 'kind' <> 'detached_runner'
+        AND p_attempt.run_id = p_run.run_id
+        AND p_attempt.attempt = p_run.attempt_count
+        AND p_attempt.wait = p_run.wait
+        AND p_attempt.runner_result = jsonb_build_object('status', 'suspended', 'wait', p_run.wait),
+        FALSE
+    );
+END;
+$$;
+
+COMMENT ON FUNCTION _suspension_in_force(runs, attempts) IS
+'True iff the attempt''s recorded suspension (wait and receipt) is the non-detached wait its run is in.';
+
 -- >>> plpgsql/runs/cancel_run.sql
 -- cancel_run(): cancel a run; never lost, never waits for custody locks.
 --
@@ -1884,10 +1959,14 @@ COMMENT ON FUNCTION claim_attempts(text, text[], integer, integer, uuid) IS
 -- running with a fresh 30 s lease so its owner — the holder of the lease
 -- token — can write the terminal with complete_attempt or
 -- fail_attempt(..., preserve_runner_terminal => true). The wait ends here:
--- run.resumed is emitted, transport-only. Locks: key, run row, attempt row.
--- Returns true when the attempt is (now, or already after an earlier call)
--- claimed for its terminal; false when there is no pushed terminal to claim,
--- the token or attempt is wrong, or a cancel marker was applied instead.
+-- run.resumed is emitted, transport-only, and the run's deadline is disarmed
+-- (the lease governs from now on; if it lapses, reap_expired sends the
+-- attempt back to waiting and restores the deadline). Locks: key, run row,
+-- attempt row. Returns true when the attempt is (now, or already after an
+-- earlier call) claimed for its terminal; false when there is no pushed
+-- terminal to claim, the token or attempt is wrong, the claim window is over
+-- (record_runner_terminal's deadline has passed, woken or not: time wins),
+-- or a cancel marker was applied instead.
 CREATE FUNCTION claim_detached_terminal(
     run_id text,
     attempt integer,
@@ -1904,6 +1983,7 @@ DECLARE
     v_run runs;
     v_attempt attempts;
     v_now timestamptz;
+    v_seq bigint;
 BEGIN
     PERFORM _require_read_committed();
     PERFORM _check_id('run_id', claim_detached_terminal.run_id);
@@ -1922,24 +2002,28 @@ BEGIN
     IF v_attempt.status = 'running' THEN
         RETURN TRUE;
     END IF;
-    IF v_attempt.status <> 'waiting' THEN
+    v_now := _now();
+    IF v_attempt.status <> 'waiting' OR v_run.wake_at <= v_now THEN
         RETURN FALSE;
     END IF;
     IF _apply_marker(v_run) THEN
         RETURN FALSE;
     END IF;
-    v_now := _now();
     UPDATE attempts AS a
     SET status = 'running', heartbeat_at = v_now, lease_expires_at = v_now + _lease(30)
     WHERE a.run_id = claim_detached_terminal.run_id AND a.attempt = claim_detached_terminal.attempt;
+    UPDATE runs AS r
+    SET wake_at = NULL, updated_at = v_now, ledger_seq = r.ledger_seq + 1
+    WHERE r.run_id = claim_detached_terminal.run_id
+    RETURNING r.ledger_seq INTO v_seq;
     PERFORM _emit(claim_detached_terminal.run_id, 'run.resumed',
-        jsonb_build_object('attempt', claim_detached_terminal.attempt, 'resume', NULL), TRUE);
+        jsonb_build_object('attempt', claim_detached_terminal.attempt, 'resume', NULL), TRUE, v_seq);
     RETURN TRUE;
 END;
 $$;
 
 COMMENT ON FUNCTION claim_detached_terminal(text, integer, uuid) IS
-'Moves a waiting detached attempt with a pushed terminal back to running for its owner; true when claimed.';
+'Moves a waiting detached attempt with a pushed terminal back to running for its owner, within its claim window; true when claimed.';
 
 -- >>> plpgsql/runs/complete_attempt.sql
 -- complete_attempt(): finish an attempt successfully; the run is completed.
@@ -2282,14 +2366,17 @@ COMMENT ON FUNCTION enqueue_run(text, text, jsonb, timestamptz, integer, integer
 --   cancelled       — a cancel marker won;
 --   fence_lost      — not the live current attempt, wrong token, or (with
 --                     protect_waiting_suspension) the run no longer waits on
---                     the suspension this attempt recorded;
+--                     the suspension this attempt recorded: it was woken or
+--                     timed out, the wait is a detached runner's (whose
+--                     pushed terminal a protected failure never overwrites),
+--                     or the attempt's receipt is no longer that suspension;
 --   superseded      — with preserve_runner_terminal: a detached runner pushed
 --                     its terminal after the claim; it is authoritative and
 --                     nothing is written.
 -- With protect_waiting_suspension (after prepare_waiting_failure) the failure
--- applies only while the run still waits on the very same suspension, no
--- cancel marker exists and no newer attempt exists, all checked after the
--- custody locks. final_events are appended before the run.retry_scheduled /
+-- applies only while the run still waits on the very same suspension
+-- (_suspension_in_force, and before its wake_at), no cancel marker exists and
+-- no newer attempt exists, all checked after the custody locks. final_events are appended before the run.retry_scheduled /
 -- run.failed event. Replays answer the recorded outcome and write nothing.
 CREATE FUNCTION fail_attempt(
     run_id text,
@@ -2334,9 +2421,10 @@ BEGIN
         RETURN v_outcome;
     END IF;
     IF fail_attempt.protect_waiting_suspension THEN
-        -- Past its timeout the suspension has ended even if not yet woken.
-        IF v_run.status <> 'waiting' OR v_run.wait IS DISTINCT FROM v_attempt.wait
-            OR v_run.wake_at <= _now() THEN
+        -- The suspension this attempt recorded must still be the one in force
+        -- (never a detached runner's: a pushed terminal is not the worker's to
+        -- overwrite), and past its wake_at it has ended even if not yet woken.
+        IF NOT _suspension_in_force(v_run, v_attempt) OR v_run.wake_at <= _now() THEN
             RETURN 'fence_lost';
         END IF;
     END IF;
@@ -2422,16 +2510,18 @@ COMMENT ON FUNCTION heartbeat(text, integer, uuid, integer) IS
 -- Takes the custody locks first (key, run row, attempt row), then decides in
 -- a fresh snapshot:
 --   not_applicable — the run is not waiting, or waits on a detached runner;
---   prepared       — this attempt's receipt is the very wait the run is in,
---                    the token matches, no newer attempt exists and no cancel
---                    marker exists: the attempt is set back to running (with
---                    a fresh 30 s lease) so fail_attempt(...,
---                    protect_waiting_suspension => true) can write;
+--   prepared       — this attempt's receipt is the very wait the run is in
+--                    (_suspension_in_force), the token matches, no newer
+--                    attempt exists and no cancel marker exists: the attempt
+--                    is set back to running (with a fresh 30 s lease) so
+--                    fail_attempt(..., protect_waiting_suspension => true)
+--                    can write;
 --   fence_lost     — otherwise.
 -- Preparing never clears the wait and never emits run.resumed: a signal or a
 -- timeout that arrives before the failure still wins, and the protected
 -- failure then answers fence_lost. Replaying a committed prepare answers
--- prepared again.
+-- prepared again and writes nothing (the lease it granted is not extended:
+-- heartbeat does that).
 CREATE FUNCTION prepare_waiting_failure(
     run_id text,
     attempt integer,
@@ -2460,11 +2550,15 @@ BEGIN
     END IF;
     IF v_attempt.run_id IS NULL
         OR v_attempt.lease_token IS DISTINCT FROM prepare_waiting_failure.lease_token
-        OR v_attempt.attempt <> v_run.attempt_count
         OR v_attempt.status NOT IN ('waiting', 'running')
-        OR v_attempt.wait IS DISTINCT FROM v_run.wait
+        OR NOT _suspension_in_force(v_run, v_attempt)
         OR (_cancel_reason(v_run.run_id)).requested THEN
         RETURN 'fence_lost';
+    END IF;
+    IF v_attempt.status = 'running' THEN
+        -- Already prepared (a replay after a lost reply): the same answer,
+        -- and nothing written — not even a fresher lease.
+        RETURN 'prepared';
     END IF;
     v_now := _now();
     UPDATE attempts AS a
@@ -2525,7 +2619,10 @@ COMMENT ON FUNCTION read_runner_terminal(text, integer) IS
 --   cancelled        — a cancel marker exists: it is applied;
 --   waiting          — the attempt had been prepared for a waiting failure or
 --                      claimed for a detached terminal: it goes back to
---                      waiting and the run keeps waiting;
+--                      waiting and the run keeps waiting, with its deadline
+--                      (_wake_at) restored — a claimed detached terminal's
+--                      claim window, which the claim had disarmed, so a
+--                      lapsed owner cannot leave the run waiting forever;
 --   retry_scheduled / failed — the attempt becomes lost and the run retries
 --                      or fails by the same rules as fail_attempt.
 -- Also applies up to max_attempts cancel markers that no writer has applied
@@ -2579,6 +2676,10 @@ BEGIN
             UPDATE attempts AS a
             SET status = 'waiting'
             WHERE a.run_id = v_candidate.run_id AND a.attempt = v_candidate.attempt;
+            UPDATE runs AS r
+            SET wake_at = _wake_at(r.wait, v_attempt.runner_result_received_at)
+            WHERE r.run_id = v_candidate.run_id
+                AND r.wake_at IS DISTINCT FROM _wake_at(r.wait, v_attempt.runner_result_received_at);
             RETURN NEXT (v_candidate.run_id, v_candidate.attempt, 'waiting')::reap_expired_result;
         ELSE
             v_error := jsonb_build_object(
@@ -2621,9 +2722,14 @@ COMMENT ON FUNCTION reap_expired(integer) IS
 --
 -- No lease token: the runner is outside the worker's custody. Locks: key,
 -- run row, attempt row. First write wins:
---   recorded  — stored on the attempt (runner_result, received_at); the
---               wait's timeout is disarmed and the run is announced on
---               runrelay_runs so its owner can claim_detached_terminal;
+--   recorded  — stored on the attempt (runner_result, received_at), and
+--               the run is announced on runrelay_runs so its owner can
+--               claim_detached_terminal. The wait's deadline becomes the
+--               claim window (_wake_at): 5 minutes from now, or timeout_at
+--               if that is sooner. A terminal its owner never claims cannot
+--               keep the run waiting: past the deadline the next claim on
+--               the queue wakes the run, resume {"timed_out": true,
+--               "runner_result": <the pushed result>};
 --   duplicate — the same result was already recorded;
 --   conflict  — a different result was already recorded (kept);
 --   too_late  — the wait already ended (its timeout_at has passed, woken or
@@ -2672,7 +2778,7 @@ BEGIN
     SET runner_result = record_runner_terminal.result, runner_result_received_at = v_now
     WHERE a.run_id = record_runner_terminal.run_id AND a.attempt = record_runner_terminal.attempt;
     UPDATE runs AS r
-    SET wake_at = NULL, updated_at = v_now
+    SET wake_at = _wake_at(r.wait, v_now), updated_at = v_now
     WHERE r.run_id = record_runner_terminal.run_id;
     PERFORM pg_notify('runrelay_runs', v_run.queue);
     RETURN 'recorded';
@@ -2905,7 +3011,7 @@ BEGIN
         PERFORM _check_keys_unused('final_events', v_events);
         PERFORM _append(suspend_attempt.run_id, v_events);
     END IF;
-    v_wake_at := coalesce(v_wait ->> 'until', v_wait ->> 'timeout_at')::timestamptz;
+    v_wake_at := _wake_at(v_wait);
     UPDATE attempts AS a
     SET status = 'waiting',
         wait = v_wait,
