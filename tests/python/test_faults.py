@@ -145,6 +145,10 @@ def _leased(db: psycopg.Connection, n_events: int = 3, max_events: int = 2) -> l
     return [r["event_id"] for r in rows]
 
 
+RUNNING_FOR = "SELECT count(*) FROM runrelay.attempts WHERE status = 'running' AND worker = %s"
+LEASED_BY = "SELECT count(*) FROM runrelay.ledger WHERE state = 'leased' AND lease_owner = %s"
+
+
 def _count(db: psycopg.Connection, query: str, *params: Any) -> int:
     row = db.execute(query, params).fetchone()
     assert row is not None
@@ -523,14 +527,20 @@ def test_killed_workers_every_run_ends_exactly_once(
     kills, spawned = 0, 3
     deadline = time.monotonic() + duration(5.0)
     try:
-        while time.monotonic() < deadline:
+        # Until the deadline, and past it (up to a minute) until a kill has
+        # landed: on a loaded machine a worker may still be starting.
+        while time.monotonic() < deadline or (kills == 0 and time.monotonic() < deadline + 60):
             time.sleep(rng.uniform(0.2, 0.8))
             if _count(db, "SELECT count(*) FROM runrelay.runs WHERE status = 'queued'") < 6:
                 for _ in range(12):  # keep the workers busy for as long as we kill them
                     enqueue(db, f"k{n_runs}", payload={"work": rng.uniform(0.3, 1.2)},
                             max_attempts=50)  # fmt: skip
                     n_runs += 1
-            victim = rng.choice([w for w in workers if w.proc.poll() is None])
+            # Only a worker running a handler: a kill must interrupt work.
+            busy = [w for w in workers if w.proc.poll() is None and _count(db, RUNNING_FOR, w.name)]
+            if not busy:
+                continue
+            victim = rng.choice(busy)
             victim.kill()
             kills += 1
             workers.remove(victim)
@@ -619,9 +629,15 @@ def test_killed_relays_deliver_everything_in_order(
     producing.start()
     kills, spawned = 0, 3
     try:
-        while time.monotonic() < deadline:
+        # Until the deadline, and past it (up to a minute) until a kill has
+        # landed: on a loaded machine a relay may still be starting.
+        while time.monotonic() < deadline or (kills == 0 and time.monotonic() < deadline + 60):
             time.sleep(rng.uniform(0.3, 0.9))
-            victim = rng.choice([r for r in relays if r.proc.poll() is None])
+            # Only a relay holding a lease: a kill must strand a batch.
+            busy = [r for r in relays if r.proc.poll() is None and _count(db, LEASED_BY, r.name)]
+            if not busy:
+                continue
+            victim = rng.choice(busy)
             victim.kill()
             kills += 1
             relays.remove(victim)
