@@ -12,8 +12,8 @@ nothing more. Transport-only events are acknowledged locally by those claims
 locally counts as progress, so the loop comes straight back for more. Slow
 deliveries renew their leases from a side thread — the first renewal is
 scheduled from the claim's lease_remaining_ms (the lease left when the claim
-answered), so a fast delivery never renews. A sink error becomes fail_ledger (server-side backoff; blocked
-when permanent). With nothing to do the relay sleeps until
+answered), so a fast delivery never renews. A sink error becomes fail_ledger
+(server-side backoff; blocked when permanent). With nothing to do the relay sleeps until
 ledger_next_due_at or a runrelay_ledger NOTIFY, whichever comes first.
 
 A claim that fails ambiguously (connection lost after COMMIT) is repeated
