@@ -1,6 +1,7 @@
 """Run ledger behaviour with real sessions: commit-order seq, discovery without
-contention, exact claim replays, retention, notifications, and plans that do
-not grow with the backlog."""
+contention, exact claim and ack replays, leases that run from the grant after
+a lane lock wait, local acks as acknowledgements, retention, notifications,
+and plans that do not grow with the backlog."""
 
 from __future__ import annotations
 
