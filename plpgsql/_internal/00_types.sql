@@ -9,7 +9,7 @@ CREATE TYPE append_result AS (
     delivery_key text
 );
 
--- One ledger event as a claim returns it (claim_ledger; _claim_lane).
+-- One ledger event as a claim returns it (claim_ledger).
 CREATE TYPE claim_ledger_result AS (
     kind text,
     event_id bigint,
@@ -22,4 +22,23 @@ CREATE TYPE claim_ledger_result AS (
     frozen boolean,
     lease_expires_at timestamptz,
     lease_remaining_ms bigint
+);
+
+-- One ledger event as an acknowledgement reports it (ack_ledger): a claim's
+-- row plus lag_ms (delivered_at - created_at) for an acknowledged event.
+-- _claim_lane and _ledger_row produce it, so that the local acks of a claim
+-- carry their lag wherever they are reported; claim_ledger leaves lag_ms out.
+CREATE TYPE ack_ledger_result AS (
+    kind text,
+    event_id bigint,
+    run_id text,
+    seq bigint,
+    type text,
+    payload jsonb,
+    delivery_key text,
+    created_at timestamptz,
+    frozen boolean,
+    lease_expires_at timestamptz,
+    lease_remaining_ms bigint,
+    lag_ms bigint
 );

@@ -7,11 +7,12 @@
 -- _emit_lifecycle instead.)
 --
 -- Also keeps ledger_lanes current: a lane that had nothing pending gets its
--- head and becomes available now (and a runrelay_ledger notification), as
--- does a dormant lane (a transport-only head waiting for a successor); a
--- lane with a claimable, leased or blocked head keeps its state. The upsert locks the lane row, which is
--- what makes an append and a relay's ack of the last pending event safe in
--- either order (the ack re-reads the tail after taking the lane lock).
+-- head and becomes available now (and a runrelay_ledger notification) —
+-- also when that head is transport-only, since the next claim acknowledges
+-- it locally; a lane with a claimable, leased or blocked head keeps its
+-- state. The upsert locks the lane row, which is what makes an append and a
+-- relay's ack of the last pending event safe in either order (the ack
+-- re-reads the tail after taking the lane lock).
 CREATE FUNCTION _append(p_run_id text, p_events jsonb)
 RETURNS SETOF append_result
 LANGUAGE plpgsql
@@ -54,29 +55,20 @@ BEGIN
         FROM bumped AS b
         CROSS JOIN jsonb_array_elements(p_events) WITH ORDINALITY AS e (value, ordinality)
         ORDER BY e.ordinality
-        RETURNING l.event_id, l.seq, l.delivery_key, l.lane, l.transport_only
+        RETURNING l.event_id, l.seq, l.delivery_key, l.lane
     ),
     firsts AS (
-        -- A lane whose only new event is transport-only rests (available_at
-        -- NULL) until a successor arrives: nothing in it is claimable.
-        SELECT
-            i.lane,
-            min(i.seq) AS first_seq,
-            CASE
-                WHEN count(*) = 1 AND bool_and(i.transport_only) THEN NULL
-                ELSE v_now
-            END AS available_at
+        SELECT i.lane, min(i.seq) AS first_seq
         FROM inserted AS i
         GROUP BY i.lane
     ),
     became_available AS (
         INSERT INTO ledger_lanes AS ll (run_id, lane, head_seq, available_at)
-        SELECT p_run_id, f.lane, f.first_seq, f.available_at
+        SELECT p_run_id, f.lane, f.first_seq, v_now
         FROM firsts AS f
         ON CONFLICT (run_id, lane) DO UPDATE
-        SET head_seq = coalesce(ll.head_seq, excluded.head_seq),
-            available_at = CASE WHEN ll.head_seq IS NULL THEN excluded.available_at ELSE v_now END
-        WHERE ll.head_seq IS NULL OR (ll.available_at IS NULL AND NOT ll.blocked)
+        SET head_seq = excluded.head_seq, available_at = excluded.available_at
+        WHERE ll.head_seq IS NULL
         RETURNING ll.available_at
     ),
     notified AS (
@@ -100,9 +92,9 @@ COMMENT ON FUNCTION _append(text, jsonb) IS
 -- run.completed; _emit passes one). The caller holds the runs' row locks and
 -- reserved each seq with ledger_seq + 1 in its own UPDATE of the run. One
 -- statement writes the events (in array order) and moves their lanes under the
--- rule _append follows: a lane with nothing pending gets the event as its head
--- (resting, available_at NULL, if it is transport-only); a dormant lane
--- wakes; a lane with a live head keeps it (the conflict only locks the row).
+-- rule _append follows: a lane with nothing pending gets the event as its head,
+-- available now (transport-only or not); a lane with a live head keeps it
+-- (the conflict only locks the row).
 CREATE FUNCTION _emit_lifecycle(
     p_run_ids text[],
     p_seqs bigint[],
@@ -135,12 +127,11 @@ BEGIN
     ),
     lanes AS (
         INSERT INTO ledger_lanes AS ll (run_id, lane, head_seq, available_at)
-        SELECT e.run_id, 'lifecycle', e.seq, CASE WHEN p_transport_only THEN NULL ELSE v_now END
+        SELECT e.run_id, 'lifecycle', e.seq, v_now
         FROM events AS e
         ON CONFLICT (run_id, lane) DO UPDATE
-        SET head_seq = coalesce(ll.head_seq, excluded.head_seq),
-            available_at = CASE WHEN ll.head_seq IS NULL THEN excluded.available_at ELSE v_now END
-        WHERE ll.head_seq IS NULL OR (ll.available_at IS NULL AND NOT ll.blocked)
+        SET head_seq = excluded.head_seq, available_at = excluded.available_at
+        WHERE ll.head_seq IS NULL
         RETURNING ll.run_id, ll.available_at
     )
     SELECT array_agg(n.run_id) INTO v_available FROM lanes AS n WHERE n.available_at IS NOT NULL;

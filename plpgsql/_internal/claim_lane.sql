@@ -6,21 +6,34 @@
 -- undelivered event of the lane precedes (ack_ledger passes the seq after the
 -- prefix it just acknowledged): the tail scan starts there.
 --
+-- Time: the clock is read once the lock is held (_clock_now()), so a lock
+-- wait is not charged to the lease: leases expire lease_seconds after they
+-- are granted, and lease_remaining_ms is measured when the rows are returned.
+--
 -- In order:
---   * expected_head: if given and the head is another event, nothing;
+--   * expected_head: the named event must be the head, or lie behind nothing
+--     but due transport-only events (fewer than 1000, what one call
+--     acknowledges locally), and be claimable itself; otherwise nothing is
+--     done. The transport-only events in front are acknowledged locally on
+--     the way, as any claim would;
 --   * a failed head, a head leased to another relay (live lease) or a head
 --     not yet due blocks the lane: nothing;
 --   * a head in a frozen batch: exactly that batch's undelivered members are
 --     (re)leased to this relay, never widened (and never past a member that
 --     failed, which blocks the lane behind it);
---   * a transport-only head whose successor is claimable is acknowledged
---     locally (kind local_ack) and the next event becomes the head; without a
---     claimable successor the lane rests (dormant) until an append;
+--   * a due transport-only head is acknowledged locally (kind local_ack,
+--     through _acknowledge, like a delivery: retention, notification, lag),
+--     with the due transport-only events right behind it, whether or not
+--     anything follows them; then the next event is the head. A named
+--     transport-only event ends the call once acknowledged: the call claims
+--     exactly what it named;
 --   * otherwise the head, and with p_batch up to p_max consecutive claimable
 --     successors (stopping at the first failed, not-due, foreign-leased,
 --     transport-only or frozen event), are leased; with p_batch they form a
 --     new frozen batch.
--- Finally the lane's availability is recomputed.
+-- Every row leased or acknowledged locally is tagged with p_call_id, which
+-- is what claim_ledger and ack_ledger replays look up. Finally the lane's
+-- availability is recomputed.
 CREATE FUNCTION _claim_lane(
     p_relay text,
     p_run_id text,
@@ -32,21 +45,23 @@ CREATE FUNCTION _claim_lane(
     p_expected_head bigint,
     p_from bigint DEFAULT NULL
 )
-RETURNS SETOF claim_ledger_result
+RETURNS SETOF ack_ledger_result
 LANGUAGE plpgsql
 VOLATILE
 SET search_path FROM CURRENT
 AS $$
 DECLARE
-    v_now timestamptz := _now();
+    -- The lane lock is held: a lease granted now runs from now.
+    v_now timestamptz := _clock_now();
     v_head ledger;
-    v_next ledger;
+    v_target ledger;
     v_event ledger;
-    v_first boolean := TRUE;
     v_local_acks integer := 0;
-    v_members bigint[] := '{}'::bigint[];
+    v_members bigint[];
     v_batch uuid;
     v_from bigint;
+    v_front bigint;
+    v_front_ok boolean;
 BEGIN
     -- Start at the lane's known head: delivered events before it may still
     -- have (dead) entries in ledger_pending_idx until VACUUM, and the scan
@@ -54,6 +69,34 @@ BEGIN
     SELECT greatest(ll.head_seq, p_from, 0) INTO v_from
     FROM ledger_lanes AS ll
     WHERE ll.run_id = p_run_id AND ll.lane = p_lane;
+
+    IF p_expected_head IS NOT NULL THEN
+        SELECT l.* INTO v_target
+        FROM ledger AS l
+        WHERE
+            l.event_id = p_expected_head AND l.run_id = p_run_id AND l.lane = p_lane
+            AND l.state <> 'delivered' AND l.seq >= v_from;
+        -- What lies in front of it must all be due transport-only events,
+        -- fewer than the 1000 one call acknowledges locally (which bounds
+        -- this scan too).
+        SELECT count(*), coalesce(bool_and((f.e).transport_only AND _ledger_claimable(f.e, p_relay, v_now)), TRUE)
+        INTO v_front, v_front_ok
+        FROM (
+            SELECT l AS e
+            FROM ledger AS l
+            WHERE
+                l.run_id = p_run_id AND l.lane = p_lane AND l.state <> 'delivered'
+                AND l.seq >= v_from AND l.seq < v_target.seq
+            ORDER BY l.seq
+            LIMIT 1000
+        ) AS f;
+        IF v_target.event_id IS NULL OR NOT v_front_ok OR v_front >= 1000
+            OR NOT _ledger_claimable(v_target, p_relay, v_now) THEN
+            PERFORM _refresh_lane(p_run_id, p_lane, v_from);
+            RETURN;
+        END IF;
+    END IF;
+
     LOOP
         SELECT l.* INTO v_head
         FROM ledger AS l
@@ -62,12 +105,7 @@ BEGIN
             AND l.seq >= v_from
         ORDER BY l.seq
         LIMIT 1;
-        EXIT WHEN v_head.event_id IS NULL;
-        IF v_first AND p_expected_head IS NOT NULL AND v_head.event_id <> p_expected_head THEN
-            EXIT;
-        END IF;
-        v_first := FALSE;
-        EXIT WHEN NOT _ledger_claimable(v_head, p_relay, v_now);
+        EXIT WHEN v_head.event_id IS NULL OR NOT _ledger_claimable(v_head, p_relay, v_now);
 
         IF v_head.batch_id IS NOT NULL THEN
             RETURN QUERY
@@ -91,34 +129,35 @@ BEGIN
             )
             SELECT x.*
             FROM released AS r
-            CROSS JOIN LATERAL _ledger_row('claimed', r::ledger, v_now) AS x
+            CROSS JOIN LATERAL _ledger_row('claimed', r::ledger, _clock_now()) AS x
             ORDER BY r.seq;
             EXIT;
         END IF;
 
         IF v_head.transport_only THEN
-            SELECT l.* INTO v_next
-            FROM ledger AS l
-            WHERE
-                l.run_id = p_run_id AND l.lane = p_lane AND l.state <> 'delivered'
-                AND l.seq > v_head.seq
-            ORDER BY l.seq
-            LIMIT 1;
-            EXIT WHEN v_next.event_id IS NULL OR v_local_acks >= 1000
-                OR v_next.state = 'failed' OR NOT _ledger_claimable(v_next, p_relay, v_now);
-            UPDATE ledger AS l
-            SET state = 'delivered',
-                delivered_at = v_now,
-                delivered_by = p_relay,
-                acked_locally = TRUE,
-                lease_owner = NULL,
-                lease_expires_at = NULL,
-                call_id = p_call_id
-            WHERE l.event_id = v_head.event_id
-            RETURNING l.* INTO v_head;
-            v_local_acks := v_local_acks + 1;
-            RETURN NEXT _ledger_row('local_ack', v_head, v_now);
-            v_from := v_head.seq + 1;
+            -- The due transport-only run from the head, up to the named event.
+            v_members := '{}'::bigint[];
+            FOR v_event IN
+                SELECT l.*
+                FROM ledger AS l
+                WHERE
+                    l.run_id = p_run_id AND l.lane = p_lane AND l.state <> 'delivered'
+                    AND l.seq >= v_head.seq
+                ORDER BY l.seq
+                LIMIT 1000 - v_local_acks
+            LOOP
+                EXIT WHEN NOT v_event.transport_only OR NOT _ledger_claimable(v_event, p_relay, v_now);
+                v_members := v_members || v_event.event_id;
+                v_from := v_event.seq + 1;
+                EXIT WHEN v_event.event_id = p_expected_head;
+            END LOOP;
+            RETURN QUERY
+            SELECT x.*
+            FROM _acknowledge(p_run_id, v_members, p_relay, v_now, TRUE, p_call_id) AS a
+            CROSS JOIN LATERAL _ledger_row('local_ack', a, v_now) AS x
+            ORDER BY a.seq;
+            v_local_acks := v_local_acks + cardinality(v_members);
+            EXIT WHEN v_members[cardinality(v_members)] = p_expected_head OR v_local_acks >= 1000;
             CONTINUE;
         END IF;
 
@@ -153,7 +192,7 @@ BEGIN
         )
         SELECT x.*
         FROM leased AS r
-        CROSS JOIN LATERAL _ledger_row('claimed', r::ledger, v_now) AS x
+        CROSS JOIN LATERAL _ledger_row('claimed', r::ledger, _clock_now()) AS x
         ORDER BY r.seq;
         EXIT;
     END LOOP;

@@ -66,8 +66,9 @@ COMMENT ON FUNCTION _lock_event_lanes(bigint[]) IS
 -- caller holds the lane row lock; this reads the tail in a fresh snapshot,
 -- from the recorded head (or p_from, a seq no undelivered event precedes).
 -- Returns the new available_at (NULL: nothing claimable until something
--- happens — empty, blocked by a failed head, or a transport-only head
--- waiting for a successor).
+-- happens — empty, or blocked by a failed head). A transport-only head is
+-- available like any other, at its due time, successor or not: the claim
+-- that comes for it acknowledges it locally, so it never rests as pending.
 CREATE FUNCTION _refresh_lane(p_run_id text, p_lane text, p_from bigint DEFAULT NULL)
 RETURNS timestamptz
 LANGUAGE plpgsql
@@ -76,7 +77,6 @@ SET search_path FROM CURRENT
 AS $$
 DECLARE
     v_head ledger;
-    v_next timestamptz;
     v_available timestamptz;
     v_blocked boolean := FALSE;
     v_from bigint;
@@ -98,16 +98,6 @@ BEGIN
         v_blocked := TRUE;
     ELSIF v_head.state = 'leased' THEN
         v_available := v_head.lease_expires_at;
-    ELSIF v_head.transport_only THEN
-        SELECT l.next_attempt_at INTO v_next
-        FROM ledger AS l
-        WHERE
-            l.run_id = p_run_id AND l.lane = p_lane AND l.state <> 'delivered'
-            AND l.seq > v_head.seq
-        ORDER BY l.seq
-        LIMIT 1;
-        -- Without a successor the head rests (NULL): greatest() would ignore the NULL.
-        v_available := CASE WHEN v_next IS NOT NULL THEN greatest(v_head.next_attempt_at, v_next) END;
     ELSE
         v_available := v_head.next_attempt_at;
     END IF;
@@ -170,8 +160,12 @@ $$;
 COMMENT ON FUNCTION _ledger_claimable(ledger, text, timestamptz) IS
 'Whether one ledger event is claimable by a relay now: pending and due, or leased to it, or its lease expired.';
 
+-- One ledger event as a claim or acknowledgement reports it: kind, the
+-- event, its lease with lease_remaining_ms measured at p_now (pass the clock
+-- at the moment of answering, _clock_now()), and for an acknowledged event
+-- lag_ms = delivered_at - created_at.
 CREATE FUNCTION _ledger_row(p_kind text, p_event ledger, p_now timestamptz)
-RETURNS claim_ledger_result
+RETURNS ack_ledger_result
 LANGUAGE sql
 VOLATILE
 SET search_path FROM CURRENT
@@ -183,9 +177,63 @@ AS $$
         CASE
             WHEN p_event.lease_expires_at IS NOT NULL
                 THEN floor(extract(EPOCH FROM p_event.lease_expires_at - p_now) * 1000)::bigint
+        END,
+        CASE
+            WHEN p_event.delivered_at IS NOT NULL
+                THEN floor(extract(EPOCH FROM p_event.delivered_at - p_event.created_at) * 1000)::bigint
         END
-    )::claim_ledger_result;
+    )::ack_ledger_result;
 $$;
 
 COMMENT ON FUNCTION _ledger_row(text, ledger, timestamptz) IS
-'Formats one ledger event as a claim_ledger row; lease_remaining_ms measured at p_now.';
+'Formats one ledger event as a claim/ack row; lease_remaining_ms measured at p_now, lag_ms for acknowledged events.';
+
+-- _acknowledge(): the one acknowledgement path, for the events a relay
+-- delivered (ack_ledger) and the transport-only events a claim acknowledges
+-- locally (_claim_lane, p_locally). Each event becomes delivered by p_relay
+-- at p_now, loses its lease, and is tagged with p_call_id, the call that
+-- acknowledged it (what a replay of that call looks up); a drop_on_delivery
+-- run loses their payloads; runrelay_delivered is notified once, naming the
+-- last event. Precondition: the caller holds the lane lock, and p_event_ids
+-- are an unbroken prefix of one run lane's pending tail, in seq order.
+-- Returns the acknowledged rows (in no particular order).
+CREATE FUNCTION _acknowledge(
+    p_run_id text,
+    p_event_ids bigint[],
+    p_relay text,
+    p_now timestamptz,
+    p_locally boolean,
+    p_call_id uuid
+)
+RETURNS SETOF ledger
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_drop boolean;
+BEGIN
+    IF coalesce(cardinality(p_event_ids), 0) = 0 THEN
+        RETURN;
+    END IF;
+    SELECT r.payload_retention = 'drop_on_delivery' INTO v_drop
+    FROM runs AS r WHERE r.run_id = p_run_id;
+    RETURN QUERY
+    UPDATE ledger AS l
+    SET state = 'delivered',
+        delivered_at = p_now,
+        delivered_by = p_relay,
+        acked_locally = p_locally,
+        lease_owner = NULL,
+        lease_expires_at = NULL,
+        call_id = p_call_id,
+        payload = CASE WHEN v_drop THEN NULL ELSE l.payload END
+    WHERE l.event_id = ANY(p_event_ids) AND l.run_id = p_run_id
+    RETURNING l.*;
+    PERFORM pg_notify('runrelay_delivered',
+        json_build_object('run_id', p_run_id, 'event_id', p_event_ids[cardinality(p_event_ids)])::text);
+END;
+$$;
+
+COMMENT ON FUNCTION _acknowledge(text, bigint[], text, timestamptz, boolean, uuid) IS
+'Marks a lane prefix delivered (by a relay, or locally if transport-only): retention, call tag, runrelay_delivered.';

@@ -4,28 +4,47 @@
 -- leased by `relay`, in seq order and only as an unbroken prefix of the
 -- lane's pending tail: an event is never acknowledged while an earlier one is
 -- outstanding, so the delivered sequence is always the appended order
--- (kind delivered, lag_ms = delivered_at - created_at). drop_on_delivery runs
--- lose the payloads of delivered events. Notifies runrelay_delivered once
--- per call with the last event acknowledged. With claim_next > 0 the
--- successor prefix is claimed in the same statement (kind claimed/local_ack,
--- as claim_ledger with run_id, batch), so steady state is one round trip per
--- batch. Locks the lane row (waiting). Replay: events of event_ids this relay
--- already delivered are reported as delivered again with the same lag_ms, and
--- the successor prefix, still leased to this relay, is returned again.
-CREATE TYPE ack_ledger_result AS (
-    kind text,
-    event_id bigint,
-    run_id text,
-    seq bigint,
-    type text,
-    payload jsonb,
-    delivery_key text,
-    created_at timestamptz,
-    frozen boolean,
-    lease_expires_at timestamptz,
-    lease_remaining_ms bigint,
-    lag_ms bigint
-);
+-- (kind delivered, lag_ms = delivered_at - created_at). The acknowledgement
+-- (_acknowledge) is the one local acks go through too: drop_on_delivery runs
+-- lose the payloads, runrelay_delivered is notified naming the last event.
+-- With claim_next > 0 the successor prefix is claimed in the same statement
+-- (kind claimed, or local_ack with lag_ms for transport-only events, as
+-- claim_ledger with run_id and batch), so steady state is one round trip per
+-- batch. Locks the lane row (waiting, under a function-local lock_timeout);
+-- claimed leases run from the moment they are granted, after that wait.
+--
+-- Replay: the call tags what it acknowledges and what its claim-next leases
+-- or acknowledges locally with an id of its own. A call that finds nothing
+-- of event_ids left to acknowledge, but some of them delivered by this relay,
+-- is a repeat of the call that delivered them: it answers what that call
+-- answered — the delivered events of event_ids (same lag_ms), then that
+-- call's local acks and the leases it took that this relay still holds — and
+-- writes nothing (no lease is extended, no claim-next runs).
+-- The events of event_ids this relay delivered (not acknowledged locally),
+-- as ack_ledger reports them, in seq order: a fresh call's and its replay's
+-- delivered rows come from here alike.
+CREATE FUNCTION _ack_ledger_delivered(p_relay text, p_run_id text, p_event_ids bigint[])
+RETURNS SETOF ack_ledger_result
+LANGUAGE sql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+    SELECT x.*
+    FROM ledger AS l
+    CROSS JOIN LATERAL _ledger_row('delivered', l, NULL) AS x
+    WHERE
+        l.event_id = ANY(p_event_ids)
+        AND l.run_id = p_run_id
+        -- delivered_at, not state: equivalent by CHECK, but it keeps the
+        -- planner off ledger_delivered_idx (a scan of the delivered history).
+        AND l.delivered_at IS NOT NULL
+        AND l.delivered_by = p_relay
+        AND NOT l.acked_locally
+    ORDER BY l.seq;
+$$;
+
+COMMENT ON FUNCTION _ack_ledger_delivered(text, text, bigint[]) IS
+'The events of event_ids a relay delivered, as ack_ledger reports them (kind delivered, lag_ms).';
 
 CREATE FUNCTION ack_ledger(
     relay text,
@@ -48,10 +67,9 @@ DECLARE
     v_lanes integer;
     v_event ledger;
     v_ack bigint[] := '{}'::bigint[];
-    v_drop boolean;
-    v_last bigint;
     v_last_seq bigint;
     v_from bigint;
+    v_call uuid;
 BEGIN
     PERFORM _require_read_committed();
     PERFORM _check_id('relay', ack_ledger.relay);
@@ -92,46 +110,54 @@ BEGIN
         v_last_seq := v_event.seq;
     END LOOP;
 
-    IF cardinality(v_ack) > 0 THEN
-        SELECT r.payload_retention = 'drop_on_delivery' INTO v_drop
-        FROM runs AS r WHERE r.run_id = ack_ledger.run_id;
-        UPDATE ledger AS l
-        SET state = 'delivered',
-            delivered_at = v_now,
-            delivered_by = ack_ledger.relay,
-            lease_owner = NULL,
-            lease_expires_at = NULL,
-            payload = CASE WHEN v_drop THEN NULL ELSE l.payload END
-        WHERE l.event_id = ANY(v_ack);
-        v_last := v_ack[cardinality(v_ack)];
-        -- The acknowledged events were an unbroken prefix: nothing before them remains.
-        v_from := v_last_seq + 1;
-        PERFORM pg_notify('runrelay_delivered',
-            json_build_object('run_id', ack_ledger.run_id, 'event_id', v_last)::text);
+    IF cardinality(v_ack) = 0 THEN
+        -- Nothing left to acknowledge. If this relay delivered some of
+        -- event_ids, this repeats the call that did (the last of them names
+        -- it): answer what it answered, and write nothing.
+        SELECT l.call_id, l.seq INTO v_call, v_last_seq
+        FROM ledger AS l
+        WHERE
+            l.event_id = ANY(ack_ledger.event_ids)
+            AND l.run_id = ack_ledger.run_id
+            AND l.delivered_at IS NOT NULL
+            AND l.delivered_by = ack_ledger.relay
+            AND NOT l.acked_locally
+        ORDER BY l.seq DESC
+        LIMIT 1;
+        IF FOUND THEN
+            RETURN QUERY SELECT * FROM _ack_ledger_delivered(ack_ledger.relay, ack_ledger.run_id, ack_ledger.event_ids);
+            RETURN QUERY
+            SELECT x.*
+            FROM ledger AS l
+            CROSS JOIN LATERAL _ledger_row(
+                CASE WHEN l.acked_locally THEN 'local_ack' ELSE 'claimed' END, l, _clock_now()
+            ) AS x
+            WHERE
+                l.call_id = v_call
+                AND l.run_id = ack_ledger.run_id AND l.lane = v_lane AND l.seq > v_last_seq
+                AND (
+                    (l.acked_locally AND l.delivered_by = ack_ledger.relay)
+                    OR l.lease_owner = ack_ledger.relay
+                )
+            ORDER BY l.seq;
+            RETURN;
+        END IF;
     END IF;
 
-    RETURN QUERY
-    SELECT
-        'delivered'::text, l.event_id, l.run_id, l.seq, l.type, l.payload, l.delivery_key,
-        l.created_at, l.batch_id IS NOT NULL, NULL::timestamptz, NULL::bigint,
-        floor(extract(EPOCH FROM l.delivered_at - l.created_at) * 1000)::bigint
-    FROM ledger AS l
-    WHERE
-        l.event_id = ANY(ack_ledger.event_ids)
-        AND l.run_id = ack_ledger.run_id
-        -- delivered_at, not state: equivalent by CHECK, but it keeps the
-        -- planner off ledger_delivered_idx (a scan of the delivered history).
-        AND l.delivered_at IS NOT NULL
-        AND l.delivered_by = ack_ledger.relay
-        AND NOT l.acked_locally
-    ORDER BY l.seq;
+    v_call := gen_random_uuid();
+    IF cardinality(v_ack) > 0 THEN
+        PERFORM _acknowledge(ack_ledger.run_id, v_ack, ack_ledger.relay, v_now, FALSE, v_call);
+        -- The acknowledged events were an unbroken prefix: nothing before them remains.
+        v_from := v_last_seq + 1;
+    END IF;
+
+    RETURN QUERY SELECT * FROM _ack_ledger_delivered(ack_ledger.relay, ack_ledger.run_id, ack_ledger.event_ids);
 
     IF ack_ledger.claim_next > 0 THEN
         RETURN QUERY
-        SELECT c.*, NULL::bigint
-        FROM _claim_lane(
+        SELECT * FROM _claim_lane(
             ack_ledger.relay, ack_ledger.run_id, v_lane, ack_ledger.claim_next,
-            ack_ledger.batch, _lease(ack_ledger.lease_seconds), NULL, NULL, v_from) AS c;
+            ack_ledger.batch, _lease(ack_ledger.lease_seconds), v_call, NULL, v_from);
     ELSIF _refresh_lane(ack_ledger.run_id, v_lane, v_from) <= v_now THEN
         PERFORM pg_notify('runrelay_ledger', ack_ledger.run_id);
     END IF;

@@ -3,18 +3,26 @@
 -- run_id NULL: discover the run whose lane head has been claimable longest
 -- (ledger_lanes by available_at: one row per run lane, never per event),
 -- lock its lane row SKIP LOCKED — two relays never contend on one run — and
--- claim its prefix; if that run yields nothing (a resting transport-only
--- head), try the next, up to 10. With run_id: that run only; its lane row is
--- locked SKIP LOCKED, or with wait_for_run waited for under a function-local
--- lock_timeout (55P03 when it lapses).
+-- claim its prefix; if that run yields nothing (its head changed since the
+-- lane row was written), try the next, up to 10. With run_id: that run only;
+-- its lane row is locked SKIP LOCKED, or with wait_for_run waited for under a
+-- function-local lock_timeout (55P03 when it lapses).
 -- The head blocks everything behind it (failed, not due, leased to another
 -- relay); a head leased to this relay is re-claimed with its lease extended,
--- so a retry after a lost reply is safe. See _claim_lane for transport-only
--- heads (kind local_ack) and frozen batches (batch => true).
+-- so a retry after a lost reply is safe. A due transport-only head is
+-- acknowledged locally (kind local_ack) whether or not anything follows it,
+-- so a claim may answer local acks only. expected_head claims the named
+-- event only: it must be the head or lie behind nothing but due
+-- transport-only events (acknowledged locally on the way); naming a
+-- transport-only event acknowledges exactly it. See _claim_lane for the
+-- details and frozen batches (batch => true).
 -- Replay: with call_id, if an earlier call with that id committed, its local
 -- acks come back as local_ack and its still-held leases as claimed, and
 -- nothing else is done; otherwise the call works afresh.
--- lease_remaining_ms is measured at statement time.
+-- Leases run from the moment they are granted (after the lane lock is held,
+-- so a lock wait does not shorten them); lease_remaining_ms is measured when
+-- the call answers, so a relay can prove its fresh lease still covers its
+-- first delivery and schedule the first renewal from it.
 CREATE FUNCTION claim_ledger(
     relay text,
     lane text DEFAULT 'lifecycle',
@@ -53,11 +61,13 @@ BEGIN
 
     IF claim_ledger.call_id IS NOT NULL THEN
         RETURN QUERY
-        SELECT x.*
+        SELECT
+            c.kind, c.event_id, c.run_id, c.seq, c.type, c.payload, c.delivery_key, c.created_at, c.frozen,
+            c.lease_expires_at, c.lease_remaining_ms
         FROM ledger AS l
         CROSS JOIN LATERAL _ledger_row(
-            CASE WHEN l.acked_locally THEN 'local_ack' ELSE 'claimed' END, l, v_now
-        ) AS x
+            CASE WHEN l.acked_locally THEN 'local_ack' ELSE 'claimed' END, l, _clock_now()
+        ) AS c
         WHERE
             l.call_id = claim_ledger.call_id
             AND (
@@ -85,9 +95,12 @@ BEGIN
         END IF;
         IF v_run_id IS NOT NULL THEN
             RETURN QUERY
-            SELECT * FROM _claim_lane(
+            SELECT
+                c.kind, c.event_id, c.run_id, c.seq, c.type, c.payload, c.delivery_key, c.created_at, c.frozen,
+                c.lease_expires_at, c.lease_remaining_ms
+            FROM _claim_lane(
                 claim_ledger.relay, v_run_id, claim_ledger.lane, claim_ledger.max_events,
-                claim_ledger.batch, v_lease, claim_ledger.call_id, claim_ledger.expected_head);
+                claim_ledger.batch, v_lease, claim_ledger.call_id, claim_ledger.expected_head) AS c;
         END IF;
         RETURN;
     END IF;
@@ -105,9 +118,12 @@ BEGIN
         EXIT WHEN v_run_id IS NULL;
         v_visited := v_visited || v_run_id;
         RETURN QUERY
-        SELECT * FROM _claim_lane(
+        SELECT
+            c.kind, c.event_id, c.run_id, c.seq, c.type, c.payload, c.delivery_key, c.created_at, c.frozen,
+            c.lease_expires_at, c.lease_remaining_ms
+        FROM _claim_lane(
             claim_ledger.relay, v_run_id, claim_ledger.lane, claim_ledger.max_events,
-            claim_ledger.batch, v_lease, claim_ledger.call_id, claim_ledger.expected_head);
+            claim_ledger.batch, v_lease, claim_ledger.call_id, claim_ledger.expected_head) AS c;
         IF FOUND THEN
             RETURN;
         END IF;

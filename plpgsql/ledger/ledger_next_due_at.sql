@@ -1,6 +1,6 @@
 -- ledger_next_due_at(): the earliest moment any claimable ledger work exists,
 -- for a relay deciding how long to sleep. A live lease counts as due at its
--- expiry; a blocked lane or a resting transport-only head is not due; NULL
+-- expiry; a blocked lane is not due (a transport-only head is, like any); NULL
 -- when nothing is pending. Reads ledger_lanes (one row per run lane) through
 -- ledger_lanes_available_idx: an index seek per lane, whatever the number of
 -- pending events or runs. No locks.

@@ -7,10 +7,13 @@ Each pass per lane: discover a run with a due head (claim_ledger with
 batch => true, so a batch is frozen at its first claim), deliver the batch to
 the sink, then ack_ledger(..., claim_next=batch_size) to acknowledge it and
 claim the same run's next batch in the same round trip, until the run has
-nothing more. Slow deliveries renew their leases from a side thread — the first
-renewal is scheduled from the claim's lease_remaining_ms, so a fast delivery
-never renews. A sink error becomes fail_ledger (server-side backoff; blocked
-when permanent). With nothing to do the relay sleeps until
+nothing more. Transport-only events are acknowledged locally by those claims
+(kind local_ack) and never reach the sink; a pass that only acknowledged
+locally counts as progress, so the loop comes straight back for more. Slow
+deliveries renew their leases from a side thread — the first renewal is
+scheduled from the claim's lease_remaining_ms (the lease left when the claim
+answered), so a fast delivery never renews. A sink error becomes fail_ledger
+(server-side backoff; blocked when permanent). With nothing to do the relay sleeps until
 ledger_next_due_at or a runrelay_ledger NOTIFY, whichever comes first.
 
 A claim that fails ambiguously (connection lost after COMMIT) is repeated
@@ -118,8 +121,8 @@ class Relay:
         try:
             while not self._stop.is_set():
                 try:
-                    delivered = sum(self.drain(lane) for lane in self.lanes)
-                    if not delivered:
+                    settled = sum(self.drain(lane) for lane in self.lanes)
+                    if not settled:
                         idle = time.monotonic() - idle_since
                         if until_idle is not None and idle > until_idle:
                             return
@@ -132,7 +135,7 @@ class Relay:
                     self._stop.wait(delay)
                     continue
                 backoff.reset()
-                if delivered:
+                if settled:
                     idle_since = time.monotonic()
         except KeyboardInterrupt:
             self._hand_back()
@@ -156,7 +159,9 @@ class Relay:
 
     def drain(self, lane: str) -> int:
         """One pass on a lane: claim a run's batch, deliver, ack + claim next
-        until that run has nothing claimable. Returns events delivered."""
+        until that run has nothing claimable. Returns the events settled:
+        delivered, or acknowledged locally (transport-only events, which a
+        claim may answer alone)."""
         call_id = uuid.uuid4()
         rows = self._retrying(
             lambda: self.client.claim_ledger(
@@ -168,8 +173,7 @@ class Relay:
                 call_id=call_id,
             )
         )
-        claimed = self._split(rows)
-        delivered = 0
+        claimed, settled = self._split(rows)
         while claimed and not self._stop.is_set():
             ids = [e.event_id for e in claimed]
             run_id = claimed[0].run_id
@@ -193,7 +197,7 @@ class Relay:
                     )
                 )
                 self._count("blocked" if permanent else "delivery_failures", len(failures))
-                return delivered
+                return settled
             out = self._retrying(
                 partial(
                     self.client.ack_ledger,
@@ -206,21 +210,23 @@ class Relay:
                 )
             )
             acked = [e for e in out if e.kind is LedgerKind.DELIVERED]
-            delivered += len(acked)
+            settled += len(acked)
             self._count("delivered", len(acked))
             self._count("batches")
             if len(acked) < len(ids):
                 self._count("lost_leases", len(ids) - len(acked))
-            claimed = self._split(out)
+            claimed, local = self._split(out)
+            settled += local
         if claimed:  # stopping: hand the leases back without charging an attempt
             self.client.release_ledger(self.name, [e.event_id for e in claimed])
-        return delivered
+        return settled
 
-    def _split(self, rows: list[LedgerEvent]) -> list[LedgerEvent]:
+    def _split(self, rows: list[LedgerEvent]) -> tuple[list[LedgerEvent], int]:
+        """The claimed rows to deliver, and how many rows were local acks."""
         local = sum(r.kind is LedgerKind.LOCAL_ACK for r in rows)
         if local:
             self._count("local_acks", local)
-        return [r for r in rows if r.kind is LedgerKind.CLAIMED]
+        return [r for r in rows if r.kind is LedgerKind.CLAIMED], local
 
     def _deliver(self, lane: str, events: list[LedgerEvent]) -> None:
         """Call the sink; renew the leases meanwhile if it is slow."""

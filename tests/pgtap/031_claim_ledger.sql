@@ -8,9 +8,9 @@ SELECT plan(43);
 -- A fresh run: its head is run.queued (seq 1).
 SELECT runrelay.enqueue_run(run_id => 'r1', queue => 'q-r1');
 SELECT results_eq(
-    $$SELECT kind, run_id, seq, type, delivery_key, frozen, lease_remaining_ms
+    $$SELECT kind, run_id, seq, type, delivery_key, frozen, tests.lease_granted(lease_expires_at, lease_remaining_ms, 30)
       FROM runrelay.claim_ledger(relay => 'x', run_id => 'r1')$$,
-    $$VALUES ('claimed', 'r1', 1::bigint, 'run.queued', 'r1:1', FALSE, 30000::bigint)$$,
+    $$VALUES ('claimed', 'r1', 1::bigint, 'run.queued', 'r1:1', FALSE, TRUE)$$,
     'a claim leases the head: kind claimed, not frozen, a 30 s lease'
 );
 SELECT results_eq(
@@ -42,8 +42,9 @@ SELECT is(tests.ledger_states('r1'), ARRAY['run.queued=leased:x', 'e2=pending', 
 
 -- The same relay re-claims its head with the lease extended.
 SELECT results_eq(
-    $$SELECT kind, type, lease_remaining_ms FROM runrelay.claim_ledger(relay => 'x', run_id => 'r1', lease_seconds => 120)$$,
-    $$VALUES ('claimed', 'run.queued', 120000::bigint)$$,
+    $$SELECT kind, type, tests.lease_granted(lease_expires_at, lease_remaining_ms, 120)
+      FROM runrelay.claim_ledger(relay => 'x', run_id => 'r1', lease_seconds => 120)$$,
+    $$VALUES ('claimed', 'run.queued', TRUE)$$,
     'a head leased to this relay is re-claimed (the head alone) with its lease extended'
 );
 SELECT is(
@@ -211,40 +212,45 @@ SELECT results_eq(
     'a call_id that never committed a claim does the work afresh'
 );
 
--- Lease length: clamped to 5..300 s; lease_remaining_ms at statement time.
+-- Lease length: clamped to 5..300 s, running from the grant;
+-- lease_remaining_ms measured when the call answers.
 SELECT tests.ledger_run('l1');
 SELECT tests.append('l1', ARRAY['a']);
 SELECT results_eq(
-    $$SELECT lease_remaining_ms, lease_expires_at = statement_timestamp() + interval '5 seconds'
+    $$SELECT tests.lease_granted(lease_expires_at, lease_remaining_ms, 5)
       FROM runrelay.claim_ledger(relay => 'x', run_id => 'l1', lease_seconds => 1)$$,
-    $$VALUES (5000::bigint, TRUE)$$,
+    $$VALUES (TRUE)$$,
     'lease_seconds below 5 is clamped to 5'
 );
 SELECT results_eq(
-    $$SELECT lease_remaining_ms FROM runrelay.claim_ledger(relay => 'x', run_id => 'l1', lease_seconds => -10)$$,
-    $$VALUES (5000::bigint)$$,
+    $$SELECT tests.lease_granted(lease_expires_at, lease_remaining_ms, 5)
+      FROM runrelay.claim_ledger(relay => 'x', run_id => 'l1', lease_seconds => -10)$$,
+    $$VALUES (TRUE)$$,
     'a negative lease_seconds is clamped to 5'
 );
 SELECT results_eq(
-    $$SELECT lease_remaining_ms, lease_expires_at = statement_timestamp() + interval '300 seconds'
+    $$SELECT tests.lease_granted(lease_expires_at, lease_remaining_ms, 300)
       FROM runrelay.claim_ledger(relay => 'x', run_id => 'l1', lease_seconds => 1000)$$,
-    $$VALUES (300000::bigint, TRUE)$$,
+    $$VALUES (TRUE)$$,
     'lease_seconds above 300 is clamped to 300'
 );
 SELECT results_eq(
-    $$SELECT lease_remaining_ms FROM runrelay.claim_ledger(relay => 'x', run_id => 'l1', lease_seconds => NULL)$$,
-    $$VALUES (30000::bigint)$$,
+    $$SELECT tests.lease_granted(lease_expires_at, lease_remaining_ms, 30)
+      FROM runrelay.claim_ledger(relay => 'x', run_id => 'l1', lease_seconds => NULL)$$,
+    $$VALUES (TRUE)$$,
     'a null lease_seconds means the default 30 s'
 );
 SELECT set_config('runrelay.clock_offset', '10 seconds', TRUE);
 SELECT results_eq(
     $$SELECT
           lease_remaining_ms
-          = floor(extract(EPOCH FROM lease_expires_at - (statement_timestamp() + interval '10 seconds')) * 1000)::bigint,
+          <= floor(extract(EPOCH FROM lease_expires_at - (statement_timestamp() + interval '10 seconds')) * 1000)::bigint,
+          lease_remaining_ms
+          >= floor(extract(EPOCH FROM lease_expires_at - (clock_timestamp() + interval '10 seconds')) * 1000)::bigint,
           lease_remaining_ms <= 20000
       FROM runrelay.claim_ledger(relay => 'x', call_id => '00000000-0000-4000-8000-0000000000c1')$$,
-    $$VALUES (TRUE, TRUE), (TRUE, TRUE)$$,
-    'a replay reports the remaining lease measured at its statement time, without extending it'
+    $$VALUES (TRUE, TRUE, TRUE), (TRUE, TRUE, TRUE)$$,
+    'a replay reports the remaining lease measured when it answers, without extending it'
 );
 SELECT set_config('runrelay.clock_offset', '', TRUE);
 

@@ -1,8 +1,9 @@
 -- ack_ledger (SPEC §3.3): delivered with lag_ms, only this relay's leases,
 -- only an unbroken prefix, harmless repeats, claim_next continuation (kinds
--- claimed and local_ack), replays, and drop_on_delivery payloads.
+-- claimed and local_ack, with lag_ms), exact replays that write nothing, and
+-- drop_on_delivery payloads.
 BEGIN;
-SELECT plan(28);
+SELECT plan(31);
 
 -- Delivered, with lag_ms = delivered - created.
 SELECT tests.ledger_run('a1');
@@ -93,53 +94,67 @@ SELECT tests.ledger_run('n1');
 SELECT tests.append('n1', ARRAY['a', 'b', 'c', 'd']);
 SELECT runrelay.claim_ledger(relay => 'x', run_id => 'n1');
 SELECT results_eq(
-    $$SELECT kind, type, frozen, lease_remaining_ms
+    $$SELECT kind, type, frozen, lease_remaining_ms IS NULL OR tests.lease_granted(lease_expires_at, lease_remaining_ms, 30)
       FROM runrelay.ack_ledger(relay => 'x', run_id => 'n1', event_ids => ARRAY[tests.eid('n1', 'a')], claim_next => 5)$$,
-    $$VALUES ('delivered', 'a', FALSE, NULL::bigint), ('claimed', 'b', FALSE, 30000::bigint)$$,
+    $$VALUES ('delivered', 'a', FALSE, TRUE), ('claimed', 'b', FALSE, TRUE)$$,
     'claim_next without batch claims the successor head alone'
 );
 SELECT results_eq(
-    $$SELECT kind, type, frozen, lease_remaining_ms
+    $$SELECT kind, type, frozen, lease_remaining_ms IS NULL OR tests.lease_granted(lease_expires_at, lease_remaining_ms, 300)
       FROM runrelay.ack_ledger(
           relay => 'x', run_id => 'n1', event_ids => ARRAY[tests.eid('n1', 'b')], claim_next => 2, batch => TRUE, lease_seconds => 1000)$$,
-    $$VALUES ('delivered', 'b', FALSE, NULL::bigint), ('claimed', 'c', TRUE, 300000::bigint), ('claimed', 'd', TRUE, 300000::bigint)$$,
+    $$VALUES ('delivered', 'b', FALSE, TRUE), ('claimed', 'c', TRUE, TRUE), ('claimed', 'd', TRUE, TRUE)$$,
     'claim_next with batch claims the successor prefix as a frozen batch; lease_seconds is clamped to 300'
 );
-CREATE TEMPORARY TABLE n1_ack AS
-SELECT
-    a.kind,
-    a.event_id,
-    a.lag_ms
-FROM runrelay.ack_ledger(
-    relay => 'x', run_id => 'n1', event_ids => tests.eids('n1', ARRAY['c', 'd']), claim_next => 2, batch => TRUE
-) AS a;
 SELECT tests.append('n1', ARRAY['t'], 'lifecycle', TRUE);
 SELECT tests.append('n1', ARRAY['e', 'f', 'g']);
-CREATE TEMPORARY TABLE n1_second AS
-SELECT
-    a.kind,
-    a.type,
-    a.event_id,
-    a.lag_ms
+CREATE TEMPORARY TABLE n1_ack AS
+SELECT a.*
 FROM runrelay.ack_ledger(
     relay => 'x', run_id => 'n1', event_ids => tests.eids('n1', ARRAY['c', 'd']), claim_next => 2, batch => TRUE
 ) AS a;
 SELECT results_eq(
-    $$SELECT kind, event_id, lag_ms FROM n1_second WHERE kind = 'delivered'$$,
-    $$SELECT kind, event_id, lag_ms FROM n1_ack$$,
-    'a repeated ack reports the same delivered events with the same lag_ms'
+    $$SELECT kind, type, lag_ms IS NOT NULL, lease_expires_at IS NOT NULL FROM n1_ack ORDER BY seq$$,
+    $$VALUES
+        ('delivered', 'c', TRUE, FALSE), ('delivered', 'd', TRUE, FALSE), ('local_ack', 't', TRUE, FALSE),
+        ('claimed', 'e', FALSE, TRUE), ('claimed', 'f', FALSE, TRUE)$$,
+    'claim_next acknowledges a transport-only successor locally (with its lag_ms) and claims the prefix behind it'
 );
 SELECT results_eq(
-    $$SELECT kind, type FROM n1_second WHERE kind <> 'delivered'$$,
-    $$VALUES ('local_ack', 't'), ('claimed', 'e'), ('claimed', 'f')$$,
-    'claim_next acknowledges a transport-only successor locally and claims the prefix behind it'
+    $$SELECT lag_ms FROM n1_ack WHERE kind = 'local_ack'$$,
+    $$SELECT floor(extract(EPOCH FROM delivered_at - created_at) * 1000)::bigint FROM runrelay.ledger
+      WHERE event_id = tests.eid('n1', 't')$$,
+    'the local ack''s lag_ms is delivered_at - created_at, as for a delivered event'
+);
+CREATE TEMPORARY TABLE n1_rows AS
+SELECT
+    l.event_id,
+    l.state,
+    l.lease_owner,
+    l.lease_expires_at,
+    l.delivered_at,
+    l.acked_locally,
+    l.call_id,
+    l.payload
+FROM runrelay.ledger AS l
+WHERE l.run_id = 'n1';
+-- The repeat comes later: a re-claim would show as a moved lease.
+SELECT set_config('runrelay.clock_offset', '5 seconds', TRUE);
+SELECT results_eq(
+    $$SELECT kind, event_id, run_id, seq, type, payload, delivery_key, created_at, frozen, lease_expires_at, lag_ms
+      FROM runrelay.ack_ledger(
+          relay => 'x', run_id => 'n1', event_ids => tests.eids('n1', ARRAY['c', 'd']), claim_next => 2, batch => TRUE)$$,
+    $$SELECT kind, event_id, run_id, seq, type, payload, delivery_key, created_at, frozen, lease_expires_at, lag_ms
+      FROM n1_ack ORDER BY seq$$,
+    'a replay after a lost reply answers exactly the first outcome: delivered, local_ack and claimed rows, same leases and lag_ms'
 );
 SELECT results_eq(
-    $$SELECT kind, type, frozen FROM runrelay.ack_ledger(
-        relay => 'x', run_id => 'n1', event_ids => tests.eids('n1', ARRAY['c', 'd']), claim_next => 2, batch => TRUE)$$,
-    $$VALUES ('delivered', 'c', TRUE), ('delivered', 'd', TRUE), ('claimed', 'e', TRUE), ('claimed', 'f', TRUE)$$,
-    'a replay after a lost reply returns the same delivered events and the same claimed successor prefix'
+    $$SELECT l.event_id, l.state, l.lease_owner, l.lease_expires_at, l.delivered_at, l.acked_locally, l.call_id, l.payload
+      FROM runrelay.ledger AS l WHERE l.run_id = 'n1' ORDER BY l.event_id$$,
+    $$SELECT * FROM n1_rows ORDER BY event_id$$,
+    'the replay writes nothing: no lease is extended, nothing more is claimed'
 );
+SELECT set_config('runrelay.clock_offset', '', TRUE);
 SELECT is(tests.ev_state(tests.eid('n1', 'g')), 'pending', 'the replay did not widen the claimed prefix');
 SELECT is_empty(
     $$SELECT * FROM runrelay.ack_ledger(relay => 'x', run_id => 'n1', event_ids => ARRAY[tests.eid('n1', 't')])$$,
@@ -149,6 +164,18 @@ SELECT results_eq(
     $$SELECT kind, type FROM runrelay.ack_ledger(relay => 'x', run_id => 'n1', event_ids => '{}', claim_next => 1)$$,
     $$VALUES ('claimed', 'e'), ('claimed', 'f')$$,
     'claim_next with nothing to acknowledge re-claims the relay''s own frozen head batch'
+);
+SELECT results_eq(
+    $$SELECT kind, type FROM runrelay.ack_ledger(
+        relay => 'x', run_id => 'n1', event_ids => tests.eids('n1', ARRAY['e', 'f']), claim_next => 1)$$,
+    $$VALUES ('delivered', 'e'), ('delivered', 'f'), ('claimed', 'g')$$,
+    'the next ack is a call of its own: it acknowledges and claims afresh'
+);
+SELECT results_eq(
+    $$SELECT kind, type FROM runrelay.ack_ledger(
+        relay => 'x', run_id => 'n1', event_ids => tests.eids('n1', ARRAY['c', 'd']), claim_next => 2, batch => TRUE)$$,
+    $$VALUES ('delivered', 'c'), ('delivered', 'd'), ('local_ack', 't')$$,
+    'a late replay answers what remains of the first outcome: its leases were acknowledged since'
 );
 
 -- Observability lane: the lane is taken from the events.

@@ -1,7 +1,7 @@
 -- ledger_next_due_at (SPEC §3.3): the earliest moment claimable ledger work
 -- exists; null when nothing is pending; a live lease counts at its expiry; a
--- retrying head at its retry time; blocked lanes and resting transport-only
--- heads are not due; lane and run_id filters.
+-- retrying head at its retry time; blocked lanes are not due, transport-only
+-- heads are; lane and run_id filters.
 BEGIN;
 SELECT plan(17);
 
@@ -71,14 +71,22 @@ SELECT is(runrelay.ledger_next_due_at(lane => 'lifecycle'), now() + interval '20
 SELECT runrelay.requeue_ledger_event(tests.eid('r3', 'a'));
 SELECT cmp_ok(runrelay.ledger_next_due_at(run_id => 'r3'), '<=', statement_timestamp(), 'a requeued head is due now');
 
--- A transport-only head waiting for a successor is not due.
+-- A transport-only head is due like any head, successor or not: the claim
+-- that comes for it acknowledges it locally.
 SELECT tests.ledger_run('r4');
 SELECT tests.append('r4', ARRAY['t'], 'lifecycle', TRUE);
-SELECT is(runrelay.ledger_next_due_at(run_id => 'r4'), NULL, 'a resting transport-only head is not due');
+SELECT is(
+    runrelay.ledger_next_due_at(run_id => 'r4'),
+    (
+        SELECT created_at FROM runrelay.ledger
+        WHERE event_id = tests.eid('r4', 't')
+    ),
+    'a lone transport-only head is due from its creation'
+);
 SELECT tests.append('r4', ARRAY['a']);
 SELECT cmp_ok(
     runrelay.ledger_next_due_at(run_id => 'r4'), '<=', statement_timestamp(),
-    'once a successor exists it is due'
+    'with a successor it is still due'
 );
 
 -- Everything delivered again: null.

@@ -126,3 +126,24 @@ AS $$
     DELETE FROM runrelay.cancellations;
     DELETE FROM runrelay.runs;
 $$;
+
+-- Whether a lease that a claim in the current statement returned is what a
+-- fresh claim of p_seconds grants: granted during this statement (between
+-- its start and now, on the shifted test clock), running p_seconds from the
+-- grant, with lease_remaining_ms measured between the grant and now. Call it
+-- in the select list over the claim, so that "now" comes after the claim.
+CREATE FUNCTION tests.lease_granted(p_expires timestamptz, p_remaining bigint, p_seconds integer)
+RETURNS boolean
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_offset interval := coalesce(nullif(current_setting('runrelay.clock_offset', TRUE), ''), '0')::interval;
+    v_lease interval := make_interval(secs => p_seconds);
+    v_now timestamptz := clock_timestamp() + v_offset;
+BEGIN
+    RETURN p_expires >= statement_timestamp() + v_offset + v_lease
+        AND p_expires <= v_now + v_lease
+        AND p_remaining <= p_seconds * 1000
+        AND p_remaining >= floor(extract(EPOCH FROM p_expires - v_now) * 1000)::bigint;
+END;
+$$;

@@ -358,8 +358,7 @@ CASES: dict[str, ReplayCase] = {
     "ack_ledger": ReplayCase(
         _setup_ack,
         lambda r: _kinds(r) == ["delivered", "delivered", "claimed", "claimed"],
-        "exact",
-        state="semantic",
+        "exact",  # and writes nothing: the claimed prefix's lease is not re-extended
     ),
     "renew_ledger_lease": ReplayCase(
         lambda db: {"relay": "R", "event_ids": _leased(db), "lease_seconds": 60},

@@ -294,6 +294,52 @@ def test_downgrade_to_0004_turns_released_attempts_into_resumed_ones() -> None:
         drop_database(name)
 
 
+def test_0006_wakes_lanes_resting_on_a_lone_transport_only_head() -> None:
+    """Under 0005 a transport-only head without a successor rests (its lane has
+    available_at NULL) until an append wakes it. From 0006 the next claim
+    acknowledges it locally, so the upgrade makes such lanes available at
+    their head's due time, and the downgrade puts them back to rest."""
+    name = f"rr_resting_{os.getpid()}"
+    url = create_database(name)
+    lane = (
+        "SELECT ll.available_at, l.created_at FROM runrelay.ledger_lanes AS ll"
+        " JOIN runrelay.ledger AS l ON l.run_id = ll.run_id AND l.lane = ll.lane"
+        " AND l.seq = ll.head_seq WHERE ll.run_id = %s AND ll.lane = 'observability'"
+    )
+    hidden = """[{"type": "hidden", "lane": "observability", "transport_only": true}]"""
+    try:
+        alembic(url, "upgrade", "0005")
+        with psycopg.connect(url, autocommit=True) as c:
+            c.execute("SELECT runrelay.enqueue_run('old')")
+            c.execute("SELECT runrelay.append_events('old', %s)", [hidden])
+            available, _created = c.execute(lane, ["old"]).fetchone() or (0, 0)
+            assert available is None  # resting under 0005
+        alembic(url, "upgrade", "head")
+        with psycopg.connect(url, autocommit=True) as c:
+            available, created = c.execute(lane, ["old"]).fetchone() or (0, 0)
+            assert available == created
+            claimed = c.execute(
+                "SELECT run_id, kind, type FROM runrelay.claim_ledger('r', lane => 'observability')"
+            ).fetchall()
+            assert claimed == [("old", "local_ack", "hidden")]
+            c.execute("SELECT runrelay.enqueue_run('new')")
+            c.execute("SELECT runrelay.append_events('new', %s)", [hidden])
+            available, created = c.execute(lane, ["new"]).fetchone() or (0, 0)
+            assert available == created
+        alembic(url, "downgrade", "0005")
+        with psycopg.connect(url, autocommit=True) as c:
+            available, _created = c.execute(lane, ["new"]).fetchone() or (0, 0)
+            assert available is None  # resting again, as 0005 expects
+        alembic(url, "upgrade", "head")
+        with psycopg.connect(url, autocommit=True) as c:
+            claimed = c.execute(
+                "SELECT run_id, kind FROM runrelay.claim_ledger('r', lane => 'observability')"
+            ).fetchall()
+            assert claimed == [("new", "local_ack")]
+    finally:
+        drop_database(name)
+
+
 def test_two_installs_share_one_database() -> None:
     name = f"rr_two_{os.getpid()}"
     url = create_database(name)

@@ -1,6 +1,7 @@
 """Run ledger behaviour with real sessions: commit-order seq, discovery without
-contention, exact claim replays, retention, notifications, and plans that do
-not grow with the backlog."""
+contention, exact claim and ack replays, leases that run from the grant after
+a lane lock wait, local acks as acknowledgements, retention, notifications,
+and plans that do not grow with the backlog."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 
 import psycopg
 import pytest
@@ -400,3 +402,100 @@ def test_a_delivery_failure_due_at_once_wakes_relays(
         retry_at="2999-01-01T00:00:00Z",
     )
     assert list(listener.notifies(timeout=0.5, stop_after=1)) == []  # not due: no wake-up
+
+
+@pytest.mark.parametrize("function", ["claim_ledger", "ack_ledger"])
+def test_a_lease_granted_after_a_lane_lock_wait_runs_from_the_grant(
+    db: psycopg.Connection, connect: Connect, function: str
+) -> None:
+    """A claim (claim_ledger with wait_for_run, or ack_ledger's claim-next)
+    queues behind a session holding the lane row. The lease it grants must run
+    lease_seconds from the moment it got the lock, not from the start of its
+    statement, and lease_remaining_ms must be measured when it answers — or a
+    relay would schedule its first renewal late by the time it waited. All
+    times compared are the database clock's."""
+    enqueue(db, "r1")
+    if function == "claim_ledger":
+        kwargs: dict[str, object] = {"relay": "x", "run_id": "r1", "wait_for_run": True}
+    else:
+        call(db, "append_events", run_id="r1", events=[{"type": "next"}])
+        [head] = call(db, "claim_ledger", relay="x", run_id="r1")
+        kwargs = {"relay": "x", "run_id": "r1", "event_ids": [head["event_id"]], "claim_next": 1}
+    holder = connect(autocommit=False)
+    holder.execute(
+        "SELECT 1 FROM runrelay.ledger_lanes WHERE run_id = 'r1' AND lane = 'lifecycle' FOR UPDATE"
+    )
+    waiter = connect()
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(call, waiter, function, lease_seconds=30, **kwargs)
+        wait_until_blocked(db, backend_pid(waiter))
+        # The waiter's statement began before this moment; its lock comes after.
+        row = holder.execute("SELECT clock_timestamp()").fetchone()
+        assert row is not None
+        released = row[0]
+        holder.commit()
+        rows = pending.result(timeout=10)
+    [lease] = [r for r in rows if r["kind"] == "claimed"]
+    assert lease["lease_expires_at"] >= released + timedelta(seconds=30), (lease, released)
+    left_at_release = (lease["lease_expires_at"] - released) / timedelta(milliseconds=1)
+    assert lease["lease_remaining_ms"] <= left_at_release, (lease, released)
+    stored = db.execute(
+        "SELECT lease_expires_at FROM runrelay.ledger WHERE event_id = %s", [lease["event_id"]]
+    ).fetchone()
+    assert stored == (lease["lease_expires_at"],)
+
+
+def test_local_acks_are_acknowledgements(db: psycopg.Connection, connect: Connect) -> None:
+    """A transport-only event acknowledged locally goes through the same
+    acknowledgement as a delivered one: runrelay_delivered names it, a
+    drop_on_delivery run loses its payload, and ack_ledger reports its lag."""
+    enqueue(db, "r1", payload_retention="drop_on_delivery")
+    [head] = call(db, "claim_ledger", relay="x", run_id="r1")
+    call(
+        db,
+        "append_events",
+        run_id="r1",
+        events=[{"type": "hidden", "transport_only": True, "payload": {"pii": 1}}],
+    )
+    listener = connect()
+    listener.execute("LISTEN runrelay_delivered")
+    out = call(db, "ack_ledger", relay="x", run_id="r1", event_ids=[head["event_id"]], claim_next=5)
+    assert [r["kind"] for r in out] == ["delivered", "local_ack"]
+    local = out[1]
+    assert local["payload"] is None and local["lag_ms"] is not None and local["lag_ms"] >= 0
+    notes = [json.loads(n.payload) for n in listener.notifies(timeout=1.0, stop_after=2)]
+    assert {"run_id": "r1", "event_id": local["event_id"]} in notes, notes
+    stored = db.execute(
+        "SELECT state, acked_locally, payload FROM runrelay.ledger WHERE event_id = %s",
+        [local["event_id"]],
+    ).fetchone()
+    assert stored == ("delivered", True, None)
+
+
+def test_ack_replay_after_a_lost_reply_is_exact_and_writes_nothing(db: psycopg.Connection) -> None:
+    """The first ack delivered e1, acknowledged the transport-only e2 locally
+    and claimed e3; its reply was lost. The repeat answers exactly that — the
+    local ack included, the lease not re-extended — and changes no row."""
+    enqueue(db, "r1")
+    [head] = call(db, "claim_ledger", relay="x", run_id="r1")
+    call(
+        db,
+        "append_events",
+        run_id="r1",
+        events=[{"type": "hidden", "transport_only": True}, {"type": "shown"}, {"type": "later"}],
+    )
+    args: dict[str, object] = {
+        "relay": "x",
+        "run_id": "r1",
+        "event_ids": [head["event_id"]],
+        "claim_next": 1,
+    }
+    first = call(db, "ack_ledger", **args)  # reply "lost"
+    assert [r["kind"] for r in first] == ["delivered", "local_ack", "claimed"]
+    before = table_checksum(db)
+    replay = call(db, "ack_ledger", **args)
+    volatile = "lease_remaining_ms"
+    assert [{k: v for k, v in r.items() if k != volatile} for r in replay] == [
+        {k: v for k, v in r.items() if k != volatile} for r in first
+    ]
+    assert table_checksum(db) == before

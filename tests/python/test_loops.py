@@ -315,6 +315,37 @@ def test_relay_replays_a_claim_whose_reply_was_lost(db: psycopg.Connection, db_u
     assert len(keys) == len(set(keys))
 
 
+def test_relay_acknowledges_lone_transport_only_events_and_keeps_going(
+    db: psycopg.Connection, client: Client
+) -> None:
+    """Each run's only pending observability event is transport-only, with no
+    successor ever coming. The relay's claims acknowledge them locally — the
+    sink sees nothing — and a pass that only acknowledged locally counts as
+    progress, so the relay comes straight back instead of sleeping: all 40 are
+    settled before it is idle at all (sleeping even the 20 ms minimum between
+    passes would add up past until_idle)."""
+    n = 40
+    for i in range(n):
+        client.enqueue_run(f"t{i}")
+        client.append_events(
+            f"t{i}", [{"type": "hidden", "lane": "observability", "transport_only": True}]
+        )
+    delivered: list[LedgerEvent] = []
+    relay = Relay(
+        client,
+        lambda lane, evs: delivered.extend(evs),
+        lanes=["observability"],
+        max_sleep=5.0,
+    )
+    relay.run(until_idle=0.3)
+    assert delivered == []
+    assert relay.stats["local_acks"] == n
+    left = db.execute(
+        "SELECT count(*) FROM runrelay.ledger WHERE lane = 'observability' AND NOT acked_locally"
+    ).fetchone()
+    assert left == (0,)
+
+
 def test_jsonl_sink_appends_one_line_per_event(
     db: psycopg.Connection, client: Client, tmp_path: Path
 ) -> None:

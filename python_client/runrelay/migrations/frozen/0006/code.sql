@@ -13,7 +13,7 @@ CREATE TYPE append_result AS (
     delivery_key text
 );
 
--- One ledger event as a claim returns it (claim_ledger; _claim_lane).
+-- One ledger event as a claim returns it (claim_ledger).
 CREATE TYPE claim_ledger_result AS (
     kind text,
     event_id bigint,
@@ -28,6 +28,25 @@ CREATE TYPE claim_ledger_result AS (
     lease_remaining_ms bigint
 );
 
+-- One ledger event as an acknowledgement reports it (ack_ledger): a claim's
+-- row plus lag_ms (delivered_at - created_at) for an acknowledged event.
+-- _claim_lane and _ledger_row produce it, so that the local acks of a claim
+-- carry their lag wherever they are reported; claim_ledger leaves lag_ms out.
+CREATE TYPE ack_ledger_result AS (
+    kind text,
+    event_id bigint,
+    run_id text,
+    seq bigint,
+    type text,
+    payload jsonb,
+    delivery_key text,
+    created_at timestamptz,
+    frozen boolean,
+    lease_expires_at timestamptz,
+    lease_remaining_ms bigint,
+    lag_ms bigint
+);
+
 -- >>> plpgsql/_internal/append.sql
 -- _append(): the one routine that writes the run ledger.
 --
@@ -38,11 +57,12 @@ CREATE TYPE claim_ledger_result AS (
 -- _emit_lifecycle instead.)
 --
 -- Also keeps ledger_lanes current: a lane that had nothing pending gets its
--- head and becomes available now (and a runrelay_ledger notification), as
--- does a dormant lane (a transport-only head waiting for a successor); a
--- lane with a claimable, leased or blocked head keeps its state. The upsert locks the lane row, which is
--- what makes an append and a relay's ack of the last pending event safe in
--- either order (the ack re-reads the tail after taking the lane lock).
+-- head and becomes available now (and a runrelay_ledger notification) —
+-- also when that head is transport-only, since the next claim acknowledges
+-- it locally; a lane with a claimable, leased or blocked head keeps its
+-- state. The upsert locks the lane row, which is what makes an append and a
+-- relay's ack of the last pending event safe in either order (the ack
+-- re-reads the tail after taking the lane lock).
 CREATE FUNCTION _append(p_run_id text, p_events jsonb)
 RETURNS SETOF append_result
 LANGUAGE plpgsql
@@ -85,29 +105,20 @@ BEGIN
         FROM bumped AS b
         CROSS JOIN jsonb_array_elements(p_events) WITH ORDINALITY AS e (value, ordinality)
         ORDER BY e.ordinality
-        RETURNING l.event_id, l.seq, l.delivery_key, l.lane, l.transport_only
+        RETURNING l.event_id, l.seq, l.delivery_key, l.lane
     ),
     firsts AS (
-        -- A lane whose only new event is transport-only rests (available_at
-        -- NULL) until a successor arrives: nothing in it is claimable.
-        SELECT
-            i.lane,
-            min(i.seq) AS first_seq,
-            CASE
-                WHEN count(*) = 1 AND bool_and(i.transport_only) THEN NULL
-                ELSE v_now
-            END AS available_at
+        SELECT i.lane, min(i.seq) AS first_seq
         FROM inserted AS i
         GROUP BY i.lane
     ),
     became_available AS (
         INSERT INTO ledger_lanes AS ll (run_id, lane, head_seq, available_at)
-        SELECT p_run_id, f.lane, f.first_seq, f.available_at
+        SELECT p_run_id, f.lane, f.first_seq, v_now
         FROM firsts AS f
         ON CONFLICT (run_id, lane) DO UPDATE
-        SET head_seq = coalesce(ll.head_seq, excluded.head_seq),
-            available_at = CASE WHEN ll.head_seq IS NULL THEN excluded.available_at ELSE v_now END
-        WHERE ll.head_seq IS NULL OR (ll.available_at IS NULL AND NOT ll.blocked)
+        SET head_seq = excluded.head_seq, available_at = excluded.available_at
+        WHERE ll.head_seq IS NULL
         RETURNING ll.available_at
     ),
     notified AS (
@@ -131,9 +142,9 @@ COMMENT ON FUNCTION _append(text, jsonb) IS
 -- run.completed; _emit passes one). The caller holds the runs' row locks and
 -- reserved each seq with ledger_seq + 1 in its own UPDATE of the run. One
 -- statement writes the events (in array order) and moves their lanes under the
--- rule _append follows: a lane with nothing pending gets the event as its head
--- (resting, available_at NULL, if it is transport-only); a dormant lane
--- wakes; a lane with a live head keeps it (the conflict only locks the row).
+-- rule _append follows: a lane with nothing pending gets the event as its head,
+-- available now (transport-only or not); a lane with a live head keeps it
+-- (the conflict only locks the row).
 CREATE FUNCTION _emit_lifecycle(
     p_run_ids text[],
     p_seqs bigint[],
@@ -166,12 +177,11 @@ BEGIN
     ),
     lanes AS (
         INSERT INTO ledger_lanes AS ll (run_id, lane, head_seq, available_at)
-        SELECT e.run_id, 'lifecycle', e.seq, CASE WHEN p_transport_only THEN NULL ELSE v_now END
+        SELECT e.run_id, 'lifecycle', e.seq, v_now
         FROM events AS e
         ON CONFLICT (run_id, lane) DO UPDATE
-        SET head_seq = coalesce(ll.head_seq, excluded.head_seq),
-            available_at = CASE WHEN ll.head_seq IS NULL THEN excluded.available_at ELSE v_now END
-        WHERE ll.head_seq IS NULL OR (ll.available_at IS NULL AND NOT ll.blocked)
+        SET head_seq = excluded.head_seq, available_at = excluded.available_at
+        WHERE ll.head_seq IS NULL
         RETURNING ll.run_id, ll.available_at
     )
     SELECT array_agg(n.run_id) INTO v_available FROM lanes AS n WHERE n.available_at IS NOT NULL;
@@ -328,21 +338,34 @@ COMMENT ON FUNCTION _wake_due(text[], integer) IS
 -- undelivered event of the lane precedes (ack_ledger passes the seq after the
 -- prefix it just acknowledged): the tail scan starts there.
 --
+-- Time: the clock is read once the lock is held (_clock_now()), so a lock
+-- wait is not charged to the lease: leases expire lease_seconds after they
+-- are granted, and lease_remaining_ms is measured when the rows are returned.
+--
 -- In order:
---   * expected_head: if given and the head is another event, nothing;
+--   * expected_head: the named event must be the head, or lie behind nothing
+--     but due transport-only events (fewer than 1000, what one call
+--     acknowledges locally), and be claimable itself; otherwise nothing is
+--     done. The transport-only events in front are acknowledged locally on
+--     the way, as any claim would;
 --   * a failed head, a head leased to another relay (live lease) or a head
 --     not yet due blocks the lane: nothing;
 --   * a head in a frozen batch: exactly that batch's undelivered members are
 --     (re)leased to this relay, never widened (and never past a member that
 --     failed, which blocks the lane behind it);
---   * a transport-only head whose successor is claimable is acknowledged
---     locally (kind local_ack) and the next event becomes the head; without a
---     claimable successor the lane rests (dormant) until an append;
+--   * a due transport-only head is acknowledged locally (kind local_ack,
+--     through _acknowledge, like a delivery: retention, notification, lag),
+--     with the due transport-only events right behind it, whether or not
+--     anything follows them; then the next event is the head. A named
+--     transport-only event ends the call once acknowledged: the call claims
+--     exactly what it named;
 --   * otherwise the head, and with p_batch up to p_max consecutive claimable
 --     successors (stopping at the first failed, not-due, foreign-leased,
 --     transport-only or frozen event), are leased; with p_batch they form a
 --     new frozen batch.
--- Finally the lane's availability is recomputed.
+-- Every row leased or acknowledged locally is tagged with p_call_id, which
+-- is what claim_ledger and ack_ledger replays look up. Finally the lane's
+-- availability is recomputed.
 CREATE FUNCTION _claim_lane(
     p_relay text,
     p_run_id text,
@@ -354,21 +377,23 @@ CREATE FUNCTION _claim_lane(
     p_expected_head bigint,
     p_from bigint DEFAULT NULL
 )
-RETURNS SETOF claim_ledger_result
+RETURNS SETOF ack_ledger_result
 LANGUAGE plpgsql
 VOLATILE
 SET search_path FROM CURRENT
 AS $$
 DECLARE
-    v_now timestamptz := _now();
+    -- The lane lock is held: a lease granted now runs from now.
+    v_now timestamptz := _clock_now();
     v_head ledger;
-    v_next ledger;
+    v_target ledger;
     v_event ledger;
-    v_first boolean := TRUE;
     v_local_acks integer := 0;
-    v_members bigint[] := '{}'::bigint[];
+    v_members bigint[];
     v_batch uuid;
     v_from bigint;
+    v_front bigint;
+    v_front_ok boolean;
 BEGIN
     -- Start at the lane's known head: delivered events before it may still
     -- have (dead) entries in ledger_pending_idx until VACUUM, and the scan
@@ -376,6 +401,34 @@ BEGIN
     SELECT greatest(ll.head_seq, p_from, 0) INTO v_from
     FROM ledger_lanes AS ll
     WHERE ll.run_id = p_run_id AND ll.lane = p_lane;
+
+    IF p_expected_head IS NOT NULL THEN
+        SELECT l.* INTO v_target
+        FROM ledger AS l
+        WHERE
+            l.event_id = p_expected_head AND l.run_id = p_run_id AND l.lane = p_lane
+            AND l.state <> 'delivered' AND l.seq >= v_from;
+        -- What lies in front of it must all be due transport-only events,
+        -- fewer than the 1000 one call acknowledges locally (which bounds
+        -- this scan too).
+        SELECT count(*), coalesce(bool_and((f.e).transport_only AND _ledger_claimable(f.e, p_relay, v_now)), TRUE)
+        INTO v_front, v_front_ok
+        FROM (
+            SELECT l AS e
+            FROM ledger AS l
+            WHERE
+                l.run_id = p_run_id AND l.lane = p_lane AND l.state <> 'delivered'
+                AND l.seq >= v_from AND l.seq < v_target.seq
+            ORDER BY l.seq
+            LIMIT 1000
+        ) AS f;
+        IF v_target.event_id IS NULL OR NOT v_front_ok OR v_front >= 1000
+            OR NOT _ledger_claimable(v_target, p_relay, v_now) THEN
+            PERFORM _refresh_lane(p_run_id, p_lane, v_from);
+            RETURN;
+        END IF;
+    END IF;
+
     LOOP
         SELECT l.* INTO v_head
         FROM ledger AS l
@@ -384,12 +437,7 @@ BEGIN
             AND l.seq >= v_from
         ORDER BY l.seq
         LIMIT 1;
-        EXIT WHEN v_head.event_id IS NULL;
-        IF v_first AND p_expected_head IS NOT NULL AND v_head.event_id <> p_expected_head THEN
-            EXIT;
-        END IF;
-        v_first := FALSE;
-        EXIT WHEN NOT _ledger_claimable(v_head, p_relay, v_now);
+        EXIT WHEN v_head.event_id IS NULL OR NOT _ledger_claimable(v_head, p_relay, v_now);
 
         IF v_head.batch_id IS NOT NULL THEN
             RETURN QUERY
@@ -413,34 +461,35 @@ BEGIN
             )
             SELECT x.*
             FROM released AS r
-            CROSS JOIN LATERAL _ledger_row('claimed', r::ledger, v_now) AS x
+            CROSS JOIN LATERAL _ledger_row('claimed', r::ledger, _clock_now()) AS x
             ORDER BY r.seq;
             EXIT;
         END IF;
 
         IF v_head.transport_only THEN
-            SELECT l.* INTO v_next
-            FROM ledger AS l
-            WHERE
-                l.run_id = p_run_id AND l.lane = p_lane AND l.state <> 'delivered'
-                AND l.seq > v_head.seq
-            ORDER BY l.seq
-            LIMIT 1;
-            EXIT WHEN v_next.event_id IS NULL OR v_local_acks >= 1000
-                OR v_next.state = 'failed' OR NOT _ledger_claimable(v_next, p_relay, v_now);
-            UPDATE ledger AS l
-            SET state = 'delivered',
-                delivered_at = v_now,
-                delivered_by = p_relay,
-                acked_locally = TRUE,
-                lease_owner = NULL,
-                lease_expires_at = NULL,
-                call_id = p_call_id
-            WHERE l.event_id = v_head.event_id
-            RETURNING l.* INTO v_head;
-            v_local_acks := v_local_acks + 1;
-            RETURN NEXT _ledger_row('local_ack', v_head, v_now);
-            v_from := v_head.seq + 1;
+            -- The due transport-only run from the head, up to the named event.
+            v_members := '{}'::bigint[];
+            FOR v_event IN
+                SELECT l.*
+                FROM ledger AS l
+                WHERE
+                    l.run_id = p_run_id AND l.lane = p_lane AND l.state <> 'delivered'
+                    AND l.seq >= v_head.seq
+                ORDER BY l.seq
+                LIMIT 1000 - v_local_acks
+            LOOP
+                EXIT WHEN NOT v_event.transport_only OR NOT _ledger_claimable(v_event, p_relay, v_now);
+                v_members := v_members || v_event.event_id;
+                v_from := v_event.seq + 1;
+                EXIT WHEN v_event.event_id = p_expected_head;
+            END LOOP;
+            RETURN QUERY
+            SELECT x.*
+            FROM _acknowledge(p_run_id, v_members, p_relay, v_now, TRUE, p_call_id) AS a
+            CROSS JOIN LATERAL _ledger_row('local_ack', a, v_now) AS x
+            ORDER BY a.seq;
+            v_local_acks := v_local_acks + cardinality(v_members);
+            EXIT WHEN v_members[cardinality(v_members)] = p_expected_head OR v_local_acks >= 1000;
             CONTINUE;
         END IF;
 
@@ -475,7 +524,7 @@ BEGIN
         )
         SELECT x.*
         FROM leased AS r
-        CROSS JOIN LATERAL _ledger_row('claimed', r::ledger, v_now) AS x
+        CROSS JOIN LATERAL _ledger_row('claimed', r::ledger, _clock_now()) AS x
         ORDER BY r.seq;
         EXIT;
     END LOOP;
@@ -899,8 +948,9 @@ COMMENT ON FUNCTION _lock_event_lanes(bigint[]) IS
 -- caller holds the lane row lock; this reads the tail in a fresh snapshot,
 -- from the recorded head (or p_from, a seq no undelivered event precedes).
 -- Returns the new available_at (NULL: nothing claimable until something
--- happens — empty, blocked by a failed head, or a transport-only head
--- waiting for a successor).
+-- happens — empty, or blocked by a failed head). A transport-only head is
+-- available like any other, at its due time, successor or not: the claim
+-- that comes for it acknowledges it locally, so it never rests as pending.
 CREATE FUNCTION _refresh_lane(p_run_id text, p_lane text, p_from bigint DEFAULT NULL)
 RETURNS timestamptz
 LANGUAGE plpgsql
@@ -909,7 +959,6 @@ SET search_path FROM CURRENT
 AS $$
 DECLARE
     v_head ledger;
-    v_next timestamptz;
     v_available timestamptz;
     v_blocked boolean := FALSE;
     v_from bigint;
@@ -931,16 +980,6 @@ BEGIN
         v_blocked := TRUE;
     ELSIF v_head.state = 'leased' THEN
         v_available := v_head.lease_expires_at;
-    ELSIF v_head.transport_only THEN
-        SELECT l.next_attempt_at INTO v_next
-        FROM ledger AS l
-        WHERE
-            l.run_id = p_run_id AND l.lane = p_lane AND l.state <> 'delivered'
-            AND l.seq > v_head.seq
-        ORDER BY l.seq
-        LIMIT 1;
-        -- Without a successor the head rests (NULL): greatest() would ignore the NULL.
-        v_available := CASE WHEN v_next IS NOT NULL THEN greatest(v_head.next_attempt_at, v_next) END;
     ELSE
         v_available := v_head.next_attempt_at;
     END IF;
@@ -1003,8 +1042,12 @@ $$;
 COMMENT ON FUNCTION _ledger_claimable(ledger, text, timestamptz) IS
 'Whether one ledger event is claimable by a relay now: pending and due, or leased to it, or its lease expired.';
 
+-- One ledger event as a claim or acknowledgement reports it: kind, the
+-- event, its lease with lease_remaining_ms measured at p_now (pass the clock
+-- at the moment of answering, _clock_now()), and for an acknowledged event
+-- lag_ms = delivered_at - created_at.
 CREATE FUNCTION _ledger_row(p_kind text, p_event ledger, p_now timestamptz)
-RETURNS claim_ledger_result
+RETURNS ack_ledger_result
 LANGUAGE sql
 VOLATILE
 SET search_path FROM CURRENT
@@ -1016,24 +1059,84 @@ AS $$
         CASE
             WHEN p_event.lease_expires_at IS NOT NULL
                 THEN floor(extract(EPOCH FROM p_event.lease_expires_at - p_now) * 1000)::bigint
+        END,
+        CASE
+            WHEN p_event.delivered_at IS NOT NULL
+                THEN floor(extract(EPOCH FROM p_event.delivered_at - p_event.created_at) * 1000)::bigint
         END
-    )::claim_ledger_result;
+    )::ack_ledger_result;
 $$;
 
 COMMENT ON FUNCTION _ledger_row(text, ledger, timestamptz) IS
-'Formats one ledger event as a claim_ledger row; lease_remaining_ms measured at p_now.';
+'Formats one ledger event as a claim/ack row; lease_remaining_ms measured at p_now, lag_ms for acknowledged events.';
+
+-- _acknowledge(): the one acknowledgement path, for the events a relay
+-- delivered (ack_ledger) and the transport-only events a claim acknowledges
+-- locally (_claim_lane, p_locally). Each event becomes delivered by p_relay
+-- at p_now, loses its lease, and is tagged with p_call_id, the call that
+-- acknowledged it (what a replay of that call looks up); a drop_on_delivery
+-- run loses their payloads; runrelay_delivered is notified once, naming the
+-- last event. Precondition: the caller holds the lane lock, and p_event_ids
+-- are an unbroken prefix of one run lane's pending tail, in seq order.
+-- Returns the acknowledged rows (in no particular order).
+CREATE FUNCTION _acknowledge(
+    p_run_id text,
+    p_event_ids bigint[],
+    p_relay text,
+    p_now timestamptz,
+    p_locally boolean,
+    p_call_id uuid
+)
+RETURNS SETOF ledger
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_drop boolean;
+BEGIN
+    IF coalesce(cardinality(p_event_ids), 0) = 0 THEN
+        RETURN;
+    END IF;
+    SELECT r.payload_retention = 'drop_on_delivery' INTO v_drop
+    FROM runs AS r WHERE r.run_id = p_run_id;
+    RETURN QUERY
+    UPDATE ledger AS l
+    SET state = 'delivered',
+        delivered_at = p_now,
+        delivered_by = p_relay,
+        acked_locally = p_locally,
+        lease_owner = NULL,
+        lease_expires_at = NULL,
+        call_id = p_call_id,
+        payload = CASE WHEN v_drop THEN NULL ELSE l.payload END
+    WHERE l.event_id = ANY(p_event_ids) AND l.run_id = p_run_id
+    RETURNING l.*;
+    PERFORM pg_notify('runrelay_delivered',
+        json_build_object('run_id', p_run_id, 'event_id', p_event_ids[cardinality(p_event_ids)])::text);
+END;
+$$;
+
+COMMENT ON FUNCTION _acknowledge(text, bigint[], text, timestamptz, boolean, uuid) IS
+'Marks a lane prefix delivered (by a relay, or locally if transport-only): retention, call tag, runrelay_delivered.';
 
 -- >>> plpgsql/_internal/now.sql
--- _now(): the one clock every function reads.
+-- _now() and _clock_now(): the clocks every function reads.
 --
--- statement_timestamp(), shifted by the transaction-local setting
--- runrelay.clock_offset (an interval) when the installation allows it
--- (settings.allow_clock_override, which only the schema owner can set). Tests
--- move time with SET LOCAL runrelay.clock_offset = '1 hour'; production
+-- _now() is statement_timestamp(): the moment the calling statement began,
+-- one value for everything a call decides. _clock_now() is clock_timestamp():
+-- the moment of reading, for what must not count a lock wait against the
+-- caller — a lease granted after the lane lock was awaited starts when it is
+-- granted, and the time a lease has left is measured when the call answers.
+--
+-- Both are shifted by the transaction-local setting runrelay.clock_offset (an
+-- interval) when the installation allows it (settings.allow_clock_override,
+-- which only the schema owner can set); _clock_offset() is that rule, once.
+-- Tests move time with SET LOCAL runrelay.clock_offset = '1 hour'; production
 -- installations ignore the setting, so no caller can expire or extend a lease
--- by lying about the time. VOLATILE: it reads a table.
-CREATE FUNCTION _now()
-RETURNS timestamptz
+-- by lying about the time. VOLATILE: they read a table.
+CREATE FUNCTION _clock_offset()
+RETURNS interval
 LANGUAGE plpgsql
 VOLATILE
 SET search_path FROM CURRENT
@@ -1042,17 +1145,45 @@ DECLARE
     v_offset text := current_setting('runrelay.clock_offset', true);
 BEGIN
     IF v_offset IS NULL OR v_offset = '' THEN
-        RETURN statement_timestamp();
+        RETURN interval '0';
     END IF;
     IF NOT (SELECT s.allow_clock_override FROM settings AS s) THEN
-        RETURN statement_timestamp();
+        RETURN interval '0';
     END IF;
-    RETURN statement_timestamp() + v_offset::interval;
+    RETURN v_offset::interval;
+END;
+$$;
+
+COMMENT ON FUNCTION _clock_offset() IS
+'The test clock shift: runrelay.clock_offset where settings.allow_clock_override is set, else zero.';
+
+CREATE FUNCTION _now()
+RETURNS timestamptz
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    RETURN statement_timestamp() + _clock_offset();
 END;
 $$;
 
 COMMENT ON FUNCTION _now() IS
 'The database clock: statement_timestamp(), shifted by runrelay.clock_offset only where settings.allow_clock_override is set.';
+
+CREATE FUNCTION _clock_now()
+RETURNS timestamptz
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    RETURN clock_timestamp() + _clock_offset();
+END;
+$$;
+
+COMMENT ON FUNCTION _clock_now() IS
+'The database clock at this instant: clock_timestamp(), shifted as _now() is.';
 
 -- >>> plpgsql/_internal/require_read_committed.sql
 -- _require_read_committed(): every public function calls this first.
@@ -3059,28 +3190,47 @@ COMMENT ON FUNCTION suspend_attempt(text, integer, uuid, jsonb, jsonb) IS
 -- leased by `relay`, in seq order and only as an unbroken prefix of the
 -- lane's pending tail: an event is never acknowledged while an earlier one is
 -- outstanding, so the delivered sequence is always the appended order
--- (kind delivered, lag_ms = delivered_at - created_at). drop_on_delivery runs
--- lose the payloads of delivered events. Notifies runrelay_delivered once
--- per call with the last event acknowledged. With claim_next > 0 the
--- successor prefix is claimed in the same statement (kind claimed/local_ack,
--- as claim_ledger with run_id, batch), so steady state is one round trip per
--- batch. Locks the lane row (waiting). Replay: events of event_ids this relay
--- already delivered are reported as delivered again with the same lag_ms, and
--- the successor prefix, still leased to this relay, is returned again.
-CREATE TYPE ack_ledger_result AS (
-    kind text,
-    event_id bigint,
-    run_id text,
-    seq bigint,
-    type text,
-    payload jsonb,
-    delivery_key text,
-    created_at timestamptz,
-    frozen boolean,
-    lease_expires_at timestamptz,
-    lease_remaining_ms bigint,
-    lag_ms bigint
-);
+-- (kind delivered, lag_ms = delivered_at - created_at). The acknowledgement
+-- (_acknowledge) is the one local acks go through too: drop_on_delivery runs
+-- lose the payloads, runrelay_delivered is notified naming the last event.
+-- With claim_next > 0 the successor prefix is claimed in the same statement
+-- (kind claimed, or local_ack with lag_ms for transport-only events, as
+-- claim_ledger with run_id and batch), so steady state is one round trip per
+-- batch. Locks the lane row (waiting, under a function-local lock_timeout);
+-- claimed leases run from the moment they are granted, after that wait.
+--
+-- Replay: the call tags what it acknowledges and what its claim-next leases
+-- or acknowledges locally with an id of its own. A call that finds nothing
+-- of event_ids left to acknowledge, but some of them delivered by this relay,
+-- is a repeat of the call that delivered them: it answers what that call
+-- answered — the delivered events of event_ids (same lag_ms), then that
+-- call's local acks and the leases it took that this relay still holds — and
+-- writes nothing (no lease is extended, no claim-next runs).
+-- The events of event_ids this relay delivered (not acknowledged locally),
+-- as ack_ledger reports them, in seq order: a fresh call's and its replay's
+-- delivered rows come from here alike.
+CREATE FUNCTION _ack_ledger_delivered(p_relay text, p_run_id text, p_event_ids bigint[])
+RETURNS SETOF ack_ledger_result
+LANGUAGE sql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+    SELECT x.*
+    FROM ledger AS l
+    CROSS JOIN LATERAL _ledger_row('delivered', l, NULL) AS x
+    WHERE
+        l.event_id = ANY(p_event_ids)
+        AND l.run_id = p_run_id
+        -- delivered_at, not state: equivalent by CHECK, but it keeps the
+        -- planner off ledger_delivered_idx (a scan of the delivered history).
+        AND l.delivered_at IS NOT NULL
+        AND l.delivered_by = p_relay
+        AND NOT l.acked_locally
+    ORDER BY l.seq;
+$$;
+
+COMMENT ON FUNCTION _ack_ledger_delivered(text, text, bigint[]) IS
+'The events of event_ids a relay delivered, as ack_ledger reports them (kind delivered, lag_ms).';
 
 CREATE FUNCTION ack_ledger(
     relay text,
@@ -3103,10 +3253,9 @@ DECLARE
     v_lanes integer;
     v_event ledger;
     v_ack bigint[] := '{}'::bigint[];
-    v_drop boolean;
-    v_last bigint;
     v_last_seq bigint;
     v_from bigint;
+    v_call uuid;
 BEGIN
     PERFORM _require_read_committed();
     PERFORM _check_id('relay', ack_ledger.relay);
@@ -3147,46 +3296,54 @@ BEGIN
         v_last_seq := v_event.seq;
     END LOOP;
 
-    IF cardinality(v_ack) > 0 THEN
-        SELECT r.payload_retention = 'drop_on_delivery' INTO v_drop
-        FROM runs AS r WHERE r.run_id = ack_ledger.run_id;
-        UPDATE ledger AS l
-        SET state = 'delivered',
-            delivered_at = v_now,
-            delivered_by = ack_ledger.relay,
-            lease_owner = NULL,
-            lease_expires_at = NULL,
-            payload = CASE WHEN v_drop THEN NULL ELSE l.payload END
-        WHERE l.event_id = ANY(v_ack);
-        v_last := v_ack[cardinality(v_ack)];
-        -- The acknowledged events were an unbroken prefix: nothing before them remains.
-        v_from := v_last_seq + 1;
-        PERFORM pg_notify('runrelay_delivered',
-            json_build_object('run_id', ack_ledger.run_id, 'event_id', v_last)::text);
+    IF cardinality(v_ack) = 0 THEN
+        -- Nothing left to acknowledge. If this relay delivered some of
+        -- event_ids, this repeats the call that did (the last of them names
+        -- it): answer what it answered, and write nothing.
+        SELECT l.call_id, l.seq INTO v_call, v_last_seq
+        FROM ledger AS l
+        WHERE
+            l.event_id = ANY(ack_ledger.event_ids)
+            AND l.run_id = ack_ledger.run_id
+            AND l.delivered_at IS NOT NULL
+            AND l.delivered_by = ack_ledger.relay
+            AND NOT l.acked_locally
+        ORDER BY l.seq DESC
+        LIMIT 1;
+        IF FOUND THEN
+            RETURN QUERY SELECT * FROM _ack_ledger_delivered(ack_ledger.relay, ack_ledger.run_id, ack_ledger.event_ids);
+            RETURN QUERY
+            SELECT x.*
+            FROM ledger AS l
+            CROSS JOIN LATERAL _ledger_row(
+                CASE WHEN l.acked_locally THEN 'local_ack' ELSE 'claimed' END, l, _clock_now()
+            ) AS x
+            WHERE
+                l.call_id = v_call
+                AND l.run_id = ack_ledger.run_id AND l.lane = v_lane AND l.seq > v_last_seq
+                AND (
+                    (l.acked_locally AND l.delivered_by = ack_ledger.relay)
+                    OR l.lease_owner = ack_ledger.relay
+                )
+            ORDER BY l.seq;
+            RETURN;
+        END IF;
     END IF;
 
-    RETURN QUERY
-    SELECT
-        'delivered'::text, l.event_id, l.run_id, l.seq, l.type, l.payload, l.delivery_key,
-        l.created_at, l.batch_id IS NOT NULL, NULL::timestamptz, NULL::bigint,
-        floor(extract(EPOCH FROM l.delivered_at - l.created_at) * 1000)::bigint
-    FROM ledger AS l
-    WHERE
-        l.event_id = ANY(ack_ledger.event_ids)
-        AND l.run_id = ack_ledger.run_id
-        -- delivered_at, not state: equivalent by CHECK, but it keeps the
-        -- planner off ledger_delivered_idx (a scan of the delivered history).
-        AND l.delivered_at IS NOT NULL
-        AND l.delivered_by = ack_ledger.relay
-        AND NOT l.acked_locally
-    ORDER BY l.seq;
+    v_call := gen_random_uuid();
+    IF cardinality(v_ack) > 0 THEN
+        PERFORM _acknowledge(ack_ledger.run_id, v_ack, ack_ledger.relay, v_now, FALSE, v_call);
+        -- The acknowledged events were an unbroken prefix: nothing before them remains.
+        v_from := v_last_seq + 1;
+    END IF;
+
+    RETURN QUERY SELECT * FROM _ack_ledger_delivered(ack_ledger.relay, ack_ledger.run_id, ack_ledger.event_ids);
 
     IF ack_ledger.claim_next > 0 THEN
         RETURN QUERY
-        SELECT c.*, NULL::bigint
-        FROM _claim_lane(
+        SELECT * FROM _claim_lane(
             ack_ledger.relay, ack_ledger.run_id, v_lane, ack_ledger.claim_next,
-            ack_ledger.batch, _lease(ack_ledger.lease_seconds), NULL, NULL, v_from) AS c;
+            ack_ledger.batch, _lease(ack_ledger.lease_seconds), v_call, NULL, v_from);
     ELSIF _refresh_lane(ack_ledger.run_id, v_lane, v_from) <= v_now THEN
         PERFORM pg_notify('runrelay_ledger', ack_ledger.run_id);
     END IF;
@@ -3275,18 +3432,26 @@ COMMENT ON FUNCTION append_events(text, jsonb) IS
 -- run_id NULL: discover the run whose lane head has been claimable longest
 -- (ledger_lanes by available_at: one row per run lane, never per event),
 -- lock its lane row SKIP LOCKED — two relays never contend on one run — and
--- claim its prefix; if that run yields nothing (a resting transport-only
--- head), try the next, up to 10. With run_id: that run only; its lane row is
--- locked SKIP LOCKED, or with wait_for_run waited for under a function-local
--- lock_timeout (55P03 when it lapses).
+-- claim its prefix; if that run yields nothing (its head changed since the
+-- lane row was written), try the next, up to 10. With run_id: that run only;
+-- its lane row is locked SKIP LOCKED, or with wait_for_run waited for under a
+-- function-local lock_timeout (55P03 when it lapses).
 -- The head blocks everything behind it (failed, not due, leased to another
 -- relay); a head leased to this relay is re-claimed with its lease extended,
--- so a retry after a lost reply is safe. See _claim_lane for transport-only
--- heads (kind local_ack) and frozen batches (batch => true).
+-- so a retry after a lost reply is safe. A due transport-only head is
+-- acknowledged locally (kind local_ack) whether or not anything follows it,
+-- so a claim may answer local acks only. expected_head claims the named
+-- event only: it must be the head or lie behind nothing but due
+-- transport-only events (acknowledged locally on the way); naming a
+-- transport-only event acknowledges exactly it. See _claim_lane for the
+-- details and frozen batches (batch => true).
 -- Replay: with call_id, if an earlier call with that id committed, its local
 -- acks come back as local_ack and its still-held leases as claimed, and
 -- nothing else is done; otherwise the call works afresh.
--- lease_remaining_ms is measured at statement time.
+-- Leases run from the moment they are granted (after the lane lock is held,
+-- so a lock wait does not shorten them); lease_remaining_ms is measured when
+-- the call answers, so a relay can prove its fresh lease still covers its
+-- first delivery and schedule the first renewal from it.
 CREATE FUNCTION claim_ledger(
     relay text,
     lane text DEFAULT 'lifecycle',
@@ -3325,11 +3490,13 @@ BEGIN
 
     IF claim_ledger.call_id IS NOT NULL THEN
         RETURN QUERY
-        SELECT x.*
+        SELECT
+            c.kind, c.event_id, c.run_id, c.seq, c.type, c.payload, c.delivery_key, c.created_at, c.frozen,
+            c.lease_expires_at, c.lease_remaining_ms
         FROM ledger AS l
         CROSS JOIN LATERAL _ledger_row(
-            CASE WHEN l.acked_locally THEN 'local_ack' ELSE 'claimed' END, l, v_now
-        ) AS x
+            CASE WHEN l.acked_locally THEN 'local_ack' ELSE 'claimed' END, l, _clock_now()
+        ) AS c
         WHERE
             l.call_id = claim_ledger.call_id
             AND (
@@ -3357,9 +3524,12 @@ BEGIN
         END IF;
         IF v_run_id IS NOT NULL THEN
             RETURN QUERY
-            SELECT * FROM _claim_lane(
+            SELECT
+                c.kind, c.event_id, c.run_id, c.seq, c.type, c.payload, c.delivery_key, c.created_at, c.frozen,
+                c.lease_expires_at, c.lease_remaining_ms
+            FROM _claim_lane(
                 claim_ledger.relay, v_run_id, claim_ledger.lane, claim_ledger.max_events,
-                claim_ledger.batch, v_lease, claim_ledger.call_id, claim_ledger.expected_head);
+                claim_ledger.batch, v_lease, claim_ledger.call_id, claim_ledger.expected_head) AS c;
         END IF;
         RETURN;
     END IF;
@@ -3377,9 +3547,12 @@ BEGIN
         EXIT WHEN v_run_id IS NULL;
         v_visited := v_visited || v_run_id;
         RETURN QUERY
-        SELECT * FROM _claim_lane(
+        SELECT
+            c.kind, c.event_id, c.run_id, c.seq, c.type, c.payload, c.delivery_key, c.created_at, c.frozen,
+            c.lease_expires_at, c.lease_remaining_ms
+        FROM _claim_lane(
             claim_ledger.relay, v_run_id, claim_ledger.lane, claim_ledger.max_events,
-            claim_ledger.batch, v_lease, claim_ledger.call_id, claim_ledger.expected_head);
+            claim_ledger.batch, v_lease, claim_ledger.call_id, claim_ledger.expected_head) AS c;
         IF FOUND THEN
             RETURN;
         END IF;
@@ -3473,7 +3646,7 @@ COMMENT ON FUNCTION fail_ledger(text, bigint[], jsonb, timestamptz, boolean) IS
 -- >>> plpgsql/ledger/ledger_next_due_at.sql
 -- ledger_next_due_at(): the earliest moment any claimable ledger work exists,
 -- for a relay deciding how long to sleep. A live lease counts as due at its
--- expiry; a blocked lane or a resting transport-only head is not due; NULL
+-- expiry; a blocked lane is not due (a transport-only head is, like any); NULL
 -- when nothing is pending. Reads ledger_lanes (one row per run lane) through
 -- ledger_lanes_available_idx: an index seek per lane, whatever the number of
 -- pending events or runs. No locks.

@@ -1,0 +1,22 @@
+-- Undo revision 0006.
+-- 0005 lets a transport-only head without a successor rest: its lane has
+-- available_at NULL until an append wakes it. Put such lanes back to rest so
+-- that 0005's relays do not keep discovering a lane they will not claim.
+-- (Rows 0006 wrote are otherwise valid for 0005: local acks it made, with
+-- payloads dropped and call ids set, are ordinary delivered rows.)
+UPDATE ledger_lanes AS ll
+SET available_at = NULL
+WHERE
+    ll.available_at IS NOT NULL
+    AND EXISTS (
+        SELECT 1 FROM ledger AS h
+        WHERE
+            h.run_id = ll.run_id AND h.lane = ll.lane AND h.seq = ll.head_seq
+            AND h.state = 'pending' AND h.transport_only
+    )
+    AND NOT EXISTS (
+        SELECT 1 FROM ledger AS n
+        WHERE
+            n.run_id = ll.run_id AND n.lane = ll.lane AND n.state <> 'delivered'
+            AND n.seq > ll.head_seq
+    );
