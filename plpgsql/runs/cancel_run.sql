@@ -85,4 +85,5 @@ END;
 $$;
 
 COMMENT ON FUNCTION cancel_run(text, text, uuid) IS
-'Cancels a run without waiting for its locks: cancelled, cancel_requested, already_terminal, not_found; a repeated call_id: first answer.';
+'Cancels a run without waiting for its custody locks: cancelled, cancel_requested, already_terminal or not_found; '
+'a repeated call_id gets the first answer.';

@@ -80,4 +80,5 @@ END;
 $$;
 
 COMMENT ON FUNCTION signal_run(text, text, jsonb, uuid) IS
-'Sends a named event to a run: resumed, stored (for a later wait), terminal or not_found; a repeated call_id gets the first answer.';
+'Sends a named event to a run: resumed (it waited for it), stored (for a later wait), terminal or not_found; '
+'a repeated call_id gets the first answer.';

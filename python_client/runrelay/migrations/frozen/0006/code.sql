@@ -1831,7 +1831,8 @@ END;
 $$;
 
 COMMENT ON FUNCTION cancel_run(text, text, uuid) IS
-'Cancels a run without waiting for its locks: cancelled, cancel_requested, already_terminal, not_found; a repeated call_id: first answer.';
+'Cancels a run without waiting for its custody locks: cancelled, cancel_requested, already_terminal or not_found; '
+'a repeated call_id gets the first answer.';
 
 -- >>> plpgsql/runs/claim_attempts.sql
 -- claim_attempts(): take up to max_runs runnable runs and open an attempt on each.
@@ -2992,7 +2993,8 @@ END;
 $$;
 
 COMMENT ON FUNCTION signal_run(text, text, jsonb, uuid) IS
-'Sends a named event to a run: resumed, stored (for a later wait), terminal or not_found; a repeated call_id gets the first answer.';
+'Sends a named event to a run: resumed (it waited for it), stored (for a later wait), terminal or not_found; '
+'a repeated call_id gets the first answer.';
 
 -- >>> plpgsql/runs/suspend_attempt.sql
 -- suspend_attempt(): the live attempt ends by waiting; the run waits.
