@@ -231,9 +231,10 @@ COMMENT ON FUNCTION _emit(text, text, jsonb, boolean, bigint) IS
 -- that arrives while the first call is still running (the client gave up on
 -- a slow reply) wait for it and then answer what it recorded, instead of
 -- deciding afresh beside it. It is taken before every custody lock, and a
--- transaction holds at most one, so it adds no wait-for cycle. It lives in
--- the two-key advisory space, which never overlaps the one-key space of the
--- concurrency-key locks.
+-- call takes at most one, so it adds no wait-for cycle. It lives in the
+-- two-key advisory space, which never overlaps the one-key space of the
+-- concurrency-key locks; two ids whose 32-bit hashes collide only wait for
+-- each other briefly (the lookup is by the id itself).
 
 CREATE FUNCTION _check_call_id(p_call_id uuid)
 RETURNS void
