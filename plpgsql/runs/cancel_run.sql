@@ -12,10 +12,19 @@
 --                         reap_expired sweeps markers nobody applied;
 --      already_terminal — the run had ended (its marker is not kept);
 --      not_found        — no such run.
--- Repeating a cancel is safe: it answers already_terminal once applied.
+-- Repeating a cancel is safe: the run is cancelled once. Without call_id a
+-- repeat answers what the run's state says now (already_terminal once
+-- applied). With call_id (a uuid the client picks for the call), a repeat of
+-- a call that answered cancelled or cancel_requested answers that again and
+-- writes nothing, even after the marker was applied or dropped
+-- (_internal/calls.sql); a repeat with another reason raises 22023. The
+-- call_id's lock comes first: only a call with the same id, still running,
+-- holds it, and a repeat waits for that call's outcome. already_terminal and
+-- not_found changed nothing and leave no record: a repeat is decided afresh.
 CREATE FUNCTION cancel_run(
     run_id text,
-    reason text DEFAULT NULL
+    reason text DEFAULT NULL,
+    call_id uuid DEFAULT NULL
 )
 RETURNS text
 LANGUAGE plpgsql
@@ -26,12 +35,23 @@ AS $$
 DECLARE
     v_status text;
     v_run runs;
+    v_digest bytea;
+    v_recorded text;
 BEGIN
     PERFORM _require_read_committed();
     PERFORM _check_id('run_id', cancel_run.run_id);
     IF length(cancel_run.reason) > 2000 THEN
         PERFORM _invalid('reason', format('is %s characters; at most 2000', length(cancel_run.reason)),
             'Pass a reason of at most 2000 characters, or null.');
+    END IF;
+    PERFORM _check_call_id(cancel_run.call_id);
+
+    IF cancel_run.call_id IS NOT NULL THEN
+        v_digest := _call_digest(jsonb_build_array(cancel_run.reason));
+        v_recorded := _recorded_call(cancel_run.call_id, 'cancel_run', cancel_run.run_id, v_digest);
+        IF v_recorded IS NOT NULL THEN
+            RETURN v_recorded;
+        END IF;
     END IF;
 
     SELECT r.status INTO v_status FROM runs AS r WHERE r.run_id = cancel_run.run_id;
@@ -47,7 +67,7 @@ BEGIN
 
     v_run := _try_lock_run(cancel_run.run_id);
     IF v_run.run_id IS NULL THEN
-        RETURN 'cancel_requested';
+        RETURN _record_call(cancel_run.call_id, 'cancel_run', cancel_run.run_id, v_digest, 'cancel_requested');
     END IF;
     IF v_run.status IN ('completed', 'failed', 'cancelled') THEN
         DELETE FROM cancellations AS c WHERE c.run_id = cancel_run.run_id;
@@ -60,9 +80,10 @@ BEGIN
     ORDER BY a.attempt
     FOR NO KEY UPDATE;
     PERFORM _apply_marker(v_run);
-    RETURN 'cancelled';
+    RETURN _record_call(cancel_run.call_id, 'cancel_run', cancel_run.run_id, v_digest, 'cancelled');
 END;
 $$;
 
-COMMENT ON FUNCTION cancel_run(text, text) IS
-'Cancels a run without waiting for its custody locks: cancelled, cancel_requested, already_terminal or not_found.';
+COMMENT ON FUNCTION cancel_run(text, text, uuid) IS
+'Cancels a run without waiting for its custody locks: cancelled, cancel_requested, already_terminal or not_found; '
+'a repeated call_id gets the first answer.';

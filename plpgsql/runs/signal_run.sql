@@ -1,8 +1,9 @@
 -- signal_run(): deliver a named event to a run.
 --
--- Locks: key, run row, attempt row, waiting under a function-local
--- lock_timeout (a busy run must not be mistaken for one that is not
--- waiting). Then, in fresh snapshots: the cancel marker, then the wait.
+-- Locks: the call_id's lock (with a call_id), then key, run row, attempt
+-- row, waiting under a function-local lock_timeout (a busy run must not be
+-- mistaken for one that is not waiting). Then, in fresh snapshots: the
+-- cancel marker, then the wait.
 --   resumed   — the run waited for `name`: its attempt is resumed and the run
 --               queued again with resume = {name, payload};
 --   stored    — kept; the next suspend_attempt waiting for `name` consumes
@@ -11,12 +12,18 @@
 --               woken with its timeout resume and the signal is stored;
 --   terminal  — the run has ended (or a pending cancellation ended it now);
 --   not_found — no such run.
--- Not idempotent by itself: a repeated signal is stored again. Callers who
--- need exactly-once signals send them in their own transaction.
+-- Replay: with call_id (a uuid the client picks for the call), a repeat of a
+-- call that changed something (resumed, stored, or terminal because it
+-- applied a pending cancellation) answers what it recorded and writes
+-- nothing, whatever happened to the run since (_internal/calls.sql); a repeat
+-- with other arguments raises 22023. A repeat while the first call still
+-- runs waits for it. A call that changed nothing leaves no record: its repeat
+-- is decided afresh. Without call_id a repeated signal is stored again.
 CREATE FUNCTION signal_run(
     run_id text,
     name text,
-    payload jsonb DEFAULT '{}'
+    payload jsonb DEFAULT '{}',
+    call_id uuid DEFAULT NULL
 )
 RETURNS text
 LANGUAGE plpgsql
@@ -27,11 +34,22 @@ SET lock_timeout = '10s'
 AS $$
 DECLARE
     v_run runs;
+    v_digest bytea;
+    v_recorded text;
 BEGIN
     PERFORM _require_read_committed();
     PERFORM _check_id('run_id', signal_run.run_id);
     PERFORM _check_id('name', signal_run.name);
     PERFORM _check_json('payload', signal_run.payload);
+    PERFORM _check_call_id(signal_run.call_id);
+
+    IF signal_run.call_id IS NOT NULL THEN
+        v_digest := _call_digest(jsonb_build_array(signal_run.name, signal_run.payload));
+        v_recorded := _recorded_call(signal_run.call_id, 'signal_run', signal_run.run_id, v_digest);
+        IF v_recorded IS NOT NULL THEN
+            RETURN v_recorded;
+        END IF;
+    END IF;
 
     v_run := _lock_run(signal_run.run_id);
     IF v_run.run_id IS NULL THEN
@@ -42,7 +60,7 @@ BEGIN
     END IF;
     PERFORM _lock_attempt(v_run.run_id, v_run.attempt_count);
     IF _apply_marker(v_run) THEN
-        RETURN 'terminal';
+        RETURN _record_call(signal_run.call_id, 'signal_run', signal_run.run_id, v_digest, 'terminal');
     END IF;
     IF v_run.status = 'waiting' AND v_run.wake_at <= _now() THEN
         -- The wait already ended by time (a timeout, a due sleep) even if no
@@ -53,13 +71,14 @@ BEGIN
         AND v_run.wait ->> 'kind' = 'event'
         AND v_run.wait ->> 'name' = signal_run.name THEN
         PERFORM _wake(v_run, jsonb_build_object('name', signal_run.name, 'payload', signal_run.payload));
-        RETURN 'resumed';
+        RETURN _record_call(signal_run.call_id, 'signal_run', signal_run.run_id, v_digest, 'resumed');
     END IF;
     INSERT INTO signals (run_id, name, payload, created_at)
     VALUES (signal_run.run_id, signal_run.name, signal_run.payload, _now());
-    RETURN 'stored';
+    RETURN _record_call(signal_run.call_id, 'signal_run', signal_run.run_id, v_digest, 'stored');
 END;
 $$;
 
-COMMENT ON FUNCTION signal_run(text, text, jsonb) IS
-'Sends a named event to a run: resumed (it waited for it), stored (for a later wait), terminal or not_found.';
+COMMENT ON FUNCTION signal_run(text, text, jsonb, uuid) IS
+'Sends a named event to a run: resumed (it waited for it), stored (for a later wait), terminal or not_found; '
+'a repeated call_id gets the first answer.';

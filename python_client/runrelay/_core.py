@@ -106,13 +106,13 @@ OPERATIONS: dict[str, Operation] = {
         ),
         Operation(
             "signal_run",
-            (("run_id", "text"), ("name", "text"), ("payload", "jsonb")),
+            (("run_id", "text"), ("name", "text"), ("payload", "jsonb"), ("call_id", "uuid")),
             _enum(t.SignalOutcome),
             set_returning=False,
         ),
         Operation(
             "cancel_run",
-            (("run_id", "text"), ("reason", "text")),
+            (("run_id", "text"), ("reason", "text"), ("call_id", "uuid")),
             _enum(t.CancelOutcome),
             set_returning=False,
         ),

@@ -236,18 +236,46 @@ class _Methods:
 
     @_operation
     def signal_run(
-        self, run_id: str, name: str, payload: Any = None, *, conn: Any = None
+        self,
+        run_id: str,
+        name: str,
+        payload: Any = None,
+        call_id: uuid.UUID | None = None,
+        *,
+        conn: Any = None,
     ) -> _Call[SignalOutcome]:
-        """Send a named event to a run -> SignalOutcome."""
-        values = {"run_id": run_id, "name": name, "payload": {} if payload is None else payload}
+        """Send a named event to a run -> SignalOutcome.
+
+        ``call_id`` names this call (a fresh uuid when omitted): repeating the
+        call with the same id after a lost reply answers the first outcome
+        and stores nothing twice."""
+        values = {
+            "run_id": run_id,
+            "name": name,
+            "payload": {} if payload is None else payload,
+            "call_id": uuid.uuid4() if call_id is None else call_id,
+        }
         return _Call("signal_run", values, conn)
 
     @_operation
     def cancel_run(
-        self, run_id: str, reason: str | None = None, *, conn: Any = None
+        self,
+        run_id: str,
+        reason: str | None = None,
+        call_id: uuid.UUID | None = None,
+        *,
+        conn: Any = None,
     ) -> _Call[CancelOutcome]:
-        """Cancel a run without waiting for its locks -> CancelOutcome."""
-        return _Call("cancel_run", {"run_id": run_id, "reason": reason}, conn)
+        """Cancel a run without waiting for its locks -> CancelOutcome.
+
+        ``call_id`` names this call (a fresh uuid when omitted): repeating the
+        call with the same id after a lost reply answers the first outcome."""
+        values = {
+            "run_id": run_id,
+            "reason": reason,
+            "call_id": uuid.uuid4() if call_id is None else call_id,
+        }
+        return _Call("cancel_run", values, conn)
 
     # §3.2 workers ----------------------------------------------------------
     @_operation

@@ -9,8 +9,8 @@ SELECT plan(149);
 CREATE TEMP TABLE api (name text, args text[], grantee text) ON COMMIT DROP;
 INSERT INTO api VALUES
 ('enqueue_run', ARRAY['text', 'text', 'jsonb', 'timestamptz', 'integer', 'integer', 'text', 'text'], 'runrelay_producer'),
-('signal_run', ARRAY['text', 'text', 'jsonb'], 'runrelay_producer'),
-('cancel_run', ARRAY['text', 'text'], 'runrelay_producer'),
+('signal_run', ARRAY['text', 'text', 'jsonb', 'uuid'], 'runrelay_producer'),
+('cancel_run', ARRAY['text', 'text', 'uuid'], 'runrelay_producer'),
 ('claim_attempts', ARRAY['text', 'text[]', 'integer', 'integer', 'uuid'], 'runrelay_worker'),
 ('heartbeat', ARRAY['text', 'integer', 'uuid', 'integer'], 'runrelay_worker'),
 ('complete_attempt', ARRAY['text', 'integer', 'uuid', 'jsonb', 'jsonb'], 'runrelay_worker'),

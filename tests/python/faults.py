@@ -684,6 +684,7 @@ def row_images(conn: psycopg.Connection, run_id: str) -> str:
         ("signals", "signal_id"),
         ("ledger", "event_id"),
         ("ledger_lanes", "lane"),
+        ("calls", "call_id"),
     ):
         row = conn.execute(
             f"SELECT coalesce(string_agg(t::text, E'\\n' ORDER BY t.{order}), '')"
@@ -695,10 +696,13 @@ def row_images(conn: psycopg.Connection, run_id: str) -> str:
     return "\n".join(parts)
 
 
+TABLES = ("runs", "attempts", "cancellations", "signals", "ledger", "ledger_lanes", "calls")
+
+
 def checksum(conn: psycopg.Connection) -> str:
     """Every runrelay table's contents as one digest."""
     parts = []
-    for table in ("runs", "attempts", "cancellations", "signals", "ledger", "ledger_lanes"):
+    for table in TABLES:
         row = conn.execute(
             f"SELECT md5(coalesce(string_agg(t::text, '|' ORDER BY t::text), ''))"
             f" FROM runrelay.{table} AS t"
@@ -1252,11 +1256,19 @@ class Checker:
                 self.bad("I9", f"{label}: replay answered {raw and raw['rows']}, first {first}")
             return
         value = first[0][0] if first and first[0] else None
-        if fn == "enqueue_run":
+        if fn in ("signal_run", "cancel_run") and c["args"].get("call_id") is not None:
+            # Named by a call_id: the repeat answers exactly what the committed
+            # call did (a signal stored once, a cancel_requested not turned
+            # into cancelled or already_terminal).
+            self.counters[f"replays:recorded:{fn}"] += 1
+            if result != value:
+                self.bad("I9", f"{label}: first {value}, replay {result}")
+        elif fn == "enqueue_run":
             if result["run_id"] != c["args"]["run_id"] or result["created"]:
                 self.bad("I9", f"{label}: replay {result}")
         elif fn == "cancel_run":
-            # After cancel_requested the marker is pending: a replay that finds
+            # Without a call_id (other languages' clients): after
+            # cancel_requested the marker is pending: a replay that finds
             # the locks free applies it (cancelled) - still one cancellation -
             # or finds the run ended (already_terminal) or the locks still busy.
             allowed = {

@@ -86,7 +86,8 @@ def table_checksum(conn: psycopg.Connection) -> str:
     """A digest of every runrelay table's contents: equal before and after a
     call means the call changed nothing."""
     parts = []
-    for table in ("runs", "attempts", "cancellations", "signals", "ledger", "ledger_lanes"):
+    tables = ("runs", "attempts", "cancellations", "signals", "ledger", "ledger_lanes", "calls")
+    for table in tables:
         row = conn.execute(
             f"SELECT md5(coalesce(string_agg(t::text, '|' ORDER BY t::text), ''))"
             f" FROM runrelay.{table} AS t"

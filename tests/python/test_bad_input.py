@@ -185,6 +185,9 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
     ("signal_run", {"run_id": "existing", "name": "n", "payload": None}, "22023", "payload"),
     ("cancel_run", {"run_id": LONG}, "22023", "run_id"),
     ("cancel_run", {"run_id": "existing", "reason": "r" * 2001}, "22023", "reason"),
+    # The nil uuid (TOKEN) is an id nobody set: all such calls would share it.
+    ("signal_run", {"run_id": "existing", "name": "n", "call_id": TOKEN}, "22023", "call_id"),
+    ("cancel_run", {"run_id": "existing", "call_id": TOKEN}, "22023", "call_id"),
     (
         "record_runner_terminal",
         {"run_id": "existing", "attempt": 1, "result": None},

@@ -25,6 +25,7 @@ import pytest
 
 from faults import (
     MODES,
+    TABLES,
     Checker,
     Children,
     History,
@@ -94,7 +95,7 @@ def semantic_checksum(conn: psycopg.Connection) -> str:
     harmless repeat (a lease extended again) may change."""
     volatile = "- 'lease_expires_at' - 'heartbeat_at' - 'available_at'"
     parts = []
-    for table in ("runs", "attempts", "cancellations", "signals", "ledger", "ledger_lanes"):
+    for table in TABLES:
         row = conn.execute(
             f"SELECT md5(coalesce(string_agg((to_jsonb(t) {volatile})::text, '|'"
             f" ORDER BY (to_jsonb(t) {volatile})::text), '')) FROM runrelay.{table} AS t"
@@ -253,18 +254,18 @@ CASES: dict[str, ReplayCase] = {
     "signal_run": ReplayCase(
         lambda db: (
             _suspended(db, {"kind": "event", "name": "go"})
-            and {"run_id": "r1", "name": "go", "payload": {"v": 1}}
+            and {"run_id": "r1", "name": "go", "payload": {"v": 1}, "call_id": uuid.uuid4()}
         ),
         lambda r: r == "resumed",
-        "documented",
-        state="none",
-        once=_once_event("run.resumed"),
+        "exact",
+        once=_once_event("run.resumed"),  # and the checksum shows no signal stored
     ),
     "cancel_run": ReplayCase(
-        lambda db: enqueue(db, "r1") and {"run_id": "r1", "reason": "test"},
+        lambda db: (
+            enqueue(db, "r1") and {"run_id": "r1", "reason": "test", "call_id": uuid.uuid4()}
+        ),
         lambda r: r == "cancelled",
-        "converge",
-        after=lambda r: r == "already_terminal",
+        "exact",
         once=_once_event("run.cancelled"),
     ),
     "claim_attempts": ReplayCase(
@@ -1042,15 +1043,24 @@ class Chaos:
         ]  # fmt: skip
         self.client.append_events(run_id, evs)
 
+    def _lose_reply_now_and_then(self, function: str) -> None:
+        """Faults aimed at the calls named by a call_id, so that replays of
+        them resolved as recorded are observed in every bounded run too."""
+        if self.rng.random() < 0.1:
+            self.proxy.arm("drop_reply_after_commit", f'"{function}"('.encode())
+            self.faults += 1
+
     def op_signal(self) -> None:
         run_id = self._run_id()
         if run_id is not None:
-            self.client.signal_run(run_id, "go", {"by": self.name})
+            self._lose_reply_now_and_then("signal_run")
+            self.client.signal_run(run_id, "go", {"by": self.name}, call_id=uuid.uuid4())
 
     def op_cancel(self) -> None:
         run_id = self._run_id()
         if run_id is not None:
-            self.client.cancel_run(run_id, "chaos")
+            self._lose_reply_now_and_then("cancel_run")
+            self.client.cancel_run(run_id, "chaos", call_id=uuid.uuid4())
 
     # worker -----------------------------------------------------------------
     def op_claim(self) -> None:
@@ -1201,6 +1211,8 @@ def test_random_operations_with_faults(
         "cancels_won",
         "replays:recorded",
         "replays:afresh",
+        "replays:recorded:signal_run",
+        "replays:recorded:cancel_run",
         "redeliveries",
     ):
         assert report.counters[counter] > 0, f"coverage: no {counter} in {dict(report.counters)}"

@@ -15,7 +15,8 @@ from conftest import alembic, create_database, drop_database
 
 ROLES = ("runrelay_producer", "runrelay_worker", "runrelay_relay", "runrelay_admin")
 SET_CLAUSE = {"settings": "singleton = true", "signals": "name = name", "ledger": "lane = lane"}
-TABLES = ("runs", "attempts", "cancellations", "signals", "ledger", "ledger_lanes", "settings")
+TABLES = ("runs", "attempts", "cancellations", "signals", "ledger", "ledger_lanes", "settings",
+          "calls")  # fmt: skip
 
 
 def insert_run(conn: psycopg.Connection, run_id: str = "r1", **overrides: object) -> None:

@@ -19,7 +19,7 @@ import pytest
 
 from sqlapi import call, scalar
 
-BIG = ("runs", "attempts", "ledger", "ledger_lanes")
+BIG = ("runs", "attempts", "ledger", "ledger_lanes", "calls")
 SEQ_SCAN = re.compile(rf"Seq Scan on ({'|'.join(BIG)}) ")
 REMOVED = re.compile(r"Rows Removed by (?:Filter|Index Recheck|Join Filter): (\d+)")
 
@@ -67,6 +67,15 @@ def prefill(db: psycopg.Connection) -> None:
         "INSERT INTO runrelay.ledger_lanes (run_id, lane)"
         " SELECT 'done-' || i, 'lifecycle' FROM generate_series(1, 100000) AS i"
     )
+    db.execute(
+        """
+        INSERT INTO runrelay.calls (call_id, function_name, run_id, arguments_digest, outcome,
+                                    called_at)
+        SELECT gen_random_uuid(), 'cancel_run', 'done-' || i, sha256('[null]'), 'cancelled',
+               now() - interval '1 day'
+        FROM generate_series(1, 100000) AS i
+        """
+    )
 
 
 def tour(db: psycopg.Connection, n: int) -> None:
@@ -102,7 +111,9 @@ def tour(db: psycopg.Connection, n: int) -> None:
     assert scalar(db, "fail_attempt", **fenced(d), error={}, retry_at=past) == "retry_scheduled"
     go = {"kind": "event", "name": "go"}
     assert scalar(db, "suspend_attempt", **fenced(e), wait=go) == "waiting"
-    assert scalar(db, "signal_run", run_id=e, name="go", payload={"v": 1}) == "resumed"
+    signal = {"run_id": e, "name": "go", "payload": {"v": 1}, "call_id": uuid.uuid4()}
+    assert scalar(db, "signal_run", **signal) == "resumed"
+    assert scalar(db, "signal_run", **signal) == "resumed"  # a replay: answered from calls
     other = {"kind": "event", "name": "x"}
     assert scalar(db, "suspend_attempt", **fenced(f), wait=other) == "waiting"
     assert scalar(db, "prepare_waiting_failure", **fenced(f)) == "prepared"
@@ -110,7 +121,9 @@ def tour(db: psycopg.Connection, n: int) -> None:
         scalar(db, "fail_attempt", **fenced(f), error={"e": 2}, protect_waiting_suspension=True)
         == "failed"
     )
-    assert scalar(db, "cancel_run", run_id=g, reason="stop") == "cancelled"
+    cancel = {"run_id": g, "reason": "stop", "call_id": uuid.uuid4()}
+    assert scalar(db, "cancel_run", **cancel) == "cancelled"
+    assert scalar(db, "cancel_run", **cancel) == "cancelled"
     assert scalar(db, "cancel_run", run_id=ids[7], reason="stop") == "cancelled"
     # d (retrying) and e (resumed) are queued again: end them, so that the
     # next round's claims take only that round's runs.

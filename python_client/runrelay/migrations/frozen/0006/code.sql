@@ -226,6 +226,120 @@ $$;
 COMMENT ON FUNCTION _emit(text, text, jsonb, boolean, bigint) IS
 'Appends one engine lifecycle event to a run''s lifecycle lane (caller holds the run lock; p_seq if it reserved one).';
 
+-- >>> plpgsql/_internal/calls.sql
+-- Exact replays of signal_run and cancel_run by call_id (table calls).
+--
+-- The protocol, in the caller, before any write:
+--   1. _check_call_id() validates the id with the other arguments;
+--   2. _recorded_call() takes the call's lock, then looks the id up: the
+--      recorded outcome (answer it, write nothing), NULL (a new call), or
+--      22023 when the id belongs to another call;
+--   3. the call does its work and answers through _record_call(), which
+--      records the outcome in the same transaction.
+--
+-- The call lock (a transaction-level advisory lock on the id) makes a repeat
+-- that arrives while the first call is still running (the client gave up on
+-- a slow reply) wait for it and then answer what it recorded, instead of
+-- deciding afresh beside it. It is taken before every custody lock, and a
+-- call takes at most one, so it adds no wait-for cycle. It lives in the
+-- two-key advisory space, which never overlaps the one-key space of the
+-- concurrency-key locks; two ids whose 32-bit hashes collide only wait for
+-- each other briefly (the lookup is by the id itself).
+
+CREATE FUNCTION _check_call_id(p_call_id uuid)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    -- The nil uuid is what an unset id looks like in most languages: every
+    -- caller that forgot to set one would share it, and all but the first
+    -- call would be answered as replays of someone else's call.
+    IF p_call_id = '00000000-0000-0000-0000-000000000000'::uuid THEN
+        PERFORM _invalid('call_id', 'must not be the nil uuid',
+            'Pass a new random uuid for each call (the same one only to repeat that call), or null.');
+    END IF;
+END;
+$$;
+
+COMMENT ON FUNCTION _check_call_id(uuid) IS
+'Validates a call_id: null or any uuid but the nil uuid.';
+
+-- The digest a repeat must match: sha256 of the canonical text of the
+-- arguments other than run_id (jsonb prints keys in one canonical order).
+CREATE FUNCTION _call_digest(p_arguments jsonb)
+RETURNS bytea
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    RETURN sha256(convert_to(p_arguments::text, 'UTF8'));
+END;
+$$;
+
+COMMENT ON FUNCTION _call_digest(jsonb) IS
+'The sha256 digest of a call''s arguments, compared when the call is repeated.';
+
+CREATE FUNCTION _recorded_call(p_call_id uuid, p_function text, p_run_id text, p_digest bytea)
+RETURNS text
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_call calls;
+BEGIN
+    IF p_call_id IS NULL THEN
+        RETURN NULL;
+    END IF;
+    PERFORM pg_advisory_xact_lock(hashtext(current_schema() || '/call_id'), hashtext(p_call_id::text));
+    -- A new statement after the lock: a call with this id that committed
+    -- while we waited is seen.
+    SELECT c.* INTO v_call FROM calls AS c WHERE c.call_id = p_call_id;
+    IF v_call.call_id IS NULL THEN
+        RETURN NULL;
+    END IF;
+    IF v_call.function_name <> p_function THEN
+        PERFORM _invalid('call_id', format('%s was already used by a call of %s', p_call_id, v_call.function_name),
+            'A call_id names one call: pass a new uuid for a new call, the same one only to repeat that call.');
+    END IF;
+    IF v_call.run_id <> p_run_id THEN
+        PERFORM _invalid('call_id', format('%s was already used by a %s call for another run', p_call_id, p_function),
+            'A call_id names one call: pass a new uuid for a new call, the same one only to repeat that call.');
+    END IF;
+    IF v_call.arguments_digest <> p_digest THEN
+        PERFORM _invalid('call_id', format('%s was already used by a %s call for run %L with other %s',
+                p_call_id, p_function, p_run_id,
+                CASE p_function WHEN 'signal_run' THEN 'name or payload' ELSE 'reason' END),
+            'A repeat must pass exactly the arguments of the first call; pass a new uuid for a new call.');
+    END IF;
+    RETURN v_call.outcome;
+END;
+$$;
+
+COMMENT ON FUNCTION _recorded_call(uuid, text, text, bytea) IS
+'Takes a call_id''s lock and answers what that call recorded; NULL for a new call; 22023 if the id names another call.';
+
+CREATE FUNCTION _record_call(p_call_id uuid, p_function text, p_run_id text, p_digest bytea, p_outcome text)
+RETURNS text
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    IF p_call_id IS NOT NULL THEN
+        INSERT INTO calls (call_id, function_name, run_id, arguments_digest, outcome, called_at)
+        VALUES (p_call_id, p_function, p_run_id, p_digest, p_outcome, _now());
+    END IF;
+    RETURN p_outcome;
+END;
+$$;
+
+COMMENT ON FUNCTION _record_call(uuid, text, text, bytea, text) IS
+'Records what a call with a call_id answered (nothing without one) and returns that outcome.';
+
 -- >>> plpgsql/_internal/claim_candidates.sql
 -- _claim_candidates(): lock up to p_limit runnable runs, best first, without
 -- waiting. With a queue list, each queue's best are read from its own range
@@ -1851,10 +1965,19 @@ COMMENT ON FUNCTION _suspension_in_force(runs, attempts) IS
 --                         reap_expired sweeps markers nobody applied;
 --      already_terminal — the run had ended (its marker is not kept);
 --      not_found        — no such run.
--- Repeating a cancel is safe: it answers already_terminal once applied.
+-- Repeating a cancel is safe: the run is cancelled once. Without call_id a
+-- repeat answers what the run's state says now (already_terminal once
+-- applied). With call_id (a uuid the client picks for the call), a repeat of
+-- a call that answered cancelled or cancel_requested answers that again and
+-- writes nothing, even after the marker was applied or dropped
+-- (_internal/calls.sql); a repeat with another reason raises 22023. The
+-- call_id's lock comes first: only a call with the same id, still running,
+-- holds it, and a repeat waits for that call's outcome. already_terminal and
+-- not_found changed nothing and leave no record: a repeat is decided afresh.
 CREATE FUNCTION cancel_run(
     run_id text,
-    reason text DEFAULT NULL
+    reason text DEFAULT NULL,
+    call_id uuid DEFAULT NULL
 )
 RETURNS text
 LANGUAGE plpgsql
@@ -1865,12 +1988,23 @@ AS $$
 DECLARE
     v_status text;
     v_run runs;
+    v_digest bytea;
+    v_recorded text;
 BEGIN
     PERFORM _require_read_committed();
     PERFORM _check_id('run_id', cancel_run.run_id);
     IF length(cancel_run.reason) > 2000 THEN
         PERFORM _invalid('reason', format('is %s characters; at most 2000', length(cancel_run.reason)),
             'Pass a reason of at most 2000 characters, or null.');
+    END IF;
+    PERFORM _check_call_id(cancel_run.call_id);
+
+    IF cancel_run.call_id IS NOT NULL THEN
+        v_digest := _call_digest(jsonb_build_array(cancel_run.reason));
+        v_recorded := _recorded_call(cancel_run.call_id, 'cancel_run', cancel_run.run_id, v_digest);
+        IF v_recorded IS NOT NULL THEN
+            RETURN v_recorded;
+        END IF;
     END IF;
 
     SELECT r.status INTO v_status FROM runs AS r WHERE r.run_id = cancel_run.run_id;
@@ -1886,7 +2020,7 @@ BEGIN
 
     v_run := _try_lock_run(cancel_run.run_id);
     IF v_run.run_id IS NULL THEN
-        RETURN 'cancel_requested';
+        RETURN _record_call(cancel_run.call_id, 'cancel_run', cancel_run.run_id, v_digest, 'cancel_requested');
     END IF;
     IF v_run.status IN ('completed', 'failed', 'cancelled') THEN
         DELETE FROM cancellations AS c WHERE c.run_id = cancel_run.run_id;
@@ -1899,12 +2033,13 @@ BEGIN
     ORDER BY a.attempt
     FOR NO KEY UPDATE;
     PERFORM _apply_marker(v_run);
-    RETURN 'cancelled';
+    RETURN _record_call(cancel_run.call_id, 'cancel_run', cancel_run.run_id, v_digest, 'cancelled');
 END;
 $$;
 
-COMMENT ON FUNCTION cancel_run(text, text) IS
-'Cancels a run without waiting for its custody locks: cancelled, cancel_requested, already_terminal or not_found.';
+COMMENT ON FUNCTION cancel_run(text, text, uuid) IS
+'Cancels a run without waiting for its custody locks: cancelled, cancel_requested, already_terminal or not_found; '
+'a repeated call_id gets the first answer.';
 
 -- >>> plpgsql/runs/claim_attempts.sql
 -- claim_attempts(): take up to max_runs runnable runs and open an attempt on each.
@@ -3016,9 +3151,10 @@ COMMENT ON FUNCTION release_attempt(text, integer, uuid, timestamptz, text) IS
 -- >>> plpgsql/runs/signal_run.sql
 -- signal_run(): deliver a named event to a run.
 --
--- Locks: key, run row, attempt row, waiting under a function-local
--- lock_timeout (a busy run must not be mistaken for one that is not
--- waiting). Then, in fresh snapshots: the cancel marker, then the wait.
+-- Locks: the call_id's lock (with a call_id), then key, run row, attempt
+-- row, waiting under a function-local lock_timeout (a busy run must not be
+-- mistaken for one that is not waiting). Then, in fresh snapshots: the
+-- cancel marker, then the wait.
 --   resumed   — the run waited for `name`: its attempt is resumed and the run
 --               queued again with resume = {name, payload};
 --   stored    — kept; the next suspend_attempt waiting for `name` consumes
@@ -3027,12 +3163,18 @@ COMMENT ON FUNCTION release_attempt(text, integer, uuid, timestamptz, text) IS
 --               woken with its timeout resume and the signal is stored;
 --   terminal  — the run has ended (or a pending cancellation ended it now);
 --   not_found — no such run.
--- Not idempotent by itself: a repeated signal is stored again. Callers who
--- need exactly-once signals send them in their own transaction.
+-- Replay: with call_id (a uuid the client picks for the call), a repeat of a
+-- call that changed something (resumed, stored, or terminal because it
+-- applied a pending cancellation) answers what it recorded and writes
+-- nothing, whatever happened to the run since (_internal/calls.sql); a repeat
+-- with other arguments raises 22023. A repeat while the first call still
+-- runs waits for it. A call that changed nothing leaves no record: its repeat
+-- is decided afresh. Without call_id a repeated signal is stored again.
 CREATE FUNCTION signal_run(
     run_id text,
     name text,
-    payload jsonb DEFAULT '{}'
+    payload jsonb DEFAULT '{}',
+    call_id uuid DEFAULT NULL
 )
 RETURNS text
 LANGUAGE plpgsql
@@ -3043,11 +3185,22 @@ SET lock_timeout = '10s'
 AS $$
 DECLARE
     v_run runs;
+    v_digest bytea;
+    v_recorded text;
 BEGIN
     PERFORM _require_read_committed();
     PERFORM _check_id('run_id', signal_run.run_id);
     PERFORM _check_id('name', signal_run.name);
     PERFORM _check_json('payload', signal_run.payload);
+    PERFORM _check_call_id(signal_run.call_id);
+
+    IF signal_run.call_id IS NOT NULL THEN
+        v_digest := _call_digest(jsonb_build_array(signal_run.name, signal_run.payload));
+        v_recorded := _recorded_call(signal_run.call_id, 'signal_run', signal_run.run_id, v_digest);
+        IF v_recorded IS NOT NULL THEN
+            RETURN v_recorded;
+        END IF;
+    END IF;
 
     v_run := _lock_run(signal_run.run_id);
     IF v_run.run_id IS NULL THEN
@@ -3058,7 +3211,7 @@ BEGIN
     END IF;
     PERFORM _lock_attempt(v_run.run_id, v_run.attempt_count);
     IF _apply_marker(v_run) THEN
-        RETURN 'terminal';
+        RETURN _record_call(signal_run.call_id, 'signal_run', signal_run.run_id, v_digest, 'terminal');
     END IF;
     IF v_run.status = 'waiting' AND v_run.wake_at <= _now() THEN
         -- The wait already ended by time (a timeout, a due sleep) even if no
@@ -3069,16 +3222,17 @@ BEGIN
         AND v_run.wait ->> 'kind' = 'event'
         AND v_run.wait ->> 'name' = signal_run.name THEN
         PERFORM _wake(v_run, jsonb_build_object('name', signal_run.name, 'payload', signal_run.payload));
-        RETURN 'resumed';
+        RETURN _record_call(signal_run.call_id, 'signal_run', signal_run.run_id, v_digest, 'resumed');
     END IF;
     INSERT INTO signals (run_id, name, payload, created_at)
     VALUES (signal_run.run_id, signal_run.name, signal_run.payload, _now());
-    RETURN 'stored';
+    RETURN _record_call(signal_run.call_id, 'signal_run', signal_run.run_id, v_digest, 'stored');
 END;
 $$;
 
-COMMENT ON FUNCTION signal_run(text, text, jsonb) IS
-'Sends a named event to a run: resumed (it waited for it), stored (for a later wait), terminal or not_found.';
+COMMENT ON FUNCTION signal_run(text, text, jsonb, uuid) IS
+'Sends a named event to a run: resumed (it waited for it), stored (for a later wait), terminal or not_found; '
+'a repeated call_id gets the first answer.';
 
 -- >>> plpgsql/runs/suspend_attempt.sql
 -- suspend_attempt(): the live attempt ends by waiting; the run waits.

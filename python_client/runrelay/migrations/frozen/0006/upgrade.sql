@@ -1,4 +1,5 @@
--- Revision 0006: a transport-only head no longer rests.
+-- Revision 0006: a transport-only head no longer rests; call records for
+-- exact replays of signal_run and cancel_run.
 -- Under 0005 a lane whose head was a transport-only event without a
 -- successor had available_at NULL without being blocked (resting), and only
 -- an append woke it. From 0006 such a head is acknowledged locally by the
@@ -17,3 +18,20 @@ SET
         LIMIT 1
     )
 WHERE ll.available_at IS NULL AND NOT ll.blocked AND ll.head_seq IS NOT NULL;
+
+-- Exact replays of signal_run and cancel_run.
+-- Calls made with a call_id record what they answered (see
+-- plpgsql/schema/07_calls.sql). A new table: no existing row is touched.
+CREATE TABLE calls (
+    call_id uuid PRIMARY KEY,
+    function_name text NOT NULL,
+    run_id text NOT NULL,
+    arguments_digest bytea NOT NULL,
+    outcome text NOT NULL,
+    called_at timestamptz NOT NULL,
+    CONSTRAINT calls_outcome CHECK (
+        (function_name = 'signal_run' AND outcome IN ('resumed', 'stored', 'terminal'))
+        OR (function_name = 'cancel_run' AND outcome IN ('cancelled', 'cancel_requested'))
+    ),
+    CONSTRAINT calls_arguments_digest CHECK (octet_length(arguments_digest) = 32)
+);

@@ -1,0 +1,112 @@
+-- Exact replays of signal_run and cancel_run by call_id (table calls).
+--
+-- The protocol, in the caller, before any write:
+--   1. _check_call_id() validates the id with the other arguments;
+--   2. _recorded_call() takes the call's lock, then looks the id up: the
+--      recorded outcome (answer it, write nothing), NULL (a new call), or
+--      22023 when the id belongs to another call;
+--   3. the call does its work and answers through _record_call(), which
+--      records the outcome in the same transaction.
+--
+-- The call lock (a transaction-level advisory lock on the id) makes a repeat
+-- that arrives while the first call is still running (the client gave up on
+-- a slow reply) wait for it and then answer what it recorded, instead of
+-- deciding afresh beside it. It is taken before every custody lock, and a
+-- call takes at most one, so it adds no wait-for cycle. It lives in the
+-- two-key advisory space, which never overlaps the one-key space of the
+-- concurrency-key locks; two ids whose 32-bit hashes collide only wait for
+-- each other briefly (the lookup is by the id itself).
+
+CREATE FUNCTION _check_call_id(p_call_id uuid)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    -- The nil uuid is what an unset id looks like in most languages: every
+    -- caller that forgot to set one would share it, and all but the first
+    -- call would be answered as replays of someone else's call.
+    IF p_call_id = '00000000-0000-0000-0000-000000000000'::uuid THEN
+        PERFORM _invalid('call_id', 'must not be the nil uuid',
+            'Pass a new random uuid for each call (the same one only to repeat that call), or null.');
+    END IF;
+END;
+$$;
+
+COMMENT ON FUNCTION _check_call_id(uuid) IS
+'Validates a call_id: null or any uuid but the nil uuid.';
+
+-- The digest a repeat must match: sha256 of the canonical text of the
+-- arguments other than run_id (jsonb prints keys in one canonical order).
+CREATE FUNCTION _call_digest(p_arguments jsonb)
+RETURNS bytea
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    RETURN sha256(convert_to(p_arguments::text, 'UTF8'));
+END;
+$$;
+
+COMMENT ON FUNCTION _call_digest(jsonb) IS
+'The sha256 digest of a call''s arguments, compared when the call is repeated.';
+
+CREATE FUNCTION _recorded_call(p_call_id uuid, p_function text, p_run_id text, p_digest bytea)
+RETURNS text
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_call calls;
+BEGIN
+    IF p_call_id IS NULL THEN
+        RETURN NULL;
+    END IF;
+    PERFORM pg_advisory_xact_lock(hashtext(current_schema() || '/call_id'), hashtext(p_call_id::text));
+    -- A new statement after the lock: a call with this id that committed
+    -- while we waited is seen.
+    SELECT c.* INTO v_call FROM calls AS c WHERE c.call_id = p_call_id;
+    IF v_call.call_id IS NULL THEN
+        RETURN NULL;
+    END IF;
+    IF v_call.function_name <> p_function THEN
+        PERFORM _invalid('call_id', format('%s was already used by a call of %s', p_call_id, v_call.function_name),
+            'A call_id names one call: pass a new uuid for a new call, the same one only to repeat that call.');
+    END IF;
+    IF v_call.run_id <> p_run_id THEN
+        PERFORM _invalid('call_id', format('%s was already used by a %s call for another run', p_call_id, p_function),
+            'A call_id names one call: pass a new uuid for a new call, the same one only to repeat that call.');
+    END IF;
+    IF v_call.arguments_digest <> p_digest THEN
+        PERFORM _invalid('call_id', format('%s was already used by a %s call for run %L with other %s',
+                p_call_id, p_function, p_run_id,
+                CASE p_function WHEN 'signal_run' THEN 'name or payload' ELSE 'reason' END),
+            'A repeat must pass exactly the arguments of the first call; pass a new uuid for a new call.');
+    END IF;
+    RETURN v_call.outcome;
+END;
+$$;
+
+COMMENT ON FUNCTION _recorded_call(uuid, text, text, bytea) IS
+'Takes a call_id''s lock and answers what that call recorded; NULL for a new call; 22023 if the id names another call.';
+
+CREATE FUNCTION _record_call(p_call_id uuid, p_function text, p_run_id text, p_digest bytea, p_outcome text)
+RETURNS text
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    IF p_call_id IS NOT NULL THEN
+        INSERT INTO calls (call_id, function_name, run_id, arguments_digest, outcome, called_at)
+        VALUES (p_call_id, p_function, p_run_id, p_digest, p_outcome, _now());
+    END IF;
+    RETURN p_outcome;
+END;
+$$;
+
+COMMENT ON FUNCTION _record_call(uuid, text, text, bytea, text) IS
+'Records what a call with a call_id answered (nothing without one) and returns that outcome.';

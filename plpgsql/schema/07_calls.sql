@@ -1,0 +1,32 @@
+-- Calls of signal_run and cancel_run made with a call_id, and what they
+-- answered, so that the same call repeated after a lost reply answers the
+-- same and writes nothing (SPEC: "Replays are exact"). Claims remember their
+-- call_id on the rows they take instead (attempts.call_id, ledger.call_id).
+--
+-- A row is written in the transaction of the call's effect, and only when
+-- the call changed something (a signal stored or delivered, a pending
+-- cancellation applied, a cancel marker written or applied): a call that
+-- changed nothing has nothing to repeat by mistake. The record outlives the
+-- effect's own rows (a stored signal is consumed, a marker is deleted when it
+-- is applied, prune deletes delivered ledger events), so a repeat answers
+-- the first outcome whatever happened to the run since.
+--
+-- call_id is unique per install: a repeat must name the same function, run
+-- and arguments (kept as a digest: a payload need not be stored twice), or it
+-- is refused with 22023. No foreign key to runs, for the reason the
+-- cancellations table has none: its KEY SHARE check would queue cancel_run
+-- behind a claim's row lock. runrelay never deletes runs; an operator who
+-- deletes runs by hand deletes their calls rows too (see docs/scheduler.md).
+CREATE TABLE calls (
+    call_id uuid PRIMARY KEY,
+    function_name text NOT NULL,
+    run_id text NOT NULL,
+    arguments_digest bytea NOT NULL,
+    outcome text NOT NULL,
+    called_at timestamptz NOT NULL,
+    CONSTRAINT calls_outcome CHECK (
+        (function_name = 'signal_run' AND outcome IN ('resumed', 'stored', 'terminal'))
+        OR (function_name = 'cancel_run' AND outcome IN ('cancelled', 'cancel_requested'))
+    ),
+    CONSTRAINT calls_arguments_digest CHECK (octet_length(arguments_digest) = 32)
+);
