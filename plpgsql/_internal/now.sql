@@ -8,12 +8,13 @@
 --
 -- Both are shifted by the transaction-local setting runrelay.clock_offset (an
 -- interval) when the installation allows it (settings.allow_clock_override,
--- which only the schema owner can set); _clock_offset() is that rule, once.
+-- which only the schema owner can set); _now() holds that rule and
+-- _clock_now() applies _now()'s shift.
 -- Tests move time with SET LOCAL runrelay.clock_offset = '1 hour'; production
 -- installations ignore the setting, so no caller can expire or extend a lease
 -- by lying about the time. VOLATILE: they read a table.
-CREATE FUNCTION _clock_offset()
-RETURNS interval
+CREATE FUNCTION _now()
+RETURNS timestamptz
 LANGUAGE plpgsql
 VOLATILE
 SET search_path FROM CURRENT
@@ -21,27 +22,14 @@ AS $$
 DECLARE
     v_offset text := current_setting('runrelay.clock_offset', true);
 BEGIN
+    -- Called many times per operation: no nested call on the common path.
     IF v_offset IS NULL OR v_offset = '' THEN
-        RETURN interval '0';
+        RETURN statement_timestamp();
     END IF;
     IF NOT (SELECT s.allow_clock_override FROM settings AS s) THEN
-        RETURN interval '0';
+        RETURN statement_timestamp();
     END IF;
-    RETURN v_offset::interval;
-END;
-$$;
-
-COMMENT ON FUNCTION _clock_offset() IS
-'The test clock shift: runrelay.clock_offset where settings.allow_clock_override is set, else zero.';
-
-CREATE FUNCTION _now()
-RETURNS timestamptz
-LANGUAGE plpgsql
-VOLATILE
-SET search_path FROM CURRENT
-AS $$
-BEGIN
-    RETURN statement_timestamp() + _clock_offset();
+    RETURN statement_timestamp() + v_offset::interval;
 END;
 $$;
 
@@ -55,7 +43,8 @@ VOLATILE
 SET search_path FROM CURRENT
 AS $$
 BEGIN
-    RETURN clock_timestamp() + _clock_offset();
+    -- The same shift as _now(), whatever it is.
+    RETURN clock_timestamp() + (_now() - statement_timestamp());
 END;
 $$;
 

@@ -26,7 +26,8 @@ BEGIN
     PERFORM _check_id('relay', renew_ledger_lease.relay);
     PERFORM _check_event_ids(renew_ledger_lease.event_ids);
     PERFORM _lock_event_lanes(renew_ledger_lease.event_ids);
-    v_now := _now();
+    -- From the grant: a renewal that waited for a lane lock keeps its full lease.
+    v_now := _clock_now();
     RETURN QUERY
     UPDATE ledger AS l
     SET lease_expires_at = v_now + _lease(renew_ledger_lease.lease_seconds)

@@ -28,6 +28,7 @@ DECLARE
     v_run runs;
     v_attempt attempts;
     v_outcome text;
+    v_beat timestamptz;
     v_expires timestamptz;
 BEGIN
     PERFORM _require_read_committed();
@@ -45,9 +46,12 @@ BEGIN
         RETURN QUERY SELECT 'cancelled'::text, NULL::timestamptz;
         RETURN;
     END IF;
-    v_expires := _now() + _lease(heartbeat.lease_seconds);
+    -- The beat lands when the locks are held: one that waited for the run
+    -- lock keeps its full lease.
+    v_beat := _clock_now();
+    v_expires := v_beat + _lease(heartbeat.lease_seconds);
     UPDATE attempts AS a
-    SET heartbeat_at = _now(), lease_expires_at = v_expires
+    SET heartbeat_at = v_beat, lease_expires_at = v_expires
     WHERE a.run_id = heartbeat.run_id AND a.attempt = heartbeat.attempt;
     RETURN QUERY SELECT 'ok'::text, v_expires;
 END;

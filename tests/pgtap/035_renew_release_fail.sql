@@ -14,7 +14,7 @@ SELECT runrelay.claim_ledger(relay => 'y', run_id => 'r2', lease_seconds => 10);
 
 -- renew_ledger_lease.
 SELECT results_eq(
-    $$SELECT event_id, lease_expires_at = statement_timestamp() + interval '30 seconds'
+    $$SELECT event_id, tests.granted(lease_expires_at, 30)
       FROM runrelay.renew_ledger_lease('x', tests.eids('r1', ARRAY['a']) || tests.eids('r2', ARRAY['b']))$$,
     $$SELECT tests.eid('r1', 'a'), TRUE$$,
     'renew extends (default 30 s) and returns only the events this relay leases'
@@ -29,13 +29,13 @@ SELECT is(
 );
 SELECT is(tests.ev_state(tests.eid('r2', 'b')), 'leased:y', '... and stays its');
 SELECT results_eq(
-    $$SELECT lease_expires_at = statement_timestamp() + interval '5 seconds'
+    $$SELECT tests.granted(lease_expires_at, 5)
       FROM runrelay.renew_ledger_lease('x', tests.eids('r1', ARRAY['a']), 1)$$,
     $$VALUES (TRUE)$$,
     'renew clamps lease_seconds to at least 5'
 );
 SELECT results_eq(
-    $$SELECT lease_expires_at = statement_timestamp() + interval '300 seconds'
+    $$SELECT tests.granted(lease_expires_at, 300)
       FROM runrelay.renew_ledger_lease('x', tests.eids('r1', ARRAY['a']), 100000)$$,
     $$VALUES (TRUE)$$,
     'renew clamps lease_seconds to at most 300'

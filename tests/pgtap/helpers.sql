@@ -202,3 +202,18 @@ BEGIN
     PERFORM dblink_disconnect('tests_holder');
 END;
 $$;
+
+-- Whether p_expires is a lease of p_seconds granted during the current
+-- statement: leases run from the moment they are granted (the locks held),
+-- between the statement's start and now, on the (possibly shifted) test clock.
+CREATE FUNCTION tests.granted(p_expires timestamptz, p_seconds integer)
+RETURNS boolean
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_offset interval := coalesce(nullif(current_setting('runrelay.clock_offset', TRUE), ''), '0')::interval;
+    v_lease interval := make_interval(secs => p_seconds);
+BEGIN
+    RETURN p_expires BETWEEN statement_timestamp() + v_offset + v_lease AND clock_timestamp() + v_offset + v_lease;
+END;
+$$;

@@ -1245,12 +1245,13 @@ COMMENT ON FUNCTION _acknowledge(text, bigint[], text, timestamptz, boolean, uui
 --
 -- Both are shifted by the transaction-local setting runrelay.clock_offset (an
 -- interval) when the installation allows it (settings.allow_clock_override,
--- which only the schema owner can set); _clock_offset() is that rule, once.
+-- which only the schema owner can set); _now() holds that rule and
+-- _clock_now() applies _now()'s shift.
 -- Tests move time with SET LOCAL runrelay.clock_offset = '1 hour'; production
 -- installations ignore the setting, so no caller can expire or extend a lease
 -- by lying about the time. VOLATILE: they read a table.
-CREATE FUNCTION _clock_offset()
-RETURNS interval
+CREATE FUNCTION _now()
+RETURNS timestamptz
 LANGUAGE plpgsql
 VOLATILE
 SET search_path FROM CURRENT
@@ -1258,27 +1259,14 @@ AS $$
 DECLARE
     v_offset text := current_setting('runrelay.clock_offset', true);
 BEGIN
+    -- Called many times per operation: no nested call on the common path.
     IF v_offset IS NULL OR v_offset = '' THEN
-        RETURN interval '0';
+        RETURN statement_timestamp();
     END IF;
     IF NOT (SELECT s.allow_clock_override FROM settings AS s) THEN
-        RETURN interval '0';
+        RETURN statement_timestamp();
     END IF;
-    RETURN v_offset::interval;
-END;
-$$;
-
-COMMENT ON FUNCTION _clock_offset() IS
-'The test clock shift: runrelay.clock_offset where settings.allow_clock_override is set, else zero.';
-
-CREATE FUNCTION _now()
-RETURNS timestamptz
-LANGUAGE plpgsql
-VOLATILE
-SET search_path FROM CURRENT
-AS $$
-BEGIN
-    RETURN statement_timestamp() + _clock_offset();
+    RETURN statement_timestamp() + v_offset::interval;
 END;
 $$;
 
@@ -1292,7 +1280,8 @@ VOLATILE
 SET search_path FROM CURRENT
 AS $$
 BEGIN
-    RETURN clock_timestamp() + _clock_offset();
+    -- The same shift as _now(), whatever it is.
+    RETURN clock_timestamp() + (_now() - statement_timestamp());
 END;
 $$;
 
@@ -2742,6 +2731,7 @@ DECLARE
     v_run runs;
     v_attempt attempts;
     v_outcome text;
+    v_beat timestamptz;
     v_expires timestamptz;
 BEGIN
     PERFORM _require_read_committed();
@@ -2759,9 +2749,12 @@ BEGIN
         RETURN QUERY SELECT 'cancelled'::text, NULL::timestamptz;
         RETURN;
     END IF;
-    v_expires := _now() + _lease(heartbeat.lease_seconds);
+    -- The beat lands when the locks are held: one that waited for the run
+    -- lock keeps its full lease.
+    v_beat := _clock_now();
+    v_expires := v_beat + _lease(heartbeat.lease_seconds);
     UPDATE attempts AS a
-    SET heartbeat_at = _now(), lease_expires_at = v_expires
+    SET heartbeat_at = v_beat, lease_expires_at = v_expires
     WHERE a.run_id = heartbeat.run_id AND a.attempt = heartbeat.attempt;
     RETURN QUERY SELECT 'ok'::text, v_expires;
 END;
@@ -3949,7 +3942,8 @@ BEGIN
     PERFORM _check_id('relay', renew_ledger_lease.relay);
     PERFORM _check_event_ids(renew_ledger_lease.event_ids);
     PERFORM _lock_event_lanes(renew_ledger_lease.event_ids);
-    v_now := _now();
+    -- From the grant: a renewal that waited for a lane lock keeps its full lease.
+    v_now := _clock_now();
     RETURN QUERY
     UPDATE ledger AS l
     SET lease_expires_at = v_now + _lease(renew_ledger_lease.lease_seconds)
