@@ -19,8 +19,8 @@
 -- Lanes (ledger_lanes rows) have two kinds of holders:
 --   * appenders (every path that writes the ledger, under the run's custody
 --     locks) never wait for a lane row: a lane whose head is live is not
---     locked at all, and one that must change (nothing pending, or dormant)
---     is locked SKIP LOCKED, ascending within the statement (append.sql);
+--     locked at all, and one that must change (nothing pending) is locked
+--     SKIP LOCKED, ascending within the statement (append.sql);
 --   * relays never hold a run row while they wait: they take lane rows,
 --     waiting, in the order above (_lock_event_lanes for several lanes; one
 --     lane otherwise, or SKIP LOCKED in discovery), then the lanes' ledger

@@ -803,8 +803,8 @@ COMMENT ON FUNCTION _complete(text, integer, uuid, jsonb, jsonb) IS
 -- Lanes (ledger_lanes rows) have two kinds of holders:
 --   * appenders (every path that writes the ledger, under the run's custody
 --     locks) never wait for a lane row: a lane whose head is live is not
---     locked at all, and one that must change (nothing pending, or dormant)
---     is locked SKIP LOCKED, ascending within the statement (append.sql);
+--     locked at all, and one that must change (nothing pending) is locked
+--     SKIP LOCKED, ascending within the statement (append.sql);
 --   * relays never hold a run row while they wait: they take lane rows,
 --     waiting, in the order above (_lock_event_lanes for several lanes; one
 --     lane otherwise, or SKIP LOCKED in discovery), then the lanes' ledger
@@ -3960,10 +3960,11 @@ COMMENT ON FUNCTION fail_ledger(text, bigint[], jsonb, timestamptz, boolean) IS
 -- >>> plpgsql/ledger/ledger_next_due_at.sql
 -- ledger_next_due_at(): the earliest moment any claimable ledger work exists,
 -- for a relay deciding how long to sleep. A live lease counts as due at its
--- expiry; a blocked lane is not due (a transport-only head is, like any); NULL
--- when nothing is pending. Reads ledger_lanes (one row per run lane) through
--- ledger_lanes_available_idx: an index seek per lane, whatever the number of
--- pending events or runs. No locks.
+-- expiry; a blocked lane is not due (a transport-only head is, like any); a
+-- lane drained while a writer held its run row is due at its re-check (see
+-- _refresh_lane); NULL when nothing is pending. Reads ledger_lanes (one row
+-- per run lane) through ledger_lanes_available_idx: an index seek per lane,
+-- whatever the number of pending events or runs. No locks.
 CREATE FUNCTION ledger_next_due_at(lane text DEFAULT NULL, run_id text DEFAULT NULL)
 RETURNS timestamptz
 LANGUAGE plpgsql
