@@ -340,3 +340,35 @@ def test_a_lane_drained_during_an_open_append_is_looked_at_again(
     call(db, "ack_ledger", relay="R", run_id="r1", event_ids=[rows[0]["event_id"]])
     assert _lane(db, "r1") == (None, False, False)
     assert db.execute("SELECT runrelay.ledger_next_due_at()").fetchone() == (None,)
+
+
+@pytest.mark.parametrize("op", ["ack_ledger", "release_ledger", "requeue_ledger_event"])
+def test_an_append_that_finds_its_lane_held_by_a_relay_call_is_not_stranded(
+    db: psycopg.Connection, connect: Connect, op: str
+) -> None:
+    """A relay call holds an empty lane (a repeated ack, a stale release, a
+    requeue of an event that is not failed) in a transaction still open when
+    a producer appends to the run. The append leaves the held lane to the
+    relay, whose call refreshed it; after both commit the lane leads to the
+    new event."""
+    enqueue(db, "r1")
+    head = _lease_head(db, "r1")
+    call(db, "ack_ledger", relay="R", run_id="r1", event_ids=[head])
+    assert _lane(db, "r1") == (None, False, False)
+    relay = connect(autocommit=False)
+    if op == "ack_ledger":
+        call(relay, op, relay="R", run_id="r1", event_ids=[head])
+    elif op == "release_ledger":
+        call(relay, op, relay="R", event_ids=[head])
+    else:
+        call(relay, op, event_id=head)
+    producer = connect()
+    future = _in_thread(
+        lambda: call(producer, "append_events", run_id="r1", events=[{"type": "fact"}])
+    )
+    _wait_until_waiting(db, backend_pid(producer), future)
+    relay.commit()
+    appended = future.result(timeout=60)
+    assert _lane(db, "r1") == (appended[0]["seq"], True, False)
+    rows = call(db, "claim_ledger", relay="R")
+    assert [r["event_id"] for r in rows] == [appended[0]["event_id"]]
