@@ -1,18 +1,43 @@
 -- _append(): the one routine that writes the run ledger.
 --
--- Precondition: the caller holds the run's row lock (custody), so advancing
--- runs.ledger_seq serialises appends to one run and per-run seq order equals
--- commit order. `p_events` must come from _normalize_events() or the engine.
--- (Transitions, which advance ledger_seq in their own UPDATE of the run, use
--- _emit_lifecycle instead.)
+-- Precondition: the caller holds the run's row lock (custody), taken in an
+-- earlier statement, so advancing runs.ledger_seq serialises appends to one
+-- run and per-run seq order equals commit order. `p_events` must come from
+-- _normalize_events() or the engine. (Transitions, which advance ledger_seq
+-- in their own UPDATE of the run, use _emit_lifecycle instead.)
 --
--- Also keeps ledger_lanes current: a lane that had nothing pending gets its
--- head and becomes available now (and a runrelay_ledger notification) —
--- also when that head is transport-only, since the next claim acknowledges
--- it locally; a lane with a claimable, leased or blocked head keeps its
--- state. The upsert locks the lane row, which is what makes an append and a
--- relay's ack of the last pending event safe in either order (the ack
--- re-reads the tail after taking the lane lock).
+-- Lanes. An append also keeps ledger_lanes current, but it must not hold a
+-- lane row it does not change: a producer's transaction may stay open long
+-- after it appended, and every relay call on that lane (ack, renew, fail,
+-- release) would wait for it. So the lane rows are read without a lock and
+-- only a lane that must change is touched:
+--   * no row yet, or nothing pending (head_seq NULL): the new first event
+--     becomes the head, available now (also when it is transport-only: the
+--     next claim acknowledges it locally), with a runrelay_ledger
+--     notification;
+--   * a claimable, leased, not-yet-due, blocked or re-check head: untouched,
+--     not even locked. Whatever a relay does next to that lane, it does
+--     under the lane lock and ends with _refresh_lane.
+-- A lane that must change is locked SKIP LOCKED: an appender never waits for
+-- a lane row (custody.sql: the lane lock order). A lane a relay holds is left
+-- to that relay.
+--
+-- Why that is safe under READ COMMITTED (the race: a relay acknowledges the
+-- last pending event while this append is uncommitted, so its fresh read of
+-- the tail does not see the new event, and this append saw a live head and
+-- did not touch the lane). Relays never mark a lane empty blind:
+-- _refresh_lane first tries a share lock on the run row, SKIP LOCKED. This
+-- appender holds the run row lock from before its lane read until it
+-- commits, so while it is in flight the relay's try fails and the relay
+-- leaves the lane due for a re-check shortly after (available_at = now +
+-- _lane_recheck()), when the committed event is seen and claimed. If the
+-- relay's try succeeds, no append is in flight: one that committed before
+-- is seen by the relay's fresh re-read of the tail, and one that starts
+-- later waits for the run lock until the relay commits, so its lane read (a
+-- later statement, a later snapshot) sees the empty lane and wakes it. The
+-- same holds when this append skips a lane a relay holds: the relay's
+-- refresh either finds a live head (the new event is behind it) or fails
+-- its try and leaves the lane to be re-checked.
 CREATE FUNCTION _append(p_run_id text, p_events jsonb)
 RETURNS SETOF append_result
 LANGUAGE plpgsql
@@ -26,10 +51,9 @@ BEGIN
     IF v_count = 0 THEN
         RETURN;
     END IF;
-    -- One statement: reserve seqs, insert the events, move lane heads, notify.
-    -- ON CONFLICT ... WHERE locks a lane row that already has a live head
-    -- without rewriting it; RETURNING yields exactly the lanes that became
-    -- available.
+    -- One statement: reserve seqs, insert the events, move the lanes that
+    -- must change (see above), notify. RETURNING yields exactly the lanes
+    -- that became available.
     RETURN QUERY
     WITH bumped AS (
         UPDATE runs AS r
@@ -62,14 +86,40 @@ BEGIN
         FROM inserted AS i
         GROUP BY i.lane
     ),
-    became_available AS (
+    created AS (
+        -- A lane seen for the first time. DO NOTHING neither locks nor
+        -- waits for an existing row (lane rows are created only by
+        -- appenders, under the run lock, so none can be in flight).
         INSERT INTO ledger_lanes AS ll (run_id, lane, head_seq, available_at)
         SELECT p_run_id, f.lane, f.first_seq, v_now
         FROM firsts AS f
-        ON CONFLICT (run_id, lane) DO UPDATE
-        SET head_seq = excluded.head_seq, available_at = excluded.available_at
-        WHERE ll.head_seq IS NULL
+        ON CONFLICT (run_id, lane) DO NOTHING
         RETURNING ll.available_at
+    ),
+    must_change AS (
+        -- Empty lanes, locked without waiting; a lane whose head is live
+        -- is neither changed nor locked.
+        SELECT t.lane
+        FROM ledger_lanes AS t
+        WHERE
+            t.run_id = p_run_id
+            AND t.lane IN (SELECT f.lane FROM firsts AS f)
+            AND t.head_seq IS NULL
+        ORDER BY t.lane
+        FOR UPDATE SKIP LOCKED
+    ),
+    woken AS (
+        UPDATE ledger_lanes AS ll
+        SET head_seq = f.first_seq, available_at = v_now
+        FROM must_change AS m
+        INNER JOIN firsts AS f ON m.lane = f.lane
+        WHERE ll.run_id = p_run_id AND ll.lane = m.lane
+        RETURNING ll.available_at
+    ),
+    became_available AS (
+        SELECT c.available_at FROM created AS c
+        UNION ALL
+        SELECT w.available_at FROM woken AS w
     ),
     notified AS (
         SELECT pg_notify('runrelay_ledger', p_run_id)
@@ -92,9 +142,10 @@ COMMENT ON FUNCTION _append(text, jsonb) IS
 -- run.completed; _emit passes one). The caller holds the runs' row locks and
 -- reserved each seq with ledger_seq + 1 in its own UPDATE of the run. One
 -- statement writes the events (in array order) and moves their lanes under the
--- rule _append follows: a lane with nothing pending gets the event as its head,
--- available now (transport-only or not); a lane with a live head keeps it
--- (the conflict only locks the row).
+-- rule _append follows (see its header): a lane with nothing pending gets the
+-- event as its head, available now (transport-only or not); a lane with a
+-- live head is neither changed nor locked; lanes that must change are locked
+-- SKIP LOCKED, so this never waits for a lane row.
 CREATE FUNCTION _emit_lifecycle(
     p_run_ids text[],
     p_seqs bigint[],
@@ -125,14 +176,34 @@ BEGIN
         ORDER BY g.i
         RETURNING l.run_id, l.seq
     ),
-    lanes AS (
+    created AS (
         INSERT INTO ledger_lanes AS ll (run_id, lane, head_seq, available_at)
         SELECT e.run_id, 'lifecycle', e.seq, v_now
         FROM events AS e
-        ON CONFLICT (run_id, lane) DO UPDATE
-        SET head_seq = excluded.head_seq, available_at = excluded.available_at
-        WHERE ll.head_seq IS NULL
+        ON CONFLICT (run_id, lane) DO NOTHING
         RETURNING ll.run_id, ll.available_at
+    ),
+    must_change AS (
+        SELECT t.run_id
+        FROM ledger_lanes AS t
+        WHERE
+            t.run_id = ANY(p_run_ids) AND t.lane = 'lifecycle'
+            AND t.head_seq IS NULL
+        ORDER BY t.run_id COLLATE "C"
+        FOR UPDATE SKIP LOCKED
+    ),
+    woken AS (
+        UPDATE ledger_lanes AS ll
+        SET head_seq = e.seq, available_at = v_now
+        FROM must_change AS m
+        INNER JOIN events AS e ON m.run_id = e.run_id
+        WHERE ll.run_id = m.run_id AND ll.lane = 'lifecycle'
+        RETURNING ll.run_id, ll.available_at
+    ),
+    lanes AS (
+        SELECT c.run_id, c.available_at FROM created AS c
+        UNION ALL
+        SELECT w.run_id, w.available_at FROM woken AS w
     )
     SELECT array_agg(n.run_id) INTO v_available FROM lanes AS n WHERE n.available_at IS NOT NULL;
     PERFORM pg_notify('runrelay_ledger', a.run_id) FROM unnest(v_available) AS a (run_id);

@@ -68,15 +68,21 @@ DECLARE
     v_run_id text;
     v_woken integer := 0;
 BEGIN
+    -- The oldest due first; then woken in the lock order of runs
+    -- (custody.sql), like every path that writes several runs.
     FOR v_run_id IN
-        SELECT w.run_id
-        FROM runs AS w
-        WHERE
-            w.wake_at <= v_now
-            AND (p_queues IS NULL OR w.queue = ANY(p_queues))
-        ORDER BY w.wake_at
-        LIMIT p_limit
-        FOR UPDATE SKIP LOCKED
+        SELECT d.run_id
+        FROM (
+            SELECT w.run_id
+            FROM runs AS w
+            WHERE
+                w.wake_at <= v_now
+                AND (p_queues IS NULL OR w.queue = ANY(p_queues))
+            ORDER BY w.wake_at
+            LIMIT p_limit
+            FOR UPDATE SKIP LOCKED
+        ) AS d
+        ORDER BY d.run_id COLLATE "C"
     LOOP
         SELECT r.* INTO v_run FROM runs AS r WHERE r.run_id = v_run_id;
         -- Re-checked on the locked row: a signal or a runner terminal may have won.

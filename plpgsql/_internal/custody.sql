@@ -2,16 +2,47 @@
 --
 --   1. the advisory locks of the runs' concurrency keys, ascending by lock id
 --      (only for runs that have a key);
---   2. run rows, ascending by run_id;
---   3. attempt rows, ascending by attempt.
+--   2. run rows, ascending by run_id COLLATE "C";
+--   3. attempt rows, ascending by attempt;
+--   4. ledger_lanes rows, ascending by (run_id COLLATE "C", lane) — see below.
 --
 -- Blocking acquisitions always follow this order, so writers never deadlock.
 -- SKIP LOCKED paths (claims, the reaper, cancel_run) may try a key lock after
--- a row lock: a try never waits, so it cannot close a cycle.
+-- a row lock: a try never waits, so it cannot close a cycle. One collation,
+-- "C", for every sort that orders locks: a sort under the database's default
+-- collation can put two run_ids the other way round.
 --
 -- Why keys come first: a run that ends must promote the next run of its key
 -- (clear key_held), which locks that run's row; whoever else could hold that
 -- row would have taken the key first and is therefore not running.
+--
+-- Lanes (ledger_lanes rows) have two kinds of holders:
+--   * appenders (every path that writes the ledger, under the run's custody
+--     locks) never wait for a lane row: a lane whose head is live is not
+--     locked at all, and one that must change (nothing pending) is locked
+--     SKIP LOCKED, ascending within the statement (append.sql);
+--   * relays never hold a run row while they wait: they take lane rows,
+--     waiting, in the order above (_lock_event_lanes for several lanes; one
+--     lane otherwise, or SKIP LOCKED in discovery), then the lanes' ledger
+--     rows, and last, never waiting, a share lock on a run row (SKIP LOCKED,
+--     _refresh_lane) before they call a lane empty.
+-- So no cycle can pass through a lane: the only waits for a lane row are a
+-- relay's, in one order, behind holders that wait for nothing or for lanes
+-- further up that order.
+--
+-- The paths that lock more than one row of a kind, and their order:
+--   claim_attempts   runs SKIP LOCKED (best first), key try-locks; due waits
+--                    first (_wake_due: runs SKIP LOCKED, oldest wake_at first,
+--                    woken in run_id COLLATE "C" order); lanes as an appender.
+--   complete_attempts  keys (_lock_keys), runs in run_id COLLATE "C" order,
+--                    then per item its attempt; lanes as an appender.
+--   reap_expired     one run at a time, each by _try_lock_run (SKIP LOCKED).
+--   cancel_run       one run, SKIP LOCKED; its attempts ascending.
+--   fail_ledger, renew_ledger_lease, release_ledger, requeue_ledger_event
+--                    lanes by _lock_event_lanes (the lane order), waiting.
+--   ack_ledger, claim_ledger  one lane (discovery: one at a time, SKIP LOCKED).
+-- A caller's transaction that spans several calls composes their locks in
+-- the order it makes the calls; these guarantees are per call.
 
 -- PL/pgSQL, not SQL: a SQL function with a SET clause is never inlined and
 -- is parsed and planned again on every call (~16 us); PL/pgSQL evaluates the

@@ -1,7 +1,31 @@
--- Ledger lane bookkeeping. Lock order for relays: ledger_lanes rows (by
--- run_id, lane), then the lane's ledger rows. Appenders hold the run row and
--- then upsert the lane row; relays never lock run rows, so the two never
--- wait on each other in a cycle.
+-- Ledger lane bookkeeping.
+--
+-- Locks (the full order is in custody.sql): a relay locks ledger_lanes rows,
+-- waiting, ascending by (run_id COLLATE "C", lane), then the lanes' ledger
+-- rows; it never waits for a run row. Appenders hold the run row and never
+-- wait for a lane row: they lock only a lane that must change, SKIP LOCKED
+-- (append.sql). So an appender and a relay never wait on each other in a
+-- cycle, and an open producer transaction never holds up delivery.
+--
+-- Whoever holds a lane row lock ends with _refresh_lane on that lane before
+-- it commits: an appender that found the lane locked relies on it.
+
+-- How soon a lane is looked at again when a relay drained it while a writer
+-- held its run row (see _refresh_lane): an append that was in flight is
+-- claimable this long after it commits, at the latest.
+CREATE FUNCTION _lane_recheck()
+RETURNS interval
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    RETURN interval '200 milliseconds';
+END;
+$$;
+
+COMMENT ON FUNCTION _lane_recheck() IS
+'How soon a lane drained while its run row was busy is looked at again.';
 
 CREATE FUNCTION _check_lane(p_lane text)
 RETURNS void
@@ -41,7 +65,10 @@ $$;
 COMMENT ON FUNCTION _check_event_ids(bigint[]) IS
 'Validates an event_ids argument: not null, no null element, at most 10000 ids.';
 
--- Lock the lane rows of the given events in (run_id, lane) order, waiting.
+-- Lock the lane rows of the given events, waiting, in the one lane order
+-- (run_id COLLATE "C", lane): every relay call that locks several lanes
+-- comes through here, so two of them never deadlock, whatever the database's
+-- default collation.
 CREATE FUNCTION _lock_event_lanes(p_event_ids bigint[])
 RETURNS void
 LANGUAGE plpgsql
@@ -54,13 +81,13 @@ BEGIN
     WHERE (ll.run_id, ll.lane) IN (
         SELECT l.run_id, l.lane FROM ledger AS l WHERE l.event_id = ANY(p_event_ids)
     )
-    ORDER BY ll.run_id, ll.lane
+    ORDER BY ll.run_id COLLATE "C", ll.lane
     FOR UPDATE OF ll;
 END;
 $$;
 
 COMMENT ON FUNCTION _lock_event_lanes(bigint[]) IS
-'Locks the ledger_lanes rows of the given events in (run_id, lane) order.';
+'Locks the ledger_lanes rows of the given events in the lane order (run_id COLLATE "C", lane).';
 
 -- Recompute a lane's head and availability after its events changed. The
 -- caller holds the lane row lock; this reads the tail in a fresh snapshot,
@@ -69,6 +96,16 @@ COMMENT ON FUNCTION _lock_event_lanes(bigint[]) IS
 -- happens — empty, or blocked by a failed head). A transport-only head is
 -- available like any other, at its due time, successor or not: the claim
 -- that comes for it acknowledges it locally, so it never rests as pending.
+--
+-- Empty is decided only with the run row share-locked: appenders do not lock
+-- a lane whose head is live (append.sql), so an append still in flight is
+-- invisible here and would be stranded behind an empty lane. The share lock
+-- is tried SKIP LOCKED, never waited for: when a writer holds the run row
+-- (possibly appending), the lane stays due a moment later (_lane_recheck)
+-- with its head where it was, to be looked at again once that writer is
+-- done. When the try succeeds, the tail is read again: an append that
+-- committed meanwhile is seen, and one that has not started waits for the
+-- run row until this transaction ends, then finds the lane empty.
 CREATE FUNCTION _refresh_lane(p_run_id text, p_lane text, p_from bigint DEFAULT NULL)
 RETURNS timestamptz
 LANGUAGE plpgsql
@@ -78,29 +115,43 @@ AS $$
 DECLARE
     v_head ledger;
     v_available timestamptz;
-    v_blocked boolean := FALSE;
+    v_blocked boolean;
     v_from bigint;
+    v_run_locked boolean := FALSE;
 BEGIN
     -- The head only moves forward: the recorded one bounds the scan.
     SELECT greatest(ll.head_seq, p_from, 0) INTO v_from
     FROM ledger_lanes AS ll
     WHERE ll.run_id = p_run_id AND ll.lane = p_lane;
-    SELECT l.* INTO v_head
-    FROM ledger AS l
-    WHERE
-        l.run_id = p_run_id AND l.lane = p_lane AND l.state <> 'delivered'
-        AND l.seq >= v_from
-    ORDER BY l.seq
-    LIMIT 1;
-    IF v_head.event_id IS NULL THEN
+    LOOP
         v_available := NULL;
-    ELSIF v_head.state = 'failed' THEN
-        v_blocked := TRUE;
-    ELSIF v_head.state = 'leased' THEN
-        v_available := v_head.lease_expires_at;
-    ELSE
-        v_available := v_head.next_attempt_at;
-    END IF;
+        v_blocked := FALSE;
+        SELECT l.* INTO v_head
+        FROM ledger AS l
+        WHERE
+            l.run_id = p_run_id AND l.lane = p_lane AND l.state <> 'delivered'
+            AND l.seq >= v_from
+        ORDER BY l.seq
+        LIMIT 1;
+        IF v_head.event_id IS NULL THEN
+            v_available := NULL;
+        ELSIF v_head.state = 'failed' THEN
+            v_blocked := TRUE;
+        ELSIF v_head.state = 'leased' THEN
+            v_available := v_head.lease_expires_at;
+        ELSE
+            v_available := v_head.next_attempt_at;
+        END IF;
+        EXIT WHEN v_head.event_id IS NOT NULL OR v_run_locked;
+        -- Empty: only with the run row share-locked (see above).
+        PERFORM 1 FROM runs AS r WHERE r.run_id = p_run_id FOR SHARE SKIP LOCKED;
+        IF NOT FOUND THEN
+            v_available := _now() + _lane_recheck();
+            v_head.seq := v_from;
+            EXIT;
+        END IF;
+        v_run_locked := TRUE;
+    END LOOP;
     UPDATE ledger_lanes AS ll
     SET head_seq = v_head.seq, available_at = v_available, blocked = v_blocked
     WHERE

@@ -140,6 +140,10 @@ BEGIN
                     OR l.lease_owner = ack_ledger.relay
                 )
             ORDER BY l.seq;
+            -- Whoever holds a lane lock refreshes the lane before it commits
+            -- (an append that found it locked left it to us); on a lane that
+            -- is current this changes nothing.
+            PERFORM _refresh_lane(ack_ledger.run_id, v_lane);
             RETURN;
         END IF;
     END IF;

@@ -1,9 +1,10 @@
 -- ledger_next_due_at(): the earliest moment any claimable ledger work exists,
 -- for a relay deciding how long to sleep. A live lease counts as due at its
--- expiry; a blocked lane is not due (a transport-only head is, like any); NULL
--- when nothing is pending. Reads ledger_lanes (one row per run lane) through
--- ledger_lanes_available_idx: an index seek per lane, whatever the number of
--- pending events or runs. No locks.
+-- expiry; a blocked lane is not due (a transport-only head is, like any); a
+-- lane drained while a writer held its run row is due at its re-check (see
+-- _refresh_lane); NULL when nothing is pending. Reads ledger_lanes (one row
+-- per run lane) through ledger_lanes_available_idx: an index seek per lane,
+-- whatever the number of pending events or runs. No locks.
 CREATE FUNCTION ledger_next_due_at(lane text DEFAULT NULL, run_id text DEFAULT NULL)
 RETURNS timestamptz
 LANGUAGE plpgsql

@@ -2,7 +2,8 @@
 --
 -- The event becomes pending and due now, with delivery_attempts reset (its
 -- last_error is kept for the record); its lane is unblocked. Returns true if
--- the event was failed, false otherwise (nothing changes). Locks the lane row.
+-- the event was failed, false otherwise (the event is unchanged). Locks the
+-- lane row.
 CREATE FUNCTION requeue_ledger_event(event_id bigint)
 RETURNS boolean
 LANGUAGE plpgsql
@@ -25,11 +26,10 @@ BEGIN
     -- itself would let a stale-statistics plan walk ledger_pending_idx.
     WHERE l.event_id = requeue_ledger_event.event_id AND l.failed_at IS NOT NULL
     RETURNING l.* INTO v_event;
-    IF v_event.event_id IS NULL THEN
-        RETURN FALSE;
-    END IF;
-    PERFORM _refresh_event_lanes(ARRAY[v_event.event_id]);
-    RETURN TRUE;
+    -- Refreshed even when nothing was requeued: whoever holds a lane lock
+    -- refreshes it (an appender may have left the lane to us).
+    PERFORM _refresh_event_lanes(ARRAY[requeue_ledger_event.event_id]);
+    RETURN v_event.event_id IS NOT NULL;
 END;
 $$;
 

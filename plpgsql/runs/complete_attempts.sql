@@ -3,8 +3,9 @@
 -- items: [{run_id, attempt, lease_token, result?}, ...], at most 1000, one
 -- item per run. Each item is fenced and decided exactly as complete_attempt
 -- would, independently of the others. Locks: every key lock of the batch in
--- lock-id order, then the run rows in run_id order (then attempt rows, one
--- run at a time), so concurrent batches (and single calls) never deadlock.
+-- lock-id order, then the run rows in run_id COLLATE "C" order (then attempt
+-- rows, one run at a time), so concurrent batches (and single calls) never
+-- deadlock; lanes as every appender takes them, never waiting (custody.sql).
 --
 -- Set-based: the items that plainly pass the fence (the token matches the
 -- run's current, running attempt; no cancel marker; no concurrency key; not a
@@ -125,9 +126,9 @@ BEGIN
         RETURNING r.run_id, r.ledger_seq AS seq, f.attempt, f.result
     )
     SELECT
-        array_agg(d.run_id ORDER BY d.run_id),
-        array_agg(d.seq ORDER BY d.run_id),
-        array_agg(jsonb_build_object('attempt', d.attempt, 'result', d.result) ORDER BY d.run_id)
+        array_agg(d.run_id ORDER BY d.run_id COLLATE "C"),
+        array_agg(d.seq ORDER BY d.run_id COLLATE "C"),
+        array_agg(jsonb_build_object('attempt', d.attempt, 'result', d.result) ORDER BY d.run_id COLLATE "C")
     INTO v_fast, v_seqs, v_payloads
     FROM runs_done AS d;
 

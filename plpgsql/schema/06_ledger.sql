@@ -76,12 +76,15 @@ WHERE call_id IS NOT NULL;
 
 -- One row per (run, lane) that has undelivered events: where its head is and
 -- when it can next be claimed. Relays discover work here (one row per run,
--- never per event) and lock the lane row, not the run row, so delivery never
--- contends with the run's workers.
+-- never per event) and lock the lane row, not the run row; appenders lock a
+-- lane row only to change it, never waiting (custody.sql), so delivery does
+-- not wait for the run's workers or producers.
 --
 -- available_at: null when the lane has nothing pending or its head failed
 -- (blocked); otherwise the moment its head becomes claimable (its creation,
--- its retry time, or the expiry of its lease).
+-- its retry time, or the expiry of its lease), or, for a lane a relay drained
+-- while a writer held the run row, the moment to look at it again
+-- (_refresh_lane).
 CREATE TABLE ledger_lanes (
     run_id text NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
     lane text NOT NULL,

@@ -119,3 +119,81 @@ def check_database(conn: psycopg.Connection) -> dict[str, int]:
             assert status == FINAL[state], (run_id, status, history[run_id])
         statuses[status] += 1
     return dict(statuses)
+
+
+def check_lanes(conn: psycopg.Connection) -> None:
+    """Assert every run lane's ledger_lanes row leads to its pending tail: no
+    event is stranded behind a lane that says there is nothing to do."""
+    bad = conn.execute(
+        """
+        SELECT p.run_id, p.lane, p.seq, p.state, p.transport_only,
+               ll.head_seq, ll.available_at, ll.blocked
+        FROM (
+            SELECT DISTINCT ON (l.run_id, l.lane) l.run_id, l.lane, l.seq, l.state,
+                   l.transport_only,
+                   EXISTS (SELECT 1 FROM runrelay.ledger AS n
+                           WHERE n.run_id = l.run_id AND n.lane = l.lane
+                             AND n.state <> 'delivered' AND n.seq > l.seq) AS has_next
+            FROM runrelay.ledger AS l
+            WHERE l.state <> 'delivered'
+            ORDER BY l.run_id, l.lane, l.seq
+        ) AS p
+        LEFT JOIN runrelay.ledger_lanes AS ll ON ll.run_id = p.run_id AND ll.lane = p.lane
+        WHERE ll.run_id IS NULL
+           OR ll.head_seq IS NULL
+           OR ll.head_seq > p.seq
+           OR (p.state = 'failed') <> ll.blocked
+           OR (p.state <> 'failed' AND ll.available_at IS NULL
+               AND NOT (p.transport_only AND NOT p.has_next))
+        """
+    ).fetchall()
+    assert bad == [], f"lanes that do not lead to their pending head: {bad[:5]}"
+
+
+def drain_ledger(conn: psycopg.Connection, relay: str = "drain") -> int:
+    """Deliver everything a relay can claim, as a relay discovering due lanes
+    two hours from now (every lease lapsed, every retry and re-check due);
+    return how many events it delivered. A discovery call looks at ten lanes
+    at most, so only a few empty answers in a row mean the ledger is drained."""
+    delivered = 0
+    with conn.transaction():
+        conn.execute("SET LOCAL runrelay.clock_offset = '2 hours'")
+        for lane in ("lifecycle", "observability"):
+            empty = 0
+            while empty < 20:
+                rows = conn.execute(
+                    "SELECT event_id, run_id, kind FROM runrelay.claim_ledger("
+                    " relay => %s, lane => %s, max_events => 100, batch => true)",
+                    [relay, lane],
+                ).fetchall()
+                empty = 0 if rows else empty + 1
+                ids = [r[0] for r in rows if r[2] == "claimed"]
+                if ids:
+                    conn.execute(
+                        "SELECT count(*) FROM runrelay.ack_ledger("
+                        " relay => %s, run_id => %s, event_ids => %s)",
+                        [relay, rows[0][1], ids],
+                    )
+                delivered += len(rows)
+    return delivered
+
+
+def check_drained(conn: psycopg.Connection) -> None:
+    """After drain_ledger: every event still pending is at or behind a failed
+    one, or a transport-only head whose successor is failed or missing."""
+    bad = conn.execute(
+        """
+        SELECT l.run_id, l.lane, l.seq, l.state FROM runrelay.ledger AS l
+        WHERE l.state <> 'delivered'
+          AND NOT EXISTS (SELECT 1 FROM runrelay.ledger AS f
+                          WHERE f.run_id = l.run_id AND f.lane = l.lane
+                            AND f.state = 'failed' AND f.seq <= l.seq)
+          AND NOT (l.transport_only AND coalesce((
+                       SELECT n.state = 'failed' FROM runrelay.ledger AS n
+                       WHERE n.run_id = l.run_id AND n.lane = l.lane
+                         AND n.state <> 'delivered' AND n.seq > l.seq
+                       ORDER BY n.seq LIMIT 1), true))
+        ORDER BY l.run_id, l.lane, l.seq
+        """
+    ).fetchall()
+    assert bad == [], f"events no relay could claim: {bad[:5]}"

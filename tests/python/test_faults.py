@@ -47,6 +47,7 @@ from faults import (
     wait_for,
     wait_until_waiting,
 )
+from lifecycle import check_drained, check_lanes, drain_ledger
 from runrelay import LockTimeout, StatementTimeout
 from runrelay.errors import RunrelayError
 from sqlapi import call, claim_one, enqueue, events, fenced, run_row, scalar
@@ -1116,13 +1117,39 @@ class Chaos:
 
     # relay ------------------------------------------------------------------
     def op_relay(self) -> None:
+        """Lease the heads of one run, or of several (a relay serving several
+        runs at once); several are then renewed, released or failed together
+        in one call, or delivered and acknowledged run by run."""
         lane = self.rng.choice(["lifecycle", "observability"])
         batch = self.rng.random() < 0.6
-        rows = self.client.claim_ledger(
-            self.name, lane, max_events=self.rng.randint(1, 6), lease_seconds=5,
-            batch=batch, call_id=uuid.uuid4(),
-        )  # fmt: skip
-        claimed = [e for e in rows if e.kind == "claimed"]
+        held: list[list[Any]] = []
+        for _ in range(self.rng.choice([1, 1, 2, 3])):
+            rows = self.client.claim_ledger(
+                self.name, lane, max_events=self.rng.randint(1, 6), lease_seconds=5,
+                batch=batch, call_id=uuid.uuid4(),
+            )  # fmt: skip
+            claimed = [e for e in rows if e.kind == "claimed"]
+            if claimed:
+                held.append(claimed)
+        if len(held) > 1:
+            ids = [e.event_id for claimed in held for e in claimed]
+            roll = self.rng.random()
+            if roll < 0.1:
+                self.client.release_ledger(self.name, ids)
+                return
+            if roll < 0.2:
+                failed = self.client.fail_ledger(
+                    self.name, ids, {"by": self.name}, retry_at=RETRY_NOW,
+                    permanent=self.rng.random() < 0.3,
+                )  # fmt: skip
+                self.shared["blocked"].extend(f.event_id for f in failed if f.outcome == "blocked")
+                return
+            if roll < 0.4:
+                self.client.renew_ledger_lease(self.name, ids, 5)
+        for claimed in held:
+            self._deliver(lane, batch, claimed)
+
+    def _deliver(self, lane: str, batch: bool, claimed: list[Any]) -> None:
         for _ in range(3):
             if not claimed:
                 return
@@ -1206,6 +1233,10 @@ def test_random_operations_with_faults(
     report.counters["faults"] = faults
     record_figures(f"random mix ({n} connections)", seconds, operations, faults, report)
     assert report.violations == [], str(report)
+    # Every lane still leads to its pending events, and a relay gets them all.
+    check_lanes(db)
+    drain_ledger(db)
+    check_drained(db)
     for counter in (
         "takeovers",
         "cancels_won",

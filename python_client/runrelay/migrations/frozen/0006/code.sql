@@ -50,19 +50,44 @@ CREATE TYPE ack_ledger_result AS (
 -- >>> plpgsql/_internal/append.sql
 -- _append(): the one routine that writes the run ledger.
 --
--- Precondition: the caller holds the run's row lock (custody), so advancing
--- runs.ledger_seq serialises appends to one run and per-run seq order equals
--- commit order. `p_events` must come from _normalize_events() or the engine.
--- (Transitions, which advance ledger_seq in their own UPDATE of the run, use
--- _emit_lifecycle instead.)
+-- Precondition: the caller holds the run's row lock (custody), taken in an
+-- earlier statement, so advancing runs.ledger_seq serialises appends to one
+-- run and per-run seq order equals commit order. `p_events` must come from
+-- _normalize_events() or the engine. (Transitions, which advance ledger_seq
+-- in their own UPDATE of the run, use _emit_lifecycle instead.)
 --
--- Also keeps ledger_lanes current: a lane that had nothing pending gets its
--- head and becomes available now (and a runrelay_ledger notification) —
--- also when that head is transport-only, since the next claim acknowledges
--- it locally; a lane with a claimable, leased or blocked head keeps its
--- state. The upsert locks the lane row, which is what makes an append and a
--- relay's ack of the last pending event safe in either order (the ack
--- re-reads the tail after taking the lane lock).
+-- Lanes. An append also keeps ledger_lanes current, but it must not hold a
+-- lane row it does not change: a producer's transaction may stay open long
+-- after it appended, and every relay call on that lane (ack, renew, fail,
+-- release) would wait for it. So the lane rows are read without a lock and
+-- only a lane that must change is touched:
+--   * no row yet, or nothing pending (head_seq NULL): the new first event
+--     becomes the head, available now (also when it is transport-only: the
+--     next claim acknowledges it locally), with a runrelay_ledger
+--     notification;
+--   * a claimable, leased, not-yet-due, blocked or re-check head: untouched,
+--     not even locked. Whatever a relay does next to that lane, it does
+--     under the lane lock and ends with _refresh_lane.
+-- A lane that must change is locked SKIP LOCKED: an appender never waits for
+-- a lane row (custody.sql: the lane lock order). A lane a relay holds is left
+-- to that relay.
+--
+-- Why that is safe under READ COMMITTED (the race: a relay acknowledges the
+-- last pending event while this append is uncommitted, so its fresh read of
+-- the tail does not see the new event, and this append saw a live head and
+-- did not touch the lane). Relays never mark a lane empty blind:
+-- _refresh_lane first tries a share lock on the run row, SKIP LOCKED. This
+-- appender holds the run row lock from before its lane read until it
+-- commits, so while it is in flight the relay's try fails and the relay
+-- leaves the lane due for a re-check shortly after (available_at = now +
+-- _lane_recheck()), when the committed event is seen and claimed. If the
+-- relay's try succeeds, no append is in flight: one that committed before
+-- is seen by the relay's fresh re-read of the tail, and one that starts
+-- later waits for the run lock until the relay commits, so its lane read (a
+-- later statement, a later snapshot) sees the empty lane and wakes it. The
+-- same holds when this append skips a lane a relay holds: the relay's
+-- refresh either finds a live head (the new event is behind it) or fails
+-- its try and leaves the lane to be re-checked.
 CREATE FUNCTION _append(p_run_id text, p_events jsonb)
 RETURNS SETOF append_result
 LANGUAGE plpgsql
@@ -76,10 +101,9 @@ BEGIN
     IF v_count = 0 THEN
         RETURN;
     END IF;
-    -- One statement: reserve seqs, insert the events, move lane heads, notify.
-    -- ON CONFLICT ... WHERE locks a lane row that already has a live head
-    -- without rewriting it; RETURNING yields exactly the lanes that became
-    -- available.
+    -- One statement: reserve seqs, insert the events, move the lanes that
+    -- must change (see above), notify. RETURNING yields exactly the lanes
+    -- that became available.
     RETURN QUERY
     WITH bumped AS (
         UPDATE runs AS r
@@ -112,14 +136,40 @@ BEGIN
         FROM inserted AS i
         GROUP BY i.lane
     ),
-    became_available AS (
+    created AS (
+        -- A lane seen for the first time. DO NOTHING neither locks nor
+        -- waits for an existing row (lane rows are created only by
+        -- appenders, under the run lock, so none can be in flight).
         INSERT INTO ledger_lanes AS ll (run_id, lane, head_seq, available_at)
         SELECT p_run_id, f.lane, f.first_seq, v_now
         FROM firsts AS f
-        ON CONFLICT (run_id, lane) DO UPDATE
-        SET head_seq = excluded.head_seq, available_at = excluded.available_at
-        WHERE ll.head_seq IS NULL
+        ON CONFLICT (run_id, lane) DO NOTHING
         RETURNING ll.available_at
+    ),
+    must_change AS (
+        -- Empty lanes, locked without waiting; a lane whose head is live
+        -- is neither changed nor locked.
+        SELECT t.lane
+        FROM ledger_lanes AS t
+        WHERE
+            t.run_id = p_run_id
+            AND t.lane IN (SELECT f.lane FROM firsts AS f)
+            AND t.head_seq IS NULL
+        ORDER BY t.lane
+        FOR UPDATE SKIP LOCKED
+    ),
+    woken AS (
+        UPDATE ledger_lanes AS ll
+        SET head_seq = f.first_seq, available_at = v_now
+        FROM must_change AS m
+        INNER JOIN firsts AS f ON m.lane = f.lane
+        WHERE ll.run_id = p_run_id AND ll.lane = m.lane
+        RETURNING ll.available_at
+    ),
+    became_available AS (
+        SELECT c.available_at FROM created AS c
+        UNION ALL
+        SELECT w.available_at FROM woken AS w
     ),
     notified AS (
         SELECT pg_notify('runrelay_ledger', p_run_id)
@@ -142,9 +192,10 @@ COMMENT ON FUNCTION _append(text, jsonb) IS
 -- run.completed; _emit passes one). The caller holds the runs' row locks and
 -- reserved each seq with ledger_seq + 1 in its own UPDATE of the run. One
 -- statement writes the events (in array order) and moves their lanes under the
--- rule _append follows: a lane with nothing pending gets the event as its head,
--- available now (transport-only or not); a lane with a live head keeps it
--- (the conflict only locks the row).
+-- rule _append follows (see its header): a lane with nothing pending gets the
+-- event as its head, available now (transport-only or not); a lane with a
+-- live head is neither changed nor locked; lanes that must change are locked
+-- SKIP LOCKED, so this never waits for a lane row.
 CREATE FUNCTION _emit_lifecycle(
     p_run_ids text[],
     p_seqs bigint[],
@@ -175,14 +226,34 @@ BEGIN
         ORDER BY g.i
         RETURNING l.run_id, l.seq
     ),
-    lanes AS (
+    created AS (
         INSERT INTO ledger_lanes AS ll (run_id, lane, head_seq, available_at)
         SELECT e.run_id, 'lifecycle', e.seq, v_now
         FROM events AS e
-        ON CONFLICT (run_id, lane) DO UPDATE
-        SET head_seq = excluded.head_seq, available_at = excluded.available_at
-        WHERE ll.head_seq IS NULL
+        ON CONFLICT (run_id, lane) DO NOTHING
         RETURNING ll.run_id, ll.available_at
+    ),
+    must_change AS (
+        SELECT t.run_id
+        FROM ledger_lanes AS t
+        WHERE
+            t.run_id = ANY(p_run_ids) AND t.lane = 'lifecycle'
+            AND t.head_seq IS NULL
+        ORDER BY t.run_id COLLATE "C"
+        FOR UPDATE SKIP LOCKED
+    ),
+    woken AS (
+        UPDATE ledger_lanes AS ll
+        SET head_seq = e.seq, available_at = v_now
+        FROM must_change AS m
+        INNER JOIN events AS e ON m.run_id = e.run_id
+        WHERE ll.run_id = m.run_id AND ll.lane = 'lifecycle'
+        RETURNING ll.run_id, ll.available_at
+    ),
+    lanes AS (
+        SELECT c.run_id, c.available_at FROM created AS c
+        UNION ALL
+        SELECT w.run_id, w.available_at FROM woken AS w
     )
     SELECT array_agg(n.run_id) INTO v_available FROM lanes AS n WHERE n.available_at IS NOT NULL;
     PERFORM pg_notify('runrelay_ledger', a.run_id) FROM unnest(v_available) AS a (run_id);
@@ -411,15 +482,21 @@ DECLARE
     v_run_id text;
     v_woken integer := 0;
 BEGIN
+    -- The oldest due first; then woken in the lock order of runs
+    -- (custody.sql), like every path that writes several runs.
     FOR v_run_id IN
-        SELECT w.run_id
-        FROM runs AS w
-        WHERE
-            w.wake_at <= v_now
-            AND (p_queues IS NULL OR w.queue = ANY(p_queues))
-        ORDER BY w.wake_at
-        LIMIT p_limit
-        FOR UPDATE SKIP LOCKED
+        SELECT d.run_id
+        FROM (
+            SELECT w.run_id
+            FROM runs AS w
+            WHERE
+                w.wake_at <= v_now
+                AND (p_queues IS NULL OR w.queue = ANY(p_queues))
+            ORDER BY w.wake_at
+            LIMIT p_limit
+            FOR UPDATE SKIP LOCKED
+        ) AS d
+        ORDER BY d.run_id COLLATE "C"
     LOOP
         SELECT r.* INTO v_run FROM runs AS r WHERE r.run_id = v_run_id;
         -- Re-checked on the locked row: a signal or a runner terminal may have won.
@@ -709,16 +786,47 @@ COMMENT ON FUNCTION _complete(text, integer, uuid, jsonb, jsonb) IS
 --
 --   1. the advisory locks of the runs' concurrency keys, ascending by lock id
 --      (only for runs that have a key);
---   2. run rows, ascending by run_id;
---   3. attempt rows, ascending by attempt.
+--   2. run rows, ascending by run_id COLLATE "C";
+--   3. attempt rows, ascending by attempt;
+--   4. ledger_lanes rows, ascending by (run_id COLLATE "C", lane) — see below.
 --
 -- Blocking acquisitions always follow this order, so writers never deadlock.
 -- SKIP LOCKED paths (claims, the reaper, cancel_run) may try a key lock after
--- a row lock: a try never waits, so it cannot close a cycle.
+-- a row lock: a try never waits, so it cannot close a cycle. One collation,
+-- "C", for every sort that orders locks: a sort under the database's default
+-- collation can put two run_ids the other way round.
 --
 -- Why keys come first: a run that ends must promote the next run of its key
 -- (clear key_held), which locks that run's row; whoever else could hold that
 -- row would have taken the key first and is therefore not running.
+--
+-- Lanes (ledger_lanes rows) have two kinds of holders:
+--   * appenders (every path that writes the ledger, under the run's custody
+--     locks) never wait for a lane row: a lane whose head is live is not
+--     locked at all, and one that must change (nothing pending) is locked
+--     SKIP LOCKED, ascending within the statement (append.sql);
+--   * relays never hold a run row while they wait: they take lane rows,
+--     waiting, in the order above (_lock_event_lanes for several lanes; one
+--     lane otherwise, or SKIP LOCKED in discovery), then the lanes' ledger
+--     rows, and last, never waiting, a share lock on a run row (SKIP LOCKED,
+--     _refresh_lane) before they call a lane empty.
+-- So no cycle can pass through a lane: the only waits for a lane row are a
+-- relay's, in one order, behind holders that wait for nothing or for lanes
+-- further up that order.
+--
+-- The paths that lock more than one row of a kind, and their order:
+--   claim_attempts   runs SKIP LOCKED (best first), key try-locks; due waits
+--                    first (_wake_due: runs SKIP LOCKED, oldest wake_at first,
+--                    woken in run_id COLLATE "C" order); lanes as an appender.
+--   complete_attempts  keys (_lock_keys), runs in run_id COLLATE "C" order,
+--                    then per item its attempt; lanes as an appender.
+--   reap_expired     one run at a time, each by _try_lock_run (SKIP LOCKED).
+--   cancel_run       one run, SKIP LOCKED; its attempts ascending.
+--   fail_ledger, renew_ledger_lease, release_ledger, requeue_ledger_event
+--                    lanes by _lock_event_lanes (the lane order), waiting.
+--   ack_ledger, claim_ledger  one lane (discovery: one at a time, SKIP LOCKED).
+-- A caller's transaction that spans several calls composes their locks in
+-- the order it makes the calls; these guarantees are per call.
 
 -- PL/pgSQL, not SQL: a SQL function with a SET clause is never inlined and
 -- is parsed and planned again on every call (~16 us); PL/pgSQL evaluates the
@@ -994,10 +1102,34 @@ COMMENT ON FUNCTION _fence(runs, attempts, uuid, text) IS
 'The write fence: NULL to proceed, else fence_lost, cancelled, or the outcome an earlier identical call recorded.';
 
 -- >>> plpgsql/_internal/ledger_lanes.sql
--- Ledger lane bookkeeping. Lock order for relays: ledger_lanes rows (by
--- run_id, lane), then the lane's ledger rows. Appenders hold the run row and
--- then upsert the lane row; relays never lock run rows, so the two never
--- wait on each other in a cycle.
+-- Ledger lane bookkeeping.
+--
+-- Locks (the full order is in custody.sql): a relay locks ledger_lanes rows,
+-- waiting, ascending by (run_id COLLATE "C", lane), then the lanes' ledger
+-- rows; it never waits for a run row. Appenders hold the run row and never
+-- wait for a lane row: they lock only a lane that must change, SKIP LOCKED
+-- (append.sql). So an appender and a relay never wait on each other in a
+-- cycle, and an open producer transaction never holds up delivery.
+--
+-- Whoever holds a lane row lock ends with _refresh_lane on that lane before
+-- it commits: an appender that found the lane locked relies on it.
+
+-- How soon a lane is looked at again when a relay drained it while a writer
+-- held its run row (see _refresh_lane): an append that was in flight is
+-- claimable this long after it commits, at the latest.
+CREATE FUNCTION _lane_recheck()
+RETURNS interval
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    RETURN interval '200 milliseconds';
+END;
+$$;
+
+COMMENT ON FUNCTION _lane_recheck() IS
+'How soon a lane drained while its run row was busy is looked at again.';
 
 CREATE FUNCTION _check_lane(p_lane text)
 RETURNS void
@@ -1037,7 +1169,10 @@ $$;
 COMMENT ON FUNCTION _check_event_ids(bigint[]) IS
 'Validates an event_ids argument: not null, no null element, at most 10000 ids.';
 
--- Lock the lane rows of the given events in (run_id, lane) order, waiting.
+-- Lock the lane rows of the given events, waiting, in the one lane order
+-- (run_id COLLATE "C", lane): every relay call that locks several lanes
+-- comes through here, so two of them never deadlock, whatever the database's
+-- default collation.
 CREATE FUNCTION _lock_event_lanes(p_event_ids bigint[])
 RETURNS void
 LANGUAGE plpgsql
@@ -1050,13 +1185,13 @@ BEGIN
     WHERE (ll.run_id, ll.lane) IN (
         SELECT l.run_id, l.lane FROM ledger AS l WHERE l.event_id = ANY(p_event_ids)
     )
-    ORDER BY ll.run_id, ll.lane
+    ORDER BY ll.run_id COLLATE "C", ll.lane
     FOR UPDATE OF ll;
 END;
 $$;
 
 COMMENT ON FUNCTION _lock_event_lanes(bigint[]) IS
-'Locks the ledger_lanes rows of the given events in (run_id, lane) order.';
+'Locks the ledger_lanes rows of the given events in the lane order (run_id COLLATE "C", lane).';
 
 -- Recompute a lane's head and availability after its events changed. The
 -- caller holds the lane row lock; this reads the tail in a fresh snapshot,
@@ -1065,6 +1200,16 @@ COMMENT ON FUNCTION _lock_event_lanes(bigint[]) IS
 -- happens — empty, or blocked by a failed head). A transport-only head is
 -- available like any other, at its due time, successor or not: the claim
 -- that comes for it acknowledges it locally, so it never rests as pending.
+--
+-- Empty is decided only with the run row share-locked: appenders do not lock
+-- a lane whose head is live (append.sql), so an append still in flight is
+-- invisible here and would be stranded behind an empty lane. The share lock
+-- is tried SKIP LOCKED, never waited for: when a writer holds the run row
+-- (possibly appending), the lane stays due a moment later (_lane_recheck)
+-- with its head where it was, to be looked at again once that writer is
+-- done. When the try succeeds, the tail is read again: an append that
+-- committed meanwhile is seen, and one that has not started waits for the
+-- run row until this transaction ends, then finds the lane empty.
 CREATE FUNCTION _refresh_lane(p_run_id text, p_lane text, p_from bigint DEFAULT NULL)
 RETURNS timestamptz
 LANGUAGE plpgsql
@@ -1074,29 +1219,43 @@ AS $$
 DECLARE
     v_head ledger;
     v_available timestamptz;
-    v_blocked boolean := FALSE;
+    v_blocked boolean;
     v_from bigint;
+    v_run_locked boolean := FALSE;
 BEGIN
     -- The head only moves forward: the recorded one bounds the scan.
     SELECT greatest(ll.head_seq, p_from, 0) INTO v_from
     FROM ledger_lanes AS ll
     WHERE ll.run_id = p_run_id AND ll.lane = p_lane;
-    SELECT l.* INTO v_head
-    FROM ledger AS l
-    WHERE
-        l.run_id = p_run_id AND l.lane = p_lane AND l.state <> 'delivered'
-        AND l.seq >= v_from
-    ORDER BY l.seq
-    LIMIT 1;
-    IF v_head.event_id IS NULL THEN
+    LOOP
         v_available := NULL;
-    ELSIF v_head.state = 'failed' THEN
-        v_blocked := TRUE;
-    ELSIF v_head.state = 'leased' THEN
-        v_available := v_head.lease_expires_at;
-    ELSE
-        v_available := v_head.next_attempt_at;
-    END IF;
+        v_blocked := FALSE;
+        SELECT l.* INTO v_head
+        FROM ledger AS l
+        WHERE
+            l.run_id = p_run_id AND l.lane = p_lane AND l.state <> 'delivered'
+            AND l.seq >= v_from
+        ORDER BY l.seq
+        LIMIT 1;
+        IF v_head.event_id IS NULL THEN
+            v_available := NULL;
+        ELSIF v_head.state = 'failed' THEN
+            v_blocked := TRUE;
+        ELSIF v_head.state = 'leased' THEN
+            v_available := v_head.lease_expires_at;
+        ELSE
+            v_available := v_head.next_attempt_at;
+        END IF;
+        EXIT WHEN v_head.event_id IS NOT NULL OR v_run_locked;
+        -- Empty: only with the run row share-locked (see above).
+        PERFORM 1 FROM runs AS r WHERE r.run_id = p_run_id FOR SHARE SKIP LOCKED;
+        IF NOT FOUND THEN
+            v_available := _now() + _lane_recheck();
+            v_head.seq := v_from;
+            EXIT;
+        END IF;
+        v_run_locked := TRUE;
+    END LOOP;
     UPDATE ledger_lanes AS ll
     SET head_seq = v_head.seq, available_at = v_available, blocked = v_blocked
     WHERE
@@ -2327,8 +2486,9 @@ COMMENT ON FUNCTION complete_attempt(text, integer, uuid, jsonb, jsonb) IS
 -- items: [{run_id, attempt, lease_token, result?}, ...], at most 1000, one
 -- item per run. Each item is fenced and decided exactly as complete_attempt
 -- would, independently of the others. Locks: every key lock of the batch in
--- lock-id order, then the run rows in run_id order (then attempt rows, one
--- run at a time), so concurrent batches (and single calls) never deadlock.
+-- lock-id order, then the run rows in run_id COLLATE "C" order (then attempt
+-- rows, one run at a time), so concurrent batches (and single calls) never
+-- deadlock; lanes as every appender takes them, never waiting (custody.sql).
 --
 -- Set-based: the items that plainly pass the fence (the token matches the
 -- run's current, running attempt; no cancel marker; no concurrency key; not a
@@ -2449,9 +2609,9 @@ BEGIN
         RETURNING r.run_id, r.ledger_seq AS seq, f.attempt, f.result
     )
     SELECT
-        array_agg(d.run_id ORDER BY d.run_id),
-        array_agg(d.seq ORDER BY d.run_id),
-        array_agg(jsonb_build_object('attempt', d.attempt, 'result', d.result) ORDER BY d.run_id)
+        array_agg(d.run_id ORDER BY d.run_id COLLATE "C"),
+        array_agg(d.seq ORDER BY d.run_id COLLATE "C"),
+        array_agg(jsonb_build_object('attempt', d.attempt, 'result', d.result) ORDER BY d.run_id COLLATE "C")
     INTO v_fast, v_seqs, v_payloads
     FROM runs_done AS d;
 
@@ -3473,6 +3633,10 @@ BEGIN
                     OR l.lease_owner = ack_ledger.relay
                 )
             ORDER BY l.seq;
+            -- Whoever holds a lane lock refreshes the lane before it commits
+            -- (an append that found it locked left it to us); on a lane that
+            -- is current this changes nothing.
+            PERFORM _refresh_lane(ack_ledger.run_id, v_lane);
             RETURN;
         END IF;
     END IF;
@@ -3793,10 +3957,11 @@ COMMENT ON FUNCTION fail_ledger(text, bigint[], jsonb, timestamptz, boolean) IS
 -- >>> plpgsql/ledger/ledger_next_due_at.sql
 -- ledger_next_due_at(): the earliest moment any claimable ledger work exists,
 -- for a relay deciding how long to sleep. A live lease counts as due at its
--- expiry; a blocked lane is not due (a transport-only head is, like any); NULL
--- when nothing is pending. Reads ledger_lanes (one row per run lane) through
--- ledger_lanes_available_idx: an index seek per lane, whatever the number of
--- pending events or runs. No locks.
+-- expiry; a blocked lane is not due (a transport-only head is, like any); a
+-- lane drained while a writer held its run row is due at its re-check (see
+-- _refresh_lane); NULL when nothing is pending. Reads ledger_lanes (one row
+-- per run lane) through ledger_lanes_available_idx: an index seek per lane,
+-- whatever the number of pending events or runs. No locks.
 CREATE FUNCTION ledger_next_due_at(lane text DEFAULT NULL, run_id text DEFAULT NULL)
 RETURNS timestamptz
 LANGUAGE plpgsql
@@ -3967,7 +4132,8 @@ COMMENT ON FUNCTION renew_ledger_lease(text, bigint[], integer) IS
 --
 -- The event becomes pending and due now, with delivery_attempts reset (its
 -- last_error is kept for the record); its lane is unblocked. Returns true if
--- the event was failed, false otherwise (nothing changes). Locks the lane row.
+-- the event was failed, false otherwise (the event is unchanged). Locks the
+-- lane row.
 CREATE FUNCTION requeue_ledger_event(event_id bigint)
 RETURNS boolean
 LANGUAGE plpgsql
@@ -3990,11 +4156,10 @@ BEGIN
     -- itself would let a stale-statistics plan walk ledger_pending_idx.
     WHERE l.event_id = requeue_ledger_event.event_id AND l.failed_at IS NOT NULL
     RETURNING l.* INTO v_event;
-    IF v_event.event_id IS NULL THEN
-        RETURN FALSE;
-    END IF;
-    PERFORM _refresh_event_lanes(ARRAY[v_event.event_id]);
-    RETURN TRUE;
+    -- Refreshed even when nothing was requeued: whoever holds a lane lock
+    -- refreshes it (an appender may have left the lane to us).
+    PERFORM _refresh_event_lanes(ARRAY[requeue_ledger_event.event_id]);
+    RETURN v_event.event_id IS NOT NULL;
 END;
 $$;
 
