@@ -59,9 +59,9 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path FROM CURRENT
-SET lock_timeout = '10s'
 AS $$
 DECLARE
+    v_caller_lock_timeout text := _bound_lock_wait();
     v_now timestamptz;
     v_lane text;
     v_lanes integer;
@@ -144,6 +144,7 @@ BEGIN
             -- (an append that found it locked left it to us); on a lane that
             -- is current this changes nothing.
             PERFORM _refresh_lane(ack_ledger.run_id, v_lane);
+            PERFORM _restore_lock_wait(v_caller_lock_timeout);
             RETURN;
         END IF;
     END IF;
@@ -165,6 +166,7 @@ BEGIN
     ELSIF _refresh_lane(ack_ledger.run_id, v_lane, v_from) <= v_now THEN
         PERFORM pg_notify('runrelay_ledger', ack_ledger.run_id);
     END IF;
+    PERFORM _restore_lock_wait(v_caller_lock_timeout);
 END;
 $$;
 

@@ -17,9 +17,9 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path FROM CURRENT
-SET lock_timeout = '10s'
 AS $$
 DECLARE
+    v_caller_lock_timeout text := _bound_lock_wait();
     v_events jsonb;
     v_found text;
     v_count integer;
@@ -59,11 +59,13 @@ BEGIN
         FROM jsonb_array_elements(append_events.events) WITH ORDINALITY AS e (value, ordinality)
         INNER JOIN ledger AS l ON l.delivery_key = e.value ->> 'delivery_key'
         ORDER BY e.ordinality;
+        PERFORM _restore_lock_wait(v_caller_lock_timeout);
         RETURN;
     END IF;
 
     v_events := _normalize_events('events', append_events.events);
     RETURN QUERY SELECT a.event_id, a.seq, a.delivery_key FROM _append(append_events.run_id, v_events) AS a;
+    PERFORM _restore_lock_wait(v_caller_lock_timeout);
 END;
 $$;
 

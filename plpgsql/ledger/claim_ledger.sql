@@ -6,7 +6,7 @@
 -- claim its prefix; if that run yields nothing (its head changed since the
 -- lane row was written), try the next, up to 10. With run_id: that run only;
 -- its lane row is locked SKIP LOCKED, or with wait_for_run waited for under a
--- function-local lock_timeout (55P03 when it lapses).
+-- bounded lock_timeout (55P03 when it lapses).
 -- The head blocks everything behind it (failed, not due, leased to another
 -- relay); a head leased to this relay is re-claimed with its lease extended,
 -- so a retry after a lost reply is safe. A due transport-only head is
@@ -39,9 +39,9 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path FROM CURRENT
-SET lock_timeout = '5s'
 AS $$
 DECLARE
+    v_caller_lock_timeout text := _bound_lock_wait();
     v_now timestamptz;
     v_lease interval := _lease(claim_ledger.lease_seconds);
     v_run_id text;
@@ -77,6 +77,7 @@ BEGIN
         ORDER BY l.run_id, l.seq;
         GET DIAGNOSTICS v_count = ROW_COUNT;
         IF v_count > 0 THEN
+            PERFORM _restore_lock_wait(v_caller_lock_timeout);
             RETURN;
         END IF;
     END IF;
@@ -102,6 +103,7 @@ BEGIN
                 claim_ledger.relay, v_run_id, claim_ledger.lane, claim_ledger.max_events,
                 claim_ledger.batch, v_lease, claim_ledger.call_id, claim_ledger.expected_head) AS c;
         END IF;
+        PERFORM _restore_lock_wait(v_caller_lock_timeout);
         RETURN;
     END IF;
 
@@ -125,10 +127,12 @@ BEGIN
             claim_ledger.relay, v_run_id, claim_ledger.lane, claim_ledger.max_events,
             claim_ledger.batch, v_lease, claim_ledger.call_id, claim_ledger.expected_head) AS c;
         IF FOUND THEN
+            PERFORM _restore_lock_wait(v_caller_lock_timeout);
             RETURN;
         END IF;
         v_run_id := NULL;
     END LOOP;
+    PERFORM _restore_lock_wait(v_caller_lock_timeout);
 END;
 $$;
 

@@ -27,9 +27,9 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path FROM CURRENT
-SET lock_timeout = '10s'
 AS $$
 DECLARE
+    v_caller_lock_timeout text := _bound_lock_wait();
     v_now timestamptz;
     v_max integer;
 BEGIN
@@ -70,6 +70,7 @@ BEGIN
         AND l.lease_owner = fail_ledger.relay
     RETURNING l.event_id, CASE WHEN l.state = 'failed' THEN 'blocked' ELSE 'retrying' END;
     PERFORM _refresh_event_lanes(fail_ledger.event_ids);
+    PERFORM _restore_lock_wait(v_caller_lock_timeout);
 END;
 $$;
 

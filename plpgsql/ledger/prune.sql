@@ -11,6 +11,7 @@ SECURITY DEFINER
 SET search_path FROM CURRENT
 AS $$
 DECLARE
+    v_caller_lock_timeout text := _bound_lock_wait();
     v_count integer;
 BEGIN
     PERFORM _require_read_committed();
@@ -25,7 +26,7 @@ BEGIN
         LIMIT prune.max_rows
     );
     GET DIAGNOSTICS v_count = ROW_COUNT;
-    RETURN v_count;
+    RETURN _restore_lock_wait(v_caller_lock_timeout, v_count);
 END;
 $$;
 

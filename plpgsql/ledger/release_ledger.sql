@@ -8,9 +8,9 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path FROM CURRENT
-SET lock_timeout = '10s'
 AS $$
 DECLARE
+    v_caller_lock_timeout text := _bound_lock_wait();
     v_count integer;
 BEGIN
     PERFORM _require_read_committed();
@@ -28,7 +28,7 @@ BEGIN
         AND l.lease_owner = release_ledger.relay;
     GET DIAGNOSTICS v_count = ROW_COUNT;
     PERFORM _refresh_event_lanes(release_ledger.event_ids);
-    RETURN v_count;
+    RETURN _restore_lock_wait(v_caller_lock_timeout, v_count);
 END;
 $$;
 

@@ -17,9 +17,9 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path FROM CURRENT
-SET lock_timeout = '10s'
 AS $$
 DECLARE
+    v_caller_lock_timeout text := _bound_lock_wait();
     v_now timestamptz;
 BEGIN
     PERFORM _require_read_committed();
@@ -40,6 +40,7 @@ BEGIN
         AND l.lease_owner = renew_ledger_lease.relay
     RETURNING l.event_id, l.lease_expires_at;
     PERFORM _refresh_event_lanes(renew_ledger_lease.event_ids);
+    PERFORM _restore_lock_wait(v_caller_lock_timeout);
 END;
 $$;
 

@@ -10,9 +10,9 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path FROM CURRENT
-SET lock_timeout = '10s'
 AS $$
 DECLARE
+    v_caller_lock_timeout text := _bound_lock_wait();
     v_event ledger;
 BEGIN
     PERFORM _require_read_committed();
@@ -29,7 +29,7 @@ BEGIN
     -- Refreshed even when nothing was requeued: whoever holds a lane lock
     -- refreshes it (an appender may have left the lane to us).
     PERFORM _refresh_event_lanes(ARRAY[requeue_ledger_event.event_id]);
-    RETURN v_event.event_id IS NOT NULL;
+    RETURN _restore_lock_wait(v_caller_lock_timeout, v_event.event_id IS NOT NULL);
 END;
 $$;
 

@@ -33,6 +33,7 @@ SECURITY DEFINER
 SET search_path FROM CURRENT
 AS $$
 DECLARE
+    v_caller_lock_timeout text := _bound_lock_wait();
     v_status text;
     v_run runs;
     v_digest bytea;
@@ -50,16 +51,16 @@ BEGIN
         v_digest := _call_digest(jsonb_build_array(cancel_run.reason));
         v_recorded := _recorded_call(cancel_run.call_id, 'cancel_run', cancel_run.run_id, v_digest);
         IF v_recorded IS NOT NULL THEN
-            RETURN v_recorded;
+            RETURN _restore_lock_wait(v_caller_lock_timeout, v_recorded);
         END IF;
     END IF;
 
     SELECT r.status INTO v_status FROM runs AS r WHERE r.run_id = cancel_run.run_id;
     IF v_status IS NULL THEN
-        RETURN 'not_found';
+        RETURN _restore_lock_wait(v_caller_lock_timeout, 'not_found');
     END IF;
     IF v_status IN ('completed', 'failed', 'cancelled') THEN
-        RETURN 'already_terminal';
+        RETURN _restore_lock_wait(v_caller_lock_timeout, 'already_terminal');
     END IF;
     INSERT INTO cancellations (run_id, reason, requested_at)
     VALUES (cancel_run.run_id, cancel_run.reason, _now())
@@ -67,11 +68,11 @@ BEGIN
 
     v_run := _try_lock_run(cancel_run.run_id);
     IF v_run.run_id IS NULL THEN
-        RETURN _record_call(cancel_run.call_id, 'cancel_run', cancel_run.run_id, v_digest, 'cancel_requested');
+        RETURN _restore_lock_wait(v_caller_lock_timeout, _record_call(cancel_run.call_id, 'cancel_run', cancel_run.run_id, v_digest, 'cancel_requested'));
     END IF;
     IF v_run.status IN ('completed', 'failed', 'cancelled') THEN
         DELETE FROM cancellations AS c WHERE c.run_id = cancel_run.run_id;
-        RETURN 'already_terminal';
+        RETURN _restore_lock_wait(v_caller_lock_timeout, 'already_terminal');
     END IF;
     -- Attempt rows are only ever locked by a holder of the run row, which we
     -- now are: this cannot wait.
@@ -80,7 +81,7 @@ BEGIN
     ORDER BY a.attempt
     FOR NO KEY UPDATE;
     PERFORM _apply_marker(v_run);
-    RETURN _record_call(cancel_run.call_id, 'cancel_run', cancel_run.run_id, v_digest, 'cancelled');
+    RETURN _restore_lock_wait(v_caller_lock_timeout, _record_call(cancel_run.call_id, 'cancel_run', cancel_run.run_id, v_digest, 'cancelled'));
 END;
 $$;
 

@@ -41,6 +41,7 @@ SECURITY DEFINER
 SET search_path FROM CURRENT
 AS $$
 DECLARE
+    v_caller_lock_timeout text := _bound_lock_wait();
     v_now timestamptz;
     v_lease interval := _lease(claim_attempts.lease_seconds);
     v_queues text[];
@@ -78,6 +79,7 @@ BEGIN
         INNER JOIN runs AS r ON a.run_id = r.run_id
         WHERE a.call_id = claim_attempts.call_id AND a.worker = claim_attempts.worker
         ORDER BY a.claim_position;  -- the order the claim took them in
+        PERFORM _restore_lock_wait(v_caller_lock_timeout);
         RETURN;
     END IF;
 
@@ -94,6 +96,7 @@ BEGIN
     SELECT array_agg(c.run_id ORDER BY c.ord) INTO v_run_ids
     FROM _claim_candidates(v_queues, claim_attempts.max_runs, v_now) WITH ORDINALITY AS c (run_id, ord);
     IF v_run_ids IS NULL THEN
+        PERFORM _restore_lock_wait(v_caller_lock_timeout);
         RETURN;
     END IF;
 
@@ -168,6 +171,7 @@ BEGIN
 
     PERFORM _emit_lifecycle(v_started, v_seqs, 'run.started', v_payloads);
     RETURN QUERY SELECT c.* FROM unnest(v_claimed) AS c;
+    PERFORM _restore_lock_wait(v_caller_lock_timeout);
 END;
 $$;
 

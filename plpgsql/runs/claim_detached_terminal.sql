@@ -22,9 +22,9 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path FROM CURRENT
-SET lock_timeout = '10s'
 AS $$
 DECLARE
+    v_caller_lock_timeout text := _bound_lock_wait();
     v_run runs;
     v_attempt attempts;
     v_now timestamptz;
@@ -42,17 +42,17 @@ BEGIN
         OR v_run.status <> 'waiting'
         OR v_run.wait ->> 'kind' IS DISTINCT FROM 'detached_runner'
         OR v_attempt.runner_result_received_at IS NULL THEN
-        RETURN FALSE;
+        RETURN _restore_lock_wait(v_caller_lock_timeout, FALSE);
     END IF;
     IF v_attempt.status = 'running' THEN
-        RETURN TRUE;
+        RETURN _restore_lock_wait(v_caller_lock_timeout, TRUE);
     END IF;
     v_now := _now();
     IF v_attempt.status <> 'waiting' OR v_run.wake_at <= v_now THEN
-        RETURN FALSE;
+        RETURN _restore_lock_wait(v_caller_lock_timeout, FALSE);
     END IF;
     IF _apply_marker(v_run) THEN
-        RETURN FALSE;
+        RETURN _restore_lock_wait(v_caller_lock_timeout, FALSE);
     END IF;
     UPDATE attempts AS a
     SET status = 'running', heartbeat_at = v_now, lease_expires_at = v_now + _lease(30)
@@ -63,7 +63,7 @@ BEGIN
     RETURNING r.ledger_seq INTO v_seq;
     PERFORM _emit(claim_detached_terminal.run_id, 'run.resumed',
         jsonb_build_object('attempt', claim_detached_terminal.attempt, 'resume', NULL), TRUE, v_seq);
-    RETURN TRUE;
+    RETURN _restore_lock_wait(v_caller_lock_timeout, TRUE);
 END;
 $$;
 

@@ -1,6 +1,6 @@
 -- complete_attempt(): finish an attempt successfully; the run is completed.
 --
--- Locks: key, run row, attempt row (waiting under a function-local
+-- Locks: key, run row, attempt row (waiting under a bounded
 -- lock_timeout); then the fence and the cancel marker in fresh snapshots.
 -- Outcomes: completed, cancelled (a cancel marker won), fence_lost.
 -- final_events are appended before run.completed in the same transaction.
@@ -18,9 +18,9 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path FROM CURRENT
-SET lock_timeout = '10s'
 AS $$
 DECLARE
+    v_caller_lock_timeout text := _bound_lock_wait();
     v_events jsonb;
 BEGIN
     PERFORM _require_read_committed();
@@ -29,9 +29,9 @@ BEGIN
     PERFORM _check_json('result', complete_attempt.result);
     v_events := _normalize_events('final_events', complete_attempt.final_events, FALSE);
     PERFORM _lock_key_of(complete_attempt.run_id);
-    RETURN _complete(
+    RETURN _restore_lock_wait(v_caller_lock_timeout, _complete(
         complete_attempt.run_id, complete_attempt.attempt, complete_attempt.lease_token,
-        complete_attempt.result, v_events);
+        complete_attempt.result, v_events));
 END;
 $$;
 

@@ -24,9 +24,9 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path FROM CURRENT
-SET lock_timeout = '10s'
 AS $$
 DECLARE
+    v_caller_lock_timeout text := _bound_lock_wait();
     v_item jsonb;
     v_index integer := 0;
     v_run_ids text[] := '{}'::text[];
@@ -163,6 +163,7 @@ BEGIN
         END IF;
         RETURN NEXT (v_item ->> 'run_id', (v_item ->> 'attempt')::integer, v_outcome)::complete_attempts_result;
     END LOOP;
+    PERFORM _restore_lock_wait(v_caller_lock_timeout);
 END;
 $$;
 

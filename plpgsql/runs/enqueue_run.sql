@@ -30,9 +30,9 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path FROM CURRENT
-SET lock_timeout = '10s'
 AS $$
 DECLARE
+    v_caller_lock_timeout text := _bound_lock_wait();
     v_now timestamptz;
     v_run_at timestamptz;
     v_existing runs;
@@ -92,6 +92,7 @@ BEGIN
                 PERFORM pg_notify('runrelay_runs', enqueue_run.queue);
             END IF;
             RETURN QUERY SELECT enqueue_run.run_id, 'queued'::text, TRUE;
+            PERFORM _restore_lock_wait(v_caller_lock_timeout);
             RETURN;
         END IF;
         -- Lost a race with a concurrent enqueue of the same run_id, which committed.
@@ -107,6 +108,7 @@ BEGIN
                   HINT = 'Repeat an enqueue with the same queue and payload, or choose a new run_id.';
     END IF;
     RETURN QUERY SELECT v_existing.run_id, v_existing.status, FALSE;
+    PERFORM _restore_lock_wait(v_caller_lock_timeout);
 END;
 $$;
 

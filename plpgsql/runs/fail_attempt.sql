@@ -1,6 +1,6 @@
 -- fail_attempt(): end a live attempt in failure; retry or fail the run.
 --
--- Locks: key, run row, attempt row (waiting under a function-local
+-- Locks: key, run row, attempt row (waiting under a bounded
 -- lock_timeout); then, in fresh snapshots, the fence and the cancel marker.
 -- Outcomes:
 --   retry_scheduled — fewer than max_attempts attempts have failed: the run
@@ -37,9 +37,9 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path FROM CURRENT
-SET lock_timeout = '10s'
 AS $$
 DECLARE
+    v_caller_lock_timeout text := _bound_lock_wait();
     v_run runs;
     v_attempt attempts;
     v_outcome text;
@@ -62,27 +62,27 @@ BEGIN
     v_attempt := _lock_attempt(fail_attempt.run_id, fail_attempt.attempt);
     v_outcome := _fence(v_run, v_attempt, fail_attempt.lease_token, 'fail');
     IF v_outcome IS NOT NULL THEN
-        RETURN v_outcome;
+        RETURN _restore_lock_wait(v_caller_lock_timeout, v_outcome);
     END IF;
     IF fail_attempt.protect_waiting_suspension THEN
         -- The suspension this attempt recorded must still be the one in force
         -- (never a detached runner's: a pushed terminal is not the worker's to
         -- overwrite), and past its wake_at it has ended even if not yet woken.
         IF NOT _suspension_in_force(v_run, v_attempt) OR v_run.wake_at <= _now() THEN
-            RETURN 'fence_lost';
+            RETURN _restore_lock_wait(v_caller_lock_timeout, 'fence_lost');
         END IF;
     END IF;
     IF _apply_marker(v_run, 'fail', fail_attempt.attempt) THEN
-        RETURN 'cancelled';
+        RETURN _restore_lock_wait(v_caller_lock_timeout, 'cancelled');
     END IF;
     IF fail_attempt.preserve_runner_terminal AND v_attempt.runner_result_received_at IS NOT NULL THEN
-        RETURN 'superseded';
+        RETURN _restore_lock_wait(v_caller_lock_timeout, 'superseded');
     END IF;
     IF jsonb_array_length(v_events) > 0 THEN
         PERFORM _check_keys_unused('final_events', v_events);
         PERFORM _append(fail_attempt.run_id, v_events);
     END IF;
-    RETURN _fail(v_run, fail_attempt.attempt, 'failed', fail_attempt.error, fail_attempt.retry_at, 'fail');
+    RETURN _restore_lock_wait(v_caller_lock_timeout, _fail(v_run, fail_attempt.attempt, 'failed', fail_attempt.error, fail_attempt.retry_at, 'fail'));
 END;
 $$;
 

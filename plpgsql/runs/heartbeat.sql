@@ -1,7 +1,7 @@
 -- heartbeat(): extend a live attempt's lease.
 --
 -- Locks: the run's custody locks (key, run row, attempt row), waiting under a
--- function-local lock_timeout. Then, in fresh snapshots: the fence, then the
+-- bounded lock_timeout. Then, in fresh snapshots: the fence, then the
 -- cancel marker. Outcomes: ok (lease extended to now + lease_seconds, clamped
 -- to 5..300), cancelled (the run was cancelled — stop; this and every later
 -- write for the attempt answer cancelled), fence_lost. An expired lease that
@@ -22,9 +22,9 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path FROM CURRENT
-SET lock_timeout = '10s'
 AS $$
 DECLARE
+    v_caller_lock_timeout text := _bound_lock_wait();
     v_run runs;
     v_attempt attempts;
     v_outcome text;
@@ -40,10 +40,12 @@ BEGIN
     v_outcome := _fence(v_run, v_attempt, heartbeat.lease_token, 'heartbeat');
     IF v_outcome IS NOT NULL THEN
         RETURN QUERY SELECT v_outcome, NULL::timestamptz;
+        PERFORM _restore_lock_wait(v_caller_lock_timeout);
         RETURN;
     END IF;
     IF _apply_marker(v_run) THEN
         RETURN QUERY SELECT 'cancelled'::text, NULL::timestamptz;
+        PERFORM _restore_lock_wait(v_caller_lock_timeout);
         RETURN;
     END IF;
     -- The beat lands when the locks are held: one that waited for the run
@@ -54,6 +56,7 @@ BEGIN
     SET heartbeat_at = v_beat, lease_expires_at = v_expires
     WHERE a.run_id = heartbeat.run_id AND a.attempt = heartbeat.attempt;
     RETURN QUERY SELECT 'ok'::text, v_expires;
+    PERFORM _restore_lock_wait(v_caller_lock_timeout);
 END;
 $$;
 

@@ -25,9 +25,9 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path FROM CURRENT
-SET lock_timeout = '10s'
 AS $$
 DECLARE
+    v_caller_lock_timeout text := _bound_lock_wait();
     v_run runs;
     v_attempt attempts;
     v_now timestamptz;
@@ -39,25 +39,25 @@ BEGIN
     v_run := _lock_run(prepare_waiting_failure.run_id);
     v_attempt := _lock_attempt(prepare_waiting_failure.run_id, prepare_waiting_failure.attempt);
     IF v_run.run_id IS NULL OR v_run.status <> 'waiting' OR v_run.wait ->> 'kind' = 'detached_runner' THEN
-        RETURN 'not_applicable';
+        RETURN _restore_lock_wait(v_caller_lock_timeout, 'not_applicable');
     END IF;
     IF v_attempt.run_id IS NULL
         OR v_attempt.lease_token IS DISTINCT FROM prepare_waiting_failure.lease_token
         OR v_attempt.status NOT IN ('waiting', 'running')
         OR NOT _suspension_in_force(v_run, v_attempt)
         OR (_cancel_reason(v_run.run_id)).requested THEN
-        RETURN 'fence_lost';
+        RETURN _restore_lock_wait(v_caller_lock_timeout, 'fence_lost');
     END IF;
     IF v_attempt.status = 'running' THEN
         -- Already prepared (a replay after a lost reply): the same answer,
         -- and nothing written — not even a fresher lease.
-        RETURN 'prepared';
+        RETURN _restore_lock_wait(v_caller_lock_timeout, 'prepared');
     END IF;
     v_now := _now();
     UPDATE attempts AS a
     SET status = 'running', heartbeat_at = v_now, lease_expires_at = v_now + _lease(30)
     WHERE a.run_id = prepare_waiting_failure.run_id AND a.attempt = prepare_waiting_failure.attempt;
-    RETURN 'prepared';
+    RETURN _restore_lock_wait(v_caller_lock_timeout, 'prepared');
 END;
 $$;
 

@@ -32,6 +32,7 @@ SECURITY DEFINER
 SET search_path FROM CURRENT
 AS $$
 DECLARE
+    v_caller_lock_timeout text := _bound_lock_wait();
     v_now timestamptz;
     v_candidate record;
     v_run runs;
@@ -100,6 +101,7 @@ BEGIN
             RETURN NEXT (v_run.run_id, nullif(v_run.attempt_count, 0), 'cancelled')::reap_expired_result;
         END IF;
     END LOOP;
+    PERFORM _restore_lock_wait(v_caller_lock_timeout);
 END;
 $$;
 

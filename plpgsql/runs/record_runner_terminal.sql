@@ -25,9 +25,9 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path FROM CURRENT
-SET lock_timeout = '10s'
 AS $$
 DECLARE
+    v_caller_lock_timeout text := _bound_lock_wait();
     v_run runs;
     v_attempt attempts;
     v_now timestamptz;
@@ -41,10 +41,10 @@ BEGIN
     v_attempt := _lock_attempt(record_runner_terminal.run_id, record_runner_terminal.attempt);
     IF v_run.run_id IS NULL OR v_attempt.run_id IS NULL
         OR v_attempt.wait ->> 'kind' IS DISTINCT FROM 'detached_runner' THEN
-        RETURN 'not_found';
+        RETURN _restore_lock_wait(v_caller_lock_timeout, 'not_found');
     END IF;
     IF v_attempt.runner_result_received_at IS NOT NULL THEN
-        RETURN CASE WHEN v_attempt.runner_result = record_runner_terminal.result THEN 'duplicate' ELSE 'conflict' END;
+        RETURN _restore_lock_wait(v_caller_lock_timeout, CASE WHEN v_attempt.runner_result = record_runner_terminal.result THEN 'duplicate' ELSE 'conflict' END);
     END IF;
     v_now := _now();
     -- Past timeout_at the wait has ended even if no claim has woken it yet:
@@ -52,7 +52,7 @@ BEGIN
     IF v_attempt.status <> 'waiting' OR v_run.status <> 'waiting'
         OR v_attempt.attempt <> v_run.attempt_count
         OR v_run.wake_at <= v_now THEN
-        RETURN 'too_late';
+        RETURN _restore_lock_wait(v_caller_lock_timeout, 'too_late');
     END IF;
     UPDATE attempts AS a
     SET runner_result = record_runner_terminal.result, runner_result_received_at = v_now
@@ -61,7 +61,7 @@ BEGIN
     SET wake_at = _wake_at(r.wait, v_now), updated_at = v_now
     WHERE r.run_id = record_runner_terminal.run_id;
     PERFORM pg_notify('runrelay_runs', v_run.queue);
-    RETURN 'recorded';
+    RETURN _restore_lock_wait(v_caller_lock_timeout, 'recorded');
 END;
 $$;
 

@@ -7,7 +7,7 @@
 -- key. A released attempt does not count against max_attempts: the failure
 -- budget counts failed and lost attempts (_fail), never attempt numbers, so
 -- a run may be released any number of times.
--- Locks: key, run row, attempt row (waiting under a function-local
+-- Locks: key, run row, attempt row (waiting under a bounded
 -- lock_timeout); then, in fresh snapshots, the fence and the cancel marker.
 -- Outcomes:
 --   released   — the run is queued again; run.retry_scheduled is emitted
@@ -32,9 +32,9 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path FROM CURRENT
-SET lock_timeout = '10s'
 AS $$
 DECLARE
+    v_caller_lock_timeout text := _bound_lock_wait();
     v_run runs;
     v_attempt attempts;
     v_outcome text;
@@ -54,13 +54,13 @@ BEGIN
     v_attempt := _lock_attempt(release_attempt.run_id, release_attempt.attempt);
     v_outcome := _fence(v_run, v_attempt, release_attempt.lease_token, 'release');
     IF v_outcome IS NOT NULL THEN
-        RETURN v_outcome;
+        RETURN _restore_lock_wait(v_caller_lock_timeout, v_outcome);
     END IF;
     IF v_run.status <> 'running' THEN
-        RETURN 'fence_lost';
+        RETURN _restore_lock_wait(v_caller_lock_timeout, 'fence_lost');
     END IF;
     IF _apply_marker(v_run, 'release', release_attempt.attempt) THEN
-        RETURN 'cancelled';
+        RETURN _restore_lock_wait(v_caller_lock_timeout, 'cancelled');
     END IF;
 
     v_now := _now();
@@ -84,7 +84,7 @@ BEGIN
     IF v_run_at <= v_now THEN
         PERFORM pg_notify('runrelay_runs', v_run.queue);
     END IF;
-    RETURN 'released';
+    RETURN _restore_lock_wait(v_caller_lock_timeout, 'released');
 END;
 $$;
 

@@ -30,9 +30,9 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path FROM CURRENT
-SET lock_timeout = '10s'
 AS $$
 DECLARE
+    v_caller_lock_timeout text := _bound_lock_wait();
     v_run runs;
     v_digest bytea;
     v_recorded text;
@@ -47,20 +47,20 @@ BEGIN
         v_digest := _call_digest(jsonb_build_array(signal_run.name, signal_run.payload));
         v_recorded := _recorded_call(signal_run.call_id, 'signal_run', signal_run.run_id, v_digest);
         IF v_recorded IS NOT NULL THEN
-            RETURN v_recorded;
+            RETURN _restore_lock_wait(v_caller_lock_timeout, v_recorded);
         END IF;
     END IF;
 
     v_run := _lock_run(signal_run.run_id);
     IF v_run.run_id IS NULL THEN
-        RETURN 'not_found';
+        RETURN _restore_lock_wait(v_caller_lock_timeout, 'not_found');
     END IF;
     IF v_run.status IN ('completed', 'failed', 'cancelled') THEN
-        RETURN 'terminal';
+        RETURN _restore_lock_wait(v_caller_lock_timeout, 'terminal');
     END IF;
     PERFORM _lock_attempt(v_run.run_id, v_run.attempt_count);
     IF _apply_marker(v_run) THEN
-        RETURN _record_call(signal_run.call_id, 'signal_run', signal_run.run_id, v_digest, 'terminal');
+        RETURN _restore_lock_wait(v_caller_lock_timeout, _record_call(signal_run.call_id, 'signal_run', signal_run.run_id, v_digest, 'terminal'));
     END IF;
     IF v_run.status = 'waiting' AND v_run.wake_at <= _now() THEN
         -- The wait already ended by time (a timeout, a due sleep) even if no
@@ -71,11 +71,11 @@ BEGIN
         AND v_run.wait ->> 'kind' = 'event'
         AND v_run.wait ->> 'name' = signal_run.name THEN
         PERFORM _wake(v_run, jsonb_build_object('name', signal_run.name, 'payload', signal_run.payload));
-        RETURN _record_call(signal_run.call_id, 'signal_run', signal_run.run_id, v_digest, 'resumed');
+        RETURN _restore_lock_wait(v_caller_lock_timeout, _record_call(signal_run.call_id, 'signal_run', signal_run.run_id, v_digest, 'resumed'));
     END IF;
     INSERT INTO signals (run_id, name, payload, created_at)
     VALUES (signal_run.run_id, signal_run.name, signal_run.payload, _now());
-    RETURN _record_call(signal_run.call_id, 'signal_run', signal_run.run_id, v_digest, 'stored');
+    RETURN _restore_lock_wait(v_caller_lock_timeout, _record_call(signal_run.call_id, 'signal_run', signal_run.run_id, v_digest, 'stored'));
 END;
 $$;
 

@@ -21,9 +21,9 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path FROM CURRENT
-SET lock_timeout = '10s'
 AS $$
 DECLARE
+    v_caller_lock_timeout text := _bound_lock_wait();
     v_run runs;
     v_attempt attempts;
     v_outcome text;
@@ -44,14 +44,14 @@ BEGIN
     v_attempt := _lock_attempt(suspend_attempt.run_id, suspend_attempt.attempt);
     v_outcome := _fence(v_run, v_attempt, suspend_attempt.lease_token, 'suspend');
     IF v_outcome IS NOT NULL THEN
-        RETURN v_outcome;
+        RETURN _restore_lock_wait(v_caller_lock_timeout, v_outcome);
     END IF;
     IF v_run.status <> 'running' THEN
         -- A prepared or claimed-for-terminal attempt of a waiting run cannot suspend again.
-        RETURN 'fence_lost';
+        RETURN _restore_lock_wait(v_caller_lock_timeout, 'fence_lost');
     END IF;
     IF _apply_marker(v_run, 'suspend', suspend_attempt.attempt) THEN
-        RETURN 'cancelled';
+        RETURN _restore_lock_wait(v_caller_lock_timeout, 'cancelled');
     END IF;
 
     v_now := _now();
@@ -90,10 +90,10 @@ BEGIN
             UPDATE attempts AS a
             SET outcome = 'resumed'
             WHERE a.run_id = suspend_attempt.run_id AND a.attempt = suspend_attempt.attempt;
-            RETURN 'resumed';
+            RETURN _restore_lock_wait(v_caller_lock_timeout, 'resumed');
         END IF;
     END IF;
-    RETURN 'waiting';
+    RETURN _restore_lock_wait(v_caller_lock_timeout, 'waiting');
 END;
 $$;
 

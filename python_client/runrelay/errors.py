@@ -54,7 +54,8 @@ class WrongIsolation(RunrelayError):
 
 
 class LockTimeout(RunrelayError):
-    """A function-local lock_timeout lapsed waiting for a busy run; nothing changed."""
+    """A lock wait outlasted the function's bound (10 s) or the caller's tighter
+    lock_timeout; nothing changed."""
 
     sqlstate = "55P03"
 

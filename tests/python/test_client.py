@@ -1023,8 +1023,8 @@ def test_lock_and_statement_timeouts(
     db: psycopg.Connection, db_url: str, connect: Callable[..., psycopg.Connection]
 ) -> None:
     """A relay holds run a's lane in an open transaction. claim_ledger with
-    wait_for_run waits for it: the function-local lock_timeout (5 s) lapses
-    as LockTimeout, a shorter statement_timeout as StatementTimeout. Sync and
+    wait_for_run waits for it: the caller's lock_timeout (500 ms) lapses as
+    LockTimeout, a shorter statement_timeout as StatementTimeout. Sync and
     async clients wait side by side."""
     Client(db).enqueue_run("a")
     holder = connect(autocommit=False)
@@ -1050,8 +1050,8 @@ def test_lock_and_statement_timeouts(
     short = "-c statement_timeout=300"
     with ThreadPoolExecutor(4) as pool:
         futures = {
-            ("sync", "lock"): pool.submit(sync_wait, ""),
-            ("async", "lock"): pool.submit(async_wait, ""),
+            ("sync", "lock"): pool.submit(sync_wait, "-c lock_timeout=500"),
+            ("async", "lock"): pool.submit(async_wait, "-c lock_timeout=500"),
             ("sync", "statement"): pool.submit(sync_wait, short),
             ("async", "statement"): pool.submit(async_wait, short),
         }

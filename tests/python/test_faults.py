@@ -903,8 +903,10 @@ def test_statement_and_lock_timeouts_are_clean(
         "statement_timeout", before, row_images(db, "r1"), list(range(n, len(history.calls)))
     )
     barrier.rollback()
-    # 55P03: claim_ledger(wait_for_run) waits under its own 5 s lock_timeout.
+    # 55P03: claim_ledger(wait_for_run) waits no longer than the caller's lock_timeout.
     patient = _recorder(db_url, history, "patient")
+    with patient.connection() as c:
+        c.execute("SET lock_timeout = '300ms'")
     barrier = _barrier(
         connect, "SELECT 1 FROM runrelay.ledger_lanes WHERE run_id = 'r1' FOR UPDATE"
     )

@@ -1393,6 +1393,83 @@ $$;
 COMMENT ON FUNCTION _acknowledge(text, bigint[], text, timestamptz, boolean, uuid) IS
 'Marks a lane prefix delivered (by a relay, or locally if transport-only): retention, call tag, runrelay_delivered.';
 
+-- >>> plpgsql/_internal/lock_wait.sql
+-- The lock-wait bound of every writing function.
+--
+-- A function that waits for a lock waits at most 10 s, or less when the
+-- caller's own lock_timeout is shorter: a caller's tighter budget is always
+-- honoured (55P03, nothing written, no lock kept). One bound for every
+-- function: 10 s is long enough that a live peer's short transaction (a
+-- claim, an ack) always finishes first, and short enough that a call queued
+-- behind a stuck session fails where its caller can see it.
+--
+-- Why not a SET lock_timeout clause: a function's SET clause replaces the
+-- caller's value, so a caller's 200 ms became 10 s. Instead each function
+-- opens with
+--
+--     v_caller_lock_timeout text := _bound_lock_wait();
+--
+-- which tightens lock_timeout for the rest of the transaction only when the
+-- caller's is looser (0 means none), and hands every result back through
+-- _restore_lock_wait(v_caller_lock_timeout, ...), which puts the caller's
+-- value back after the result has been computed. A setting made inside a
+-- function outlives it unless the variable is in the function's own SET
+-- clause, so the restore is explicit; an error needs none (the failed
+-- transaction or savepoint rolls the setting back with everything else).
+
+CREATE FUNCTION _bound_lock_wait()
+RETURNS text
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_caller text := current_setting('lock_timeout');
+BEGIN
+    IF v_caller = '0' OR v_caller::interval > interval '10 seconds' THEN
+        PERFORM set_config('lock_timeout', '10s', TRUE);
+    END IF;
+    RETURN v_caller;
+END;
+$$;
+
+COMMENT ON FUNCTION _bound_lock_wait() IS
+'Bounds lock waits at 10 s unless the caller''s lock_timeout is tighter; returns the caller''s value.';
+
+CREATE FUNCTION _restore_lock_wait(p_caller text)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    IF current_setting('lock_timeout') <> p_caller THEN
+        PERFORM set_config('lock_timeout', p_caller, TRUE);
+    END IF;
+END;
+$$;
+
+COMMENT ON FUNCTION _restore_lock_wait(text) IS
+'Puts back the caller''s lock_timeout that _bound_lock_wait returned.';
+
+-- The same, passing a function's result through, so that
+-- RETURN _restore_lock_wait(v_caller_lock_timeout, <expression>) computes the
+-- result (and takes its locks) under the bound before restoring.
+CREATE FUNCTION _restore_lock_wait(p_caller text, p_result anycompatible)
+RETURNS anycompatible
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    PERFORM _restore_lock_wait(p_caller);
+    RETURN p_result;
+END;
+$$;
+
+COMMENT ON FUNCTION _restore_lock_wait(text, anycompatible) IS
+'Puts back the caller''s lock_timeout and returns p_result unchanged.';
+
 -- >>> plpgsql/_internal/now.sql
 -- _now() and _clock_now(): the clocks every function reads.
 --
@@ -2134,6 +2211,7 @@ SECURITY DEFINER
 SET search_path FROM CURRENT
 AS $$
 DECLARE
+    v_caller_lock_timeout text := _bound_lock_wait();
     v_status text;
     v_run runs;
     v_digest bytea;
@@ -2151,16 +2229,16 @@ BEGIN
         v_digest := _call_digest(jsonb_build_array(cancel_run.reason));
         v_recorded := _recorded_call(cancel_run.call_id, 'cancel_run', cancel_run.run_id, v_digest);
         IF v_recorded IS NOT NULL THEN
-            RETURN v_recorded;
+            RETURN _restore_lock_wait(v_caller_lock_timeout, v_recorded);
         END IF;
     END IF;
 
     SELECT r.status INTO v_status FROM runs AS r WHERE r.run_id = cancel_run.run_id;
     IF v_status IS NULL THEN
-        RETURN 'not_found';
+        RETURN _restore_lock_wait(v_caller_lock_timeout, 'not_found');
     END IF;
     IF v_status IN ('completed', 'failed', 'cancelled') THEN
-        RETURN 'already_terminal';
+        RETURN _restore_lock_wait(v_caller_lock_timeout, 'already_terminal');
     END IF;
     INSERT INTO cancellations (run_id, reason, requested_at)
     VALUES (cancel_run.run_id, cancel_run.reason, _now())
@@ -2168,11 +2246,11 @@ BEGIN
 
     v_run := _try_lock_run(cancel_run.run_id);
     IF v_run.run_id IS NULL THEN
-        RETURN _record_call(cancel_run.call_id, 'cancel_run', cancel_run.run_id, v_digest, 'cancel_requested');
+        RETURN _restore_lock_wait(v_caller_lock_timeout, _record_call(cancel_run.call_id, 'cancel_run', cancel_run.run_id, v_digest, 'cancel_requested'));
     END IF;
     IF v_run.status IN ('completed', 'failed', 'cancelled') THEN
         DELETE FROM cancellations AS c WHERE c.run_id = cancel_run.run_id;
-        RETURN 'already_terminal';
+        RETURN _restore_lock_wait(v_caller_lock_timeout, 'already_terminal');
     END IF;
     -- Attempt rows are only ever locked by a holder of the run row, which we
     -- now are: this cannot wait.
@@ -2181,7 +2259,7 @@ BEGIN
     ORDER BY a.attempt
     FOR NO KEY UPDATE;
     PERFORM _apply_marker(v_run);
-    RETURN _record_call(cancel_run.call_id, 'cancel_run', cancel_run.run_id, v_digest, 'cancelled');
+    RETURN _restore_lock_wait(v_caller_lock_timeout, _record_call(cancel_run.call_id, 'cancel_run', cancel_run.run_id, v_digest, 'cancelled'));
 END;
 $$;
 
@@ -2233,6 +2311,7 @@ SECURITY DEFINER
 SET search_path FROM CURRENT
 AS $$
 DECLARE
+    v_caller_lock_timeout text := _bound_lock_wait();
     v_now timestamptz;
     v_lease interval := _lease(claim_attempts.lease_seconds);
     v_queues text[];
@@ -2270,6 +2349,7 @@ BEGIN
         INNER JOIN runs AS r ON a.run_id = r.run_id
         WHERE a.call_id = claim_attempts.call_id AND a.worker = claim_attempts.worker
         ORDER BY a.claim_position;  -- the order the claim took them in
+        PERFORM _restore_lock_wait(v_caller_lock_timeout);
         RETURN;
     END IF;
 
@@ -2286,6 +2366,7 @@ BEGIN
     SELECT array_agg(c.run_id ORDER BY c.ord) INTO v_run_ids
     FROM _claim_candidates(v_queues, claim_attempts.max_runs, v_now) WITH ORDINALITY AS c (run_id, ord);
     IF v_run_ids IS NULL THEN
+        PERFORM _restore_lock_wait(v_caller_lock_timeout);
         RETURN;
     END IF;
 
@@ -2360,6 +2441,7 @@ BEGIN
 
     PERFORM _emit_lifecycle(v_started, v_seqs, 'run.started', v_payloads);
     RETURN QUERY SELECT c.* FROM unnest(v_claimed) AS c;
+    PERFORM _restore_lock_wait(v_caller_lock_timeout);
 END;
 $$;
 
@@ -2391,9 +2473,9 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path FROM CURRENT
-SET lock_timeout = '10s'
 AS $$
 DECLARE
+    v_caller_lock_timeout text := _bound_lock_wait();
     v_run runs;
     v_attempt attempts;
     v_now timestamptz;
@@ -2411,17 +2493,17 @@ BEGIN
         OR v_run.status <> 'waiting'
         OR v_run.wait ->> 'kind' IS DISTINCT FROM 'detached_runner'
         OR v_attempt.runner_result_received_at IS NULL THEN
-        RETURN FALSE;
+        RETURN _restore_lock_wait(v_caller_lock_timeout, FALSE);
     END IF;
     IF v_attempt.status = 'running' THEN
-        RETURN TRUE;
+        RETURN _restore_lock_wait(v_caller_lock_timeout, TRUE);
     END IF;
     v_now := _now();
     IF v_attempt.status <> 'waiting' OR v_run.wake_at <= v_now THEN
-        RETURN FALSE;
+        RETURN _restore_lock_wait(v_caller_lock_timeout, FALSE);
     END IF;
     IF _apply_marker(v_run) THEN
-        RETURN FALSE;
+        RETURN _restore_lock_wait(v_caller_lock_timeout, FALSE);
     END IF;
     UPDATE attempts AS a
     SET status = 'running', heartbeat_at = v_now, lease_expires_at = v_now + _lease(30)
@@ -2432,7 +2514,7 @@ BEGIN
     RETURNING r.ledger_seq INTO v_seq;
     PERFORM _emit(claim_detached_terminal.run_id, 'run.resumed',
         jsonb_build_object('attempt', claim_detached_terminal.attempt, 'resume', NULL), TRUE, v_seq);
-    RETURN TRUE;
+    RETURN _restore_lock_wait(v_caller_lock_timeout, TRUE);
 END;
 $$;
 
@@ -2442,7 +2524,7 @@ COMMENT ON FUNCTION claim_detached_terminal(text, integer, uuid) IS
 -- >>> plpgsql/runs/complete_attempt.sql
 -- complete_attempt(): finish an attempt successfully; the run is completed.
 --
--- Locks: key, run row, attempt row (waiting under a function-local
+-- Locks: key, run row, attempt row (waiting under a bounded
 -- lock_timeout); then the fence and the cancel marker in fresh snapshots.
 -- Outcomes: completed, cancelled (a cancel marker won), fence_lost.
 -- final_events are appended before run.completed in the same transaction.
@@ -2460,9 +2542,9 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path FROM CURRENT
-SET lock_timeout = '10s'
 AS $$
 DECLARE
+    v_caller_lock_timeout text := _bound_lock_wait();
     v_events jsonb;
 BEGIN
     PERFORM _require_read_committed();
@@ -2471,9 +2553,9 @@ BEGIN
     PERFORM _check_json('result', complete_attempt.result);
     v_events := _normalize_events('final_events', complete_attempt.final_events, FALSE);
     PERFORM _lock_key_of(complete_attempt.run_id);
-    RETURN _complete(
+    RETURN _restore_lock_wait(v_caller_lock_timeout, _complete(
         complete_attempt.run_id, complete_attempt.attempt, complete_attempt.lease_token,
-        complete_attempt.result, v_events);
+        complete_attempt.result, v_events));
 END;
 $$;
 
@@ -2507,9 +2589,9 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path FROM CURRENT
-SET lock_timeout = '10s'
 AS $$
 DECLARE
+    v_caller_lock_timeout text := _bound_lock_wait();
     v_item jsonb;
     v_index integer := 0;
     v_run_ids text[] := '{}'::text[];
@@ -2646,6 +2728,7 @@ BEGIN
         END IF;
         RETURN NEXT (v_item ->> 'run_id', (v_item ->> 'attempt')::integer, v_outcome)::complete_attempts_result;
     END LOOP;
+    PERFORM _restore_lock_wait(v_caller_lock_timeout);
 END;
 $$;
 
@@ -2685,9 +2768,9 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path FROM CURRENT
-SET lock_timeout = '10s'
 AS $$
 DECLARE
+    v_caller_lock_timeout text := _bound_lock_wait();
     v_now timestamptz;
     v_run_at timestamptz;
     v_existing runs;
@@ -2747,6 +2830,7 @@ BEGIN
                 PERFORM pg_notify('runrelay_runs', enqueue_run.queue);
             END IF;
             RETURN QUERY SELECT enqueue_run.run_id, 'queued'::text, TRUE;
+            PERFORM _restore_lock_wait(v_caller_lock_timeout);
             RETURN;
         END IF;
         -- Lost a race with a concurrent enqueue of the same run_id, which committed.
@@ -2762,6 +2846,7 @@ BEGIN
                   HINT = 'Repeat an enqueue with the same queue and payload, or choose a new run_id.';
     END IF;
     RETURN QUERY SELECT v_existing.run_id, v_existing.status, FALSE;
+    PERFORM _restore_lock_wait(v_caller_lock_timeout);
 END;
 $$;
 
@@ -2771,7 +2856,7 @@ COMMENT ON FUNCTION enqueue_run(text, text, jsonb, timestamptz, integer, integer
 -- >>> plpgsql/runs/fail_attempt.sql
 -- fail_attempt(): end a live attempt in failure; retry or fail the run.
 --
--- Locks: key, run row, attempt row (waiting under a function-local
+-- Locks: key, run row, attempt row (waiting under a bounded
 -- lock_timeout); then, in fresh snapshots, the fence and the cancel marker.
 -- Outcomes:
 --   retry_scheduled — fewer than max_attempts attempts have failed: the run
@@ -2808,9 +2893,9 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path FROM CURRENT
-SET lock_timeout = '10s'
 AS $$
 DECLARE
+    v_caller_lock_timeout text := _bound_lock_wait();
     v_run runs;
     v_attempt attempts;
     v_outcome text;
@@ -2833,27 +2918,27 @@ BEGIN
     v_attempt := _lock_attempt(fail_attempt.run_id, fail_attempt.attempt);
     v_outcome := _fence(v_run, v_attempt, fail_attempt.lease_token, 'fail');
     IF v_outcome IS NOT NULL THEN
-        RETURN v_outcome;
+        RETURN _restore_lock_wait(v_caller_lock_timeout, v_outcome);
     END IF;
     IF fail_attempt.protect_waiting_suspension THEN
         -- The suspension this attempt recorded must still be the one in force
         -- (never a detached runner's: a pushed terminal is not the worker's to
         -- overwrite), and past its wake_at it has ended even if not yet woken.
         IF NOT _suspension_in_force(v_run, v_attempt) OR v_run.wake_at <= _now() THEN
-            RETURN 'fence_lost';
+            RETURN _restore_lock_wait(v_caller_lock_timeout, 'fence_lost');
         END IF;
     END IF;
     IF _apply_marker(v_run, 'fail', fail_attempt.attempt) THEN
-        RETURN 'cancelled';
+        RETURN _restore_lock_wait(v_caller_lock_timeout, 'cancelled');
     END IF;
     IF fail_attempt.preserve_runner_terminal AND v_attempt.runner_result_received_at IS NOT NULL THEN
-        RETURN 'superseded';
+        RETURN _restore_lock_wait(v_caller_lock_timeout, 'superseded');
     END IF;
     IF jsonb_array_length(v_events) > 0 THEN
         PERFORM _check_keys_unused('final_events', v_events);
         PERFORM _append(fail_attempt.run_id, v_events);
     END IF;
-    RETURN _fail(v_run, fail_attempt.attempt, 'failed', fail_attempt.error, fail_attempt.retry_at, 'fail');
+    RETURN _restore_lock_wait(v_caller_lock_timeout, _fail(v_run, fail_attempt.attempt, 'failed', fail_attempt.error, fail_attempt.retry_at, 'fail'));
 END;
 $$;
 
@@ -2864,7 +2949,7 @@ COMMENT ON FUNCTION fail_attempt(text, integer, uuid, jsonb, timestamptz, jsonb,
 -- heartbeat(): extend a live attempt's lease.
 --
 -- Locks: the run's custody locks (key, run row, attempt row), waiting under a
--- function-local lock_timeout. Then, in fresh snapshots: the fence, then the
+-- bounded lock_timeout. Then, in fresh snapshots: the fence, then the
 -- cancel marker. Outcomes: ok (lease extended to now + lease_seconds, clamped
 -- to 5..300), cancelled (the run was cancelled — stop; this and every later
 -- write for the attempt answer cancelled), fence_lost. An expired lease that
@@ -2885,9 +2970,9 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path FROM CURRENT
-SET lock_timeout = '10s'
 AS $$
 DECLARE
+    v_caller_lock_timeout text := _bound_lock_wait();
     v_run runs;
     v_attempt attempts;
     v_outcome text;
@@ -2903,10 +2988,12 @@ BEGIN
     v_outcome := _fence(v_run, v_attempt, heartbeat.lease_token, 'heartbeat');
     IF v_outcome IS NOT NULL THEN
         RETURN QUERY SELECT v_outcome, NULL::timestamptz;
+        PERFORM _restore_lock_wait(v_caller_lock_timeout);
         RETURN;
     END IF;
     IF _apply_marker(v_run) THEN
         RETURN QUERY SELECT 'cancelled'::text, NULL::timestamptz;
+        PERFORM _restore_lock_wait(v_caller_lock_timeout);
         RETURN;
     END IF;
     -- The beat lands when the locks are held: one that waited for the run
@@ -2917,6 +3004,7 @@ BEGIN
     SET heartbeat_at = v_beat, lease_expires_at = v_expires
     WHERE a.run_id = heartbeat.run_id AND a.attempt = heartbeat.attempt;
     RETURN QUERY SELECT 'ok'::text, v_expires;
+    PERFORM _restore_lock_wait(v_caller_lock_timeout);
 END;
 $$;
 
@@ -2951,9 +3039,9 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path FROM CURRENT
-SET lock_timeout = '10s'
 AS $$
 DECLARE
+    v_caller_lock_timeout text := _bound_lock_wait();
     v_run runs;
     v_attempt attempts;
     v_now timestamptz;
@@ -2965,25 +3053,25 @@ BEGIN
     v_run := _lock_run(prepare_waiting_failure.run_id);
     v_attempt := _lock_attempt(prepare_waiting_failure.run_id, prepare_waiting_failure.attempt);
     IF v_run.run_id IS NULL OR v_run.status <> 'waiting' OR v_run.wait ->> 'kind' = 'detached_runner' THEN
-        RETURN 'not_applicable';
+        RETURN _restore_lock_wait(v_caller_lock_timeout, 'not_applicable');
     END IF;
     IF v_attempt.run_id IS NULL
         OR v_attempt.lease_token IS DISTINCT FROM prepare_waiting_failure.lease_token
         OR v_attempt.status NOT IN ('waiting', 'running')
         OR NOT _suspension_in_force(v_run, v_attempt)
         OR (_cancel_reason(v_run.run_id)).requested THEN
-        RETURN 'fence_lost';
+        RETURN _restore_lock_wait(v_caller_lock_timeout, 'fence_lost');
     END IF;
     IF v_attempt.status = 'running' THEN
         -- Already prepared (a replay after a lost reply): the same answer,
         -- and nothing written — not even a fresher lease.
-        RETURN 'prepared';
+        RETURN _restore_lock_wait(v_caller_lock_timeout, 'prepared');
     END IF;
     v_now := _now();
     UPDATE attempts AS a
     SET status = 'running', heartbeat_at = v_now, lease_expires_at = v_now + _lease(30)
     WHERE a.run_id = prepare_waiting_failure.run_id AND a.attempt = prepare_waiting_failure.attempt;
-    RETURN 'prepared';
+    RETURN _restore_lock_wait(v_caller_lock_timeout, 'prepared');
 END;
 $$;
 
@@ -3062,6 +3150,7 @@ SECURITY DEFINER
 SET search_path FROM CURRENT
 AS $$
 DECLARE
+    v_caller_lock_timeout text := _bound_lock_wait();
     v_now timestamptz;
     v_candidate record;
     v_run runs;
@@ -3130,6 +3219,7 @@ BEGIN
             RETURN NEXT (v_run.run_id, nullif(v_run.attempt_count, 0), 'cancelled')::reap_expired_result;
         END IF;
     END LOOP;
+    PERFORM _restore_lock_wait(v_caller_lock_timeout);
 END;
 $$;
 
@@ -3164,9 +3254,9 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path FROM CURRENT
-SET lock_timeout = '10s'
 AS $$
 DECLARE
+    v_caller_lock_timeout text := _bound_lock_wait();
     v_run runs;
     v_attempt attempts;
     v_now timestamptz;
@@ -3180,10 +3270,10 @@ BEGIN
     v_attempt := _lock_attempt(record_runner_terminal.run_id, record_runner_terminal.attempt);
     IF v_run.run_id IS NULL OR v_attempt.run_id IS NULL
         OR v_attempt.wait ->> 'kind' IS DISTINCT FROM 'detached_runner' THEN
-        RETURN 'not_found';
+        RETURN _restore_lock_wait(v_caller_lock_timeout, 'not_found');
     END IF;
     IF v_attempt.runner_result_received_at IS NOT NULL THEN
-        RETURN CASE WHEN v_attempt.runner_result = record_runner_terminal.result THEN 'duplicate' ELSE 'conflict' END;
+        RETURN _restore_lock_wait(v_caller_lock_timeout, CASE WHEN v_attempt.runner_result = record_runner_terminal.result THEN 'duplicate' ELSE 'conflict' END);
     END IF;
     v_now := _now();
     -- Past timeout_at the wait has ended even if no claim has woken it yet:
@@ -3191,7 +3281,7 @@ BEGIN
     IF v_attempt.status <> 'waiting' OR v_run.status <> 'waiting'
         OR v_attempt.attempt <> v_run.attempt_count
         OR v_run.wake_at <= v_now THEN
-        RETURN 'too_late';
+        RETURN _restore_lock_wait(v_caller_lock_timeout, 'too_late');
     END IF;
     UPDATE attempts AS a
     SET runner_result = record_runner_terminal.result, runner_result_received_at = v_now
@@ -3200,7 +3290,7 @@ BEGIN
     SET wake_at = _wake_at(r.wait, v_now), updated_at = v_now
     WHERE r.run_id = record_runner_terminal.run_id;
     PERFORM pg_notify('runrelay_runs', v_run.queue);
-    RETURN 'recorded';
+    RETURN _restore_lock_wait(v_caller_lock_timeout, 'recorded');
 END;
 $$;
 
@@ -3217,7 +3307,7 @@ COMMENT ON FUNCTION record_runner_terminal(text, integer, jsonb) IS
 -- key. A released attempt does not count against max_attempts: the failure
 -- budget counts failed and lost attempts (_fail), never attempt numbers, so
 -- a run may be released any number of times.
--- Locks: key, run row, attempt row (waiting under a function-local
+-- Locks: key, run row, attempt row (waiting under a bounded
 -- lock_timeout); then, in fresh snapshots, the fence and the cancel marker.
 -- Outcomes:
 --   released   — the run is queued again; run.retry_scheduled is emitted
@@ -3242,9 +3332,9 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path FROM CURRENT
-SET lock_timeout = '10s'
 AS $$
 DECLARE
+    v_caller_lock_timeout text := _bound_lock_wait();
     v_run runs;
     v_attempt attempts;
     v_outcome text;
@@ -3264,13 +3354,13 @@ BEGIN
     v_attempt := _lock_attempt(release_attempt.run_id, release_attempt.attempt);
     v_outcome := _fence(v_run, v_attempt, release_attempt.lease_token, 'release');
     IF v_outcome IS NOT NULL THEN
-        RETURN v_outcome;
+        RETURN _restore_lock_wait(v_caller_lock_timeout, v_outcome);
     END IF;
     IF v_run.status <> 'running' THEN
-        RETURN 'fence_lost';
+        RETURN _restore_lock_wait(v_caller_lock_timeout, 'fence_lost');
     END IF;
     IF _apply_marker(v_run, 'release', release_attempt.attempt) THEN
-        RETURN 'cancelled';
+        RETURN _restore_lock_wait(v_caller_lock_timeout, 'cancelled');
     END IF;
 
     v_now := _now();
@@ -3294,7 +3384,7 @@ BEGIN
     IF v_run_at <= v_now THEN
         PERFORM pg_notify('runrelay_runs', v_run.queue);
     END IF;
-    RETURN 'released';
+    RETURN _restore_lock_wait(v_caller_lock_timeout, 'released');
 END;
 $$;
 
@@ -3334,9 +3424,9 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path FROM CURRENT
-SET lock_timeout = '10s'
 AS $$
 DECLARE
+    v_caller_lock_timeout text := _bound_lock_wait();
     v_run runs;
     v_digest bytea;
     v_recorded text;
@@ -3351,20 +3441,20 @@ BEGIN
         v_digest := _call_digest(jsonb_build_array(signal_run.name, signal_run.payload));
         v_recorded := _recorded_call(signal_run.call_id, 'signal_run', signal_run.run_id, v_digest);
         IF v_recorded IS NOT NULL THEN
-            RETURN v_recorded;
+            RETURN _restore_lock_wait(v_caller_lock_timeout, v_recorded);
         END IF;
     END IF;
 
     v_run := _lock_run(signal_run.run_id);
     IF v_run.run_id IS NULL THEN
-        RETURN 'not_found';
+        RETURN _restore_lock_wait(v_caller_lock_timeout, 'not_found');
     END IF;
     IF v_run.status IN ('completed', 'failed', 'cancelled') THEN
-        RETURN 'terminal';
+        RETURN _restore_lock_wait(v_caller_lock_timeout, 'terminal');
     END IF;
     PERFORM _lock_attempt(v_run.run_id, v_run.attempt_count);
     IF _apply_marker(v_run) THEN
-        RETURN _record_call(signal_run.call_id, 'signal_run', signal_run.run_id, v_digest, 'terminal');
+        RETURN _restore_lock_wait(v_caller_lock_timeout, _record_call(signal_run.call_id, 'signal_run', signal_run.run_id, v_digest, 'terminal'));
     END IF;
     IF v_run.status = 'waiting' AND v_run.wake_at <= _now() THEN
         -- The wait already ended by time (a timeout, a due sleep) even if no
@@ -3375,11 +3465,11 @@ BEGIN
         AND v_run.wait ->> 'kind' = 'event'
         AND v_run.wait ->> 'name' = signal_run.name THEN
         PERFORM _wake(v_run, jsonb_build_object('name', signal_run.name, 'payload', signal_run.payload));
-        RETURN _record_call(signal_run.call_id, 'signal_run', signal_run.run_id, v_digest, 'resumed');
+        RETURN _restore_lock_wait(v_caller_lock_timeout, _record_call(signal_run.call_id, 'signal_run', signal_run.run_id, v_digest, 'resumed'));
     END IF;
     INSERT INTO signals (run_id, name, payload, created_at)
     VALUES (signal_run.run_id, signal_run.name, signal_run.payload, _now());
-    RETURN _record_call(signal_run.call_id, 'signal_run', signal_run.run_id, v_digest, 'stored');
+    RETURN _restore_lock_wait(v_caller_lock_timeout, _record_call(signal_run.call_id, 'signal_run', signal_run.run_id, v_digest, 'stored'));
 END;
 $$;
 
@@ -3411,9 +3501,9 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path FROM CURRENT
-SET lock_timeout = '10s'
 AS $$
 DECLARE
+    v_caller_lock_timeout text := _bound_lock_wait();
     v_run runs;
     v_attempt attempts;
     v_outcome text;
@@ -3434,14 +3524,14 @@ BEGIN
     v_attempt := _lock_attempt(suspend_attempt.run_id, suspend_attempt.attempt);
     v_outcome := _fence(v_run, v_attempt, suspend_attempt.lease_token, 'suspend');
     IF v_outcome IS NOT NULL THEN
-        RETURN v_outcome;
+        RETURN _restore_lock_wait(v_caller_lock_timeout, v_outcome);
     END IF;
     IF v_run.status <> 'running' THEN
         -- A prepared or claimed-for-terminal attempt of a waiting run cannot suspend again.
-        RETURN 'fence_lost';
+        RETURN _restore_lock_wait(v_caller_lock_timeout, 'fence_lost');
     END IF;
     IF _apply_marker(v_run, 'suspend', suspend_attempt.attempt) THEN
-        RETURN 'cancelled';
+        RETURN _restore_lock_wait(v_caller_lock_timeout, 'cancelled');
     END IF;
 
     v_now := _now();
@@ -3480,10 +3570,10 @@ BEGIN
             UPDATE attempts AS a
             SET outcome = 'resumed'
             WHERE a.run_id = suspend_attempt.run_id AND a.attempt = suspend_attempt.attempt;
-            RETURN 'resumed';
+            RETURN _restore_lock_wait(v_caller_lock_timeout, 'resumed');
         END IF;
     END IF;
-    RETURN 'waiting';
+    RETURN _restore_lock_wait(v_caller_lock_timeout, 'waiting');
 END;
 $$;
 
@@ -3552,9 +3642,9 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path FROM CURRENT
-SET lock_timeout = '10s'
 AS $$
 DECLARE
+    v_caller_lock_timeout text := _bound_lock_wait();
     v_now timestamptz;
     v_lane text;
     v_lanes integer;
@@ -3637,6 +3727,7 @@ BEGIN
             -- (an append that found it locked left it to us); on a lane that
             -- is current this changes nothing.
             PERFORM _refresh_lane(ack_ledger.run_id, v_lane);
+            PERFORM _restore_lock_wait(v_caller_lock_timeout);
             RETURN;
         END IF;
     END IF;
@@ -3658,6 +3749,7 @@ BEGIN
     ELSIF _refresh_lane(ack_ledger.run_id, v_lane, v_from) <= v_now THEN
         PERFORM pg_notify('runrelay_ledger', ack_ledger.run_id);
     END IF;
+    PERFORM _restore_lock_wait(v_caller_lock_timeout);
 END;
 $$;
 
@@ -3684,9 +3776,9 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path FROM CURRENT
-SET lock_timeout = '10s'
 AS $$
 DECLARE
+    v_caller_lock_timeout text := _bound_lock_wait();
     v_events jsonb;
     v_found text;
     v_count integer;
@@ -3726,11 +3818,13 @@ BEGIN
         FROM jsonb_array_elements(append_events.events) WITH ORDINALITY AS e (value, ordinality)
         INNER JOIN ledger AS l ON l.delivery_key = e.value ->> 'delivery_key'
         ORDER BY e.ordinality;
+        PERFORM _restore_lock_wait(v_caller_lock_timeout);
         RETURN;
     END IF;
 
     v_events := _normalize_events('events', append_events.events);
     RETURN QUERY SELECT a.event_id, a.seq, a.delivery_key FROM _append(append_events.run_id, v_events) AS a;
+    PERFORM _restore_lock_wait(v_caller_lock_timeout);
 END;
 $$;
 
@@ -3746,7 +3840,7 @@ COMMENT ON FUNCTION append_events(text, jsonb) IS
 -- claim its prefix; if that run yields nothing (its head changed since the
 -- lane row was written), try the next, up to 10. With run_id: that run only;
 -- its lane row is locked SKIP LOCKED, or with wait_for_run waited for under a
--- function-local lock_timeout (55P03 when it lapses).
+-- bounded lock_timeout (55P03 when it lapses).
 -- The head blocks everything behind it (failed, not due, leased to another
 -- relay); a head leased to this relay is re-claimed with its lease extended,
 -- so a retry after a lost reply is safe. A due transport-only head is
@@ -3779,9 +3873,9 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path FROM CURRENT
-SET lock_timeout = '5s'
 AS $$
 DECLARE
+    v_caller_lock_timeout text := _bound_lock_wait();
     v_now timestamptz;
     v_lease interval := _lease(claim_ledger.lease_seconds);
     v_run_id text;
@@ -3817,6 +3911,7 @@ BEGIN
         ORDER BY l.run_id, l.seq;
         GET DIAGNOSTICS v_count = ROW_COUNT;
         IF v_count > 0 THEN
+            PERFORM _restore_lock_wait(v_caller_lock_timeout);
             RETURN;
         END IF;
     END IF;
@@ -3842,6 +3937,7 @@ BEGIN
                 claim_ledger.relay, v_run_id, claim_ledger.lane, claim_ledger.max_events,
                 claim_ledger.batch, v_lease, claim_ledger.call_id, claim_ledger.expected_head) AS c;
         END IF;
+        PERFORM _restore_lock_wait(v_caller_lock_timeout);
         RETURN;
     END IF;
 
@@ -3865,10 +3961,12 @@ BEGIN
             claim_ledger.relay, v_run_id, claim_ledger.lane, claim_ledger.max_events,
             claim_ledger.batch, v_lease, claim_ledger.call_id, claim_ledger.expected_head) AS c;
         IF FOUND THEN
+            PERFORM _restore_lock_wait(v_caller_lock_timeout);
             RETURN;
         END IF;
         v_run_id := NULL;
     END LOOP;
+    PERFORM _restore_lock_wait(v_caller_lock_timeout);
 END;
 $$;
 
@@ -3905,9 +4003,9 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path FROM CURRENT
-SET lock_timeout = '10s'
 AS $$
 DECLARE
+    v_caller_lock_timeout text := _bound_lock_wait();
     v_now timestamptz;
     v_max integer;
 BEGIN
@@ -3948,6 +4046,7 @@ BEGIN
         AND l.lease_owner = fail_ledger.relay
     RETURNING l.event_id, CASE WHEN l.state = 'failed' THEN 'blocked' ELSE 'retrying' END;
     PERFORM _refresh_event_lanes(fail_ledger.event_ids);
+    PERFORM _restore_lock_wait(v_caller_lock_timeout);
 END;
 $$;
 
@@ -4019,6 +4118,7 @@ SECURITY DEFINER
 SET search_path FROM CURRENT
 AS $$
 DECLARE
+    v_caller_lock_timeout text := _bound_lock_wait();
     v_count integer;
 BEGIN
     PERFORM _require_read_committed();
@@ -4033,7 +4133,7 @@ BEGIN
         LIMIT prune.max_rows
     );
     GET DIAGNOSTICS v_count = ROW_COUNT;
-    RETURN v_count;
+    RETURN _restore_lock_wait(v_caller_lock_timeout, v_count);
 END;
 $$;
 
@@ -4051,9 +4151,9 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path FROM CURRENT
-SET lock_timeout = '10s'
 AS $$
 DECLARE
+    v_caller_lock_timeout text := _bound_lock_wait();
     v_count integer;
 BEGIN
     PERFORM _require_read_committed();
@@ -4071,7 +4171,7 @@ BEGIN
         AND l.lease_owner = release_ledger.relay;
     GET DIAGNOSTICS v_count = ROW_COUNT;
     PERFORM _refresh_event_lanes(release_ledger.event_ids);
-    RETURN v_count;
+    RETURN _restore_lock_wait(v_caller_lock_timeout, v_count);
 END;
 $$;
 
@@ -4098,9 +4198,9 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path FROM CURRENT
-SET lock_timeout = '10s'
 AS $$
 DECLARE
+    v_caller_lock_timeout text := _bound_lock_wait();
     v_now timestamptz;
 BEGIN
     PERFORM _require_read_committed();
@@ -4121,6 +4221,7 @@ BEGIN
         AND l.lease_owner = renew_ledger_lease.relay
     RETURNING l.event_id, l.lease_expires_at;
     PERFORM _refresh_event_lanes(renew_ledger_lease.event_ids);
+    PERFORM _restore_lock_wait(v_caller_lock_timeout);
 END;
 $$;
 
@@ -4140,9 +4241,9 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path FROM CURRENT
-SET lock_timeout = '10s'
 AS $$
 DECLARE
+    v_caller_lock_timeout text := _bound_lock_wait();
     v_event ledger;
 BEGIN
     PERFORM _require_read_committed();
@@ -4159,7 +4260,7 @@ BEGIN
     -- Refreshed even when nothing was requeued: whoever holds a lane lock
     -- refreshes it (an appender may have left the lane to us).
     PERFORM _refresh_event_lanes(ARRAY[requeue_ledger_event.event_id]);
-    RETURN v_event.event_id IS NOT NULL;
+    RETURN _restore_lock_wait(v_caller_lock_timeout, v_event.event_id IS NOT NULL);
 END;
 $$;
 
