@@ -19,8 +19,12 @@
 --     not even locked. Whatever a relay does next to that lane, it does
 --     under the lane lock and ends with _refresh_lane.
 -- A lane that must change is locked SKIP LOCKED: an appender never waits for
--- a lane row (custody.sql: the lane lock order). A lane a relay holds is left
--- to that relay.
+-- a lane row (custody.sql: the lane lock order). An empty lane a relay holds
+-- gets a wake-up row in ledger_wakeups instead (schema/06_ledger.sql), which
+-- the next scan of the lane consumes (_lane_scan_from) and discovery takes
+-- first: whatever the holder does -- commit, roll back, or never look at the
+-- lane again -- the event is found. A lane woken here consumes an earlier
+-- append's wake-up, and its head goes back to that wake-up's first event.
 --
 -- Why that is safe under READ COMMITTED (the race: a relay acknowledges the
 -- last pending event while this append is uncommitted, so its fresh read of
@@ -34,10 +38,7 @@
 -- relay's try succeeds, no append is in flight: one that committed before
 -- is seen by the relay's fresh re-read of the tail, and one that starts
 -- later waits for the run lock until the relay commits, so its lane read (a
--- later statement, a later snapshot) sees the empty lane and wakes it. The
--- same holds when this append skips a lane a relay holds: the relay's
--- refresh either finds a live head (the new event is behind it) or fails
--- its try and leaves the lane to be re-checked.
+-- later statement, a later snapshot) sees the empty lane and wakes it.
 CREATE FUNCTION _append(p_run_id text, p_events jsonb)
 RETURNS SETOF append_result
 LANGUAGE plpgsql
@@ -86,13 +87,21 @@ BEGIN
         FROM inserted AS i
         GROUP BY i.lane
     ),
+    existing AS (
+        -- The run's lane rows, read without a lock.
+        SELECT t.lane, t.head_seq
+        FROM ledger_lanes AS t
+        WHERE t.run_id = p_run_id AND t.lane IN (SELECT f.lane FROM firsts AS f)
+    ),
     created AS (
-        -- A lane seen for the first time. DO NOTHING neither locks nor
-        -- waits for an existing row (lane rows are created only by
-        -- appenders, under the run lock, so none can be in flight).
+        -- A lane seen for the first time (lane rows are created only by
+        -- appenders, under the run lock, so none can be in flight; DO
+        -- NOTHING is a guard). Only lanes not seen above are inserted: an
+        -- insert that met an existing row would wait for a relay updating it.
         INSERT INTO ledger_lanes AS ll (run_id, lane, head_seq, available_at)
         SELECT p_run_id, f.lane, f.first_seq, v_now
         FROM firsts AS f
+        WHERE f.lane NOT IN (SELECT x.lane FROM existing AS x)
         ON CONFLICT (run_id, lane) DO NOTHING
         RETURNING ll.available_at
     ),
@@ -103,23 +112,44 @@ BEGIN
         FROM ledger_lanes AS t
         WHERE
             t.run_id = p_run_id
-            AND t.lane IN (SELECT f.lane FROM firsts AS f)
+            AND t.lane IN (SELECT x.lane FROM existing AS x WHERE x.head_seq IS NULL)
             AND t.head_seq IS NULL
         ORDER BY t.lane
         FOR UPDATE SKIP LOCKED
     ),
+    consumed AS (
+        -- An earlier append's wake-up of a lane this one now wakes: the
+        -- head goes back to its first event.
+        DELETE FROM ledger_wakeups AS w
+        WHERE w.run_id = p_run_id AND w.lane IN (SELECT m.lane FROM must_change AS m)
+        RETURNING w.lane, w.first_seq
+    ),
     woken AS (
         UPDATE ledger_lanes AS ll
-        SET head_seq = f.first_seq, available_at = v_now
+        SET head_seq = least(f.first_seq, c.first_seq), available_at = v_now
         FROM must_change AS m
         INNER JOIN firsts AS f ON m.lane = f.lane
+        LEFT JOIN consumed AS c ON m.lane = c.lane
         WHERE ll.run_id = p_run_id AND ll.lane = m.lane
         RETURNING ll.available_at
+    ),
+    left_awake AS (
+        -- An empty lane a relay holds: the wake-up goes to ledger_wakeups
+        -- (an earlier one, with an earlier first event, is kept).
+        INSERT INTO ledger_wakeups AS w (run_id, lane, first_seq, created_at)
+        SELECT p_run_id, x.lane, f.first_seq, v_now
+        FROM existing AS x
+        INNER JOIN firsts AS f ON x.lane = f.lane
+        WHERE x.head_seq IS NULL AND x.lane NOT IN (SELECT m.lane FROM must_change AS m)
+        ON CONFLICT (run_id, lane) DO NOTHING
+        RETURNING w.created_at AS available_at
     ),
     became_available AS (
         SELECT c.available_at FROM created AS c
         UNION ALL
         SELECT w.available_at FROM woken AS w
+        UNION ALL
+        SELECT a.available_at FROM left_awake AS a
     ),
     notified AS (
         SELECT pg_notify('runrelay_ledger', p_run_id)
@@ -145,7 +175,8 @@ COMMENT ON FUNCTION _append(text, jsonb) IS
 -- rule _append follows (see its header): a lane with nothing pending gets the
 -- event as its head, available now (transport-only or not); a lane with a
 -- live head is neither changed nor locked; lanes that must change are locked
--- SKIP LOCKED, so this never waits for a lane row.
+-- SKIP LOCKED (a held one gets a wake-up row), so this never waits for a lane
+-- row.
 CREATE FUNCTION _emit_lifecycle(
     p_run_ids text[],
     p_seqs bigint[],
@@ -176,10 +207,16 @@ BEGIN
         ORDER BY g.i
         RETURNING l.run_id, l.seq
     ),
+    existing AS (
+        SELECT t.run_id, t.head_seq
+        FROM ledger_lanes AS t
+        WHERE t.run_id = ANY(p_run_ids) AND t.lane = 'lifecycle'
+    ),
     created AS (
         INSERT INTO ledger_lanes AS ll (run_id, lane, head_seq, available_at)
         SELECT e.run_id, 'lifecycle', e.seq, v_now
         FROM events AS e
+        WHERE e.run_id NOT IN (SELECT x.run_id FROM existing AS x)
         ON CONFLICT (run_id, lane) DO NOTHING
         RETURNING ll.run_id, ll.available_at
     ),
@@ -187,23 +224,41 @@ BEGIN
         SELECT t.run_id
         FROM ledger_lanes AS t
         WHERE
-            t.run_id = ANY(p_run_ids) AND t.lane = 'lifecycle'
+            t.run_id IN (SELECT x.run_id FROM existing AS x WHERE x.head_seq IS NULL)
+            AND t.lane = 'lifecycle'
             AND t.head_seq IS NULL
         ORDER BY t.run_id COLLATE "C"
         FOR UPDATE SKIP LOCKED
     ),
+    consumed AS (
+        DELETE FROM ledger_wakeups AS w
+        WHERE w.run_id IN (SELECT m.run_id FROM must_change AS m) AND w.lane = 'lifecycle'
+        RETURNING w.run_id, w.first_seq
+    ),
     woken AS (
         UPDATE ledger_lanes AS ll
-        SET head_seq = e.seq, available_at = v_now
+        SET head_seq = least(e.seq, c.first_seq), available_at = v_now
         FROM must_change AS m
         INNER JOIN events AS e ON m.run_id = e.run_id
+        LEFT JOIN consumed AS c ON m.run_id = c.run_id
         WHERE ll.run_id = m.run_id AND ll.lane = 'lifecycle'
         RETURNING ll.run_id, ll.available_at
+    ),
+    left_awake AS (
+        INSERT INTO ledger_wakeups AS w (run_id, lane, first_seq, created_at)
+        SELECT x.run_id, 'lifecycle', e.seq, v_now
+        FROM existing AS x
+        INNER JOIN events AS e ON x.run_id = e.run_id
+        WHERE x.head_seq IS NULL AND x.run_id NOT IN (SELECT m.run_id FROM must_change AS m)
+        ON CONFLICT (run_id, lane) DO NOTHING
+        RETURNING w.run_id, w.created_at AS available_at
     ),
     lanes AS (
         SELECT c.run_id, c.available_at FROM created AS c
         UNION ALL
         SELECT w.run_id, w.available_at FROM woken AS w
+        UNION ALL
+        SELECT a.run_id, a.available_at FROM left_awake AS a
     )
     SELECT array_agg(n.run_id) INTO v_available FROM lanes AS n WHERE n.available_at IS NOT NULL;
     PERFORM pg_notify('runrelay_ledger', a.run_id) FROM unnest(v_available) AS a (run_id);

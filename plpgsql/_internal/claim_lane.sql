@@ -63,12 +63,8 @@ DECLARE
     v_front bigint;
     v_front_ok boolean;
 BEGIN
-    -- Start at the lane's known head: delivered events before it may still
-    -- have (dead) entries in ledger_pending_idx until VACUUM, and the scan
-    -- must not step over them (O(batch), never O(delivered history)).
-    SELECT greatest(ll.head_seq, p_from, 0) INTO v_from
-    FROM ledger_lanes AS ll
-    WHERE ll.run_id = p_run_id AND ll.lane = p_lane;
+    -- Start at the lane's known head, or an earlier wake-up (_lane_scan_from).
+    v_from := _lane_scan_from(p_run_id, p_lane, p_from);
 
     IF p_expected_head IS NOT NULL THEN
         SELECT l.* INTO v_target

@@ -1,5 +1,7 @@
 -- Custody locks. The one lock order every writer follows:
 --
+--   0. a call id's advisory lock (signal_run, cancel_run with a call_id;
+--      calls.sql): at most one per call, before anything else;
 --   1. the advisory locks of the runs' concurrency keys, ascending by lock id
 --      (only for runs that have a key);
 --   2. run rows, ascending by run_id COLLATE "C";
@@ -29,6 +31,12 @@
 -- So no cycle can pass through a lane: the only waits for a lane row are a
 -- relay's, in one order, behind holders that wait for nothing or for lanes
 -- further up that order.
+--
+-- Wake-ups (ledger_wakeups rows, append.sql): an appender that finds an
+-- empty lane held records a wake-up instead; a lane-lock holder consumes it
+-- (_lane_scan_from). Inserting a wake-up can wait for a relay's uncommitted
+-- consumption of the same row, but relays consume only after every lane lock
+-- they wait for is held and then wait for nothing, so that wait ends.
 --
 -- The paths that lock more than one row of a kind, and their order:
 --   claim_attempts   runs SKIP LOCKED (best first), key try-locks; due waits

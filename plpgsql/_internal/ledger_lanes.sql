@@ -7,8 +7,11 @@
 -- (append.sql). So an appender and a relay never wait on each other in a
 -- cycle, and an open producer transaction never holds up delivery.
 --
--- Whoever holds a lane row lock ends with _refresh_lane on that lane before
--- it commits: an appender that found the lane locked relies on it.
+-- An appender that finds an empty lane locked leaves a wake-up
+-- (ledger_wakeups) instead of relying on the lock holder: a holder may roll
+-- back, or hold the row without ever refreshing it (a discovery claim whose
+-- candidate stopped matching after it was locked). Every scan of a lane's
+-- tail starts at _lane_scan_from, which consumes the lane's wake-up.
 
 -- How soon a lane is looked at again when a relay drained it while a writer
 -- held its run row (see _refresh_lane): an append that was in flight is
@@ -16,7 +19,7 @@
 CREATE FUNCTION _lane_recheck()
 RETURNS interval
 LANGUAGE plpgsql
-IMMUTABLE
+VOLATILE
 SET search_path FROM CURRENT
 AS $$
 BEGIN
@@ -89,6 +92,40 @@ $$;
 COMMENT ON FUNCTION _lock_event_lanes(bigint[]) IS
 'Locks the ledger_lanes rows of the given events in the lane order (run_id COLLATE "C", lane).';
 
+-- Where a scan of a lane's pending tail starts: the recorded head (it only
+-- moves forward, and delivered events before it may still have dead entries
+-- in ledger_pending_idx until VACUUM, so starting there keeps a scan
+-- O(batch), never O(delivered history)), or p_from, a seq no undelivered
+-- event precedes -- but no later than the first event of a wake-up an
+-- appender left (see ledger_wakeups in schema/06_ledger.sql), which this
+-- consumes. The caller holds the lane lock and reads the tail in later
+-- statements, which see every event of a wake-up consumed here (it was
+-- committed before this statement began).
+CREATE FUNCTION _lane_scan_from(p_run_id text, p_lane text, p_from bigint DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_from bigint;
+BEGIN
+    WITH woken AS (
+        DELETE FROM ledger_wakeups AS w
+        WHERE w.run_id = p_run_id AND w.lane = p_lane
+        RETURNING w.first_seq
+    )
+    SELECT least(greatest(ll.head_seq, p_from, 0), (SELECT min(k.first_seq) FROM woken AS k))
+    INTO v_from
+    FROM ledger_lanes AS ll
+    WHERE ll.run_id = p_run_id AND ll.lane = p_lane;
+    RETURN v_from;
+END;
+$$;
+
+COMMENT ON FUNCTION _lane_scan_from(text, text, bigint) IS
+'Where a scan of a lane''s pending tail starts (head, p_from, or an earlier wake-up, which it consumes).';
+
 -- Recompute a lane's head and availability after its events changed. The
 -- caller holds the lane row lock; this reads the tail in a fresh snapshot,
 -- from the recorded head (or p_from, a seq no undelivered event precedes).
@@ -119,10 +156,7 @@ DECLARE
     v_from bigint;
     v_run_locked boolean := FALSE;
 BEGIN
-    -- The head only moves forward: the recorded one bounds the scan.
-    SELECT greatest(ll.head_seq, p_from, 0) INTO v_from
-    FROM ledger_lanes AS ll
-    WHERE ll.run_id = p_run_id AND ll.lane = p_lane;
+    v_from := _lane_scan_from(p_run_id, p_lane, p_from);
     LOOP
         v_available := NULL;
         v_blocked := FALSE;
@@ -146,7 +180,7 @@ BEGIN
         -- Empty: only with the run row share-locked (see above).
         PERFORM 1 FROM runs AS r WHERE r.run_id = p_run_id FOR SHARE SKIP LOCKED;
         IF NOT FOUND THEN
-            v_available := _now() + _lane_recheck();
+            v_available := _clock_now() + _lane_recheck();
             v_head.seq := v_from;
             EXIT;
         END IF;

@@ -108,15 +108,26 @@ BEGIN
     END IF;
 
     FOR v_count IN 1 .. 10 LOOP
+        -- A lane with a wake-up first: its lane row does not say it is due
+        -- (an appender found it held by a relay; see append.sql).
         SELECT ll.run_id INTO v_run_id
-        FROM ledger_lanes AS ll
-        WHERE
-            ll.lane = claim_ledger.lane
-            AND ll.available_at <= v_now
-            AND ll.run_id <> ALL(v_visited)
-        ORDER BY ll.available_at
+        FROM ledger_wakeups AS w
+        INNER JOIN ledger_lanes AS ll ON w.run_id = ll.run_id AND w.lane = ll.lane
+        WHERE w.lane = claim_ledger.lane AND w.run_id <> ALL(v_visited)
+        ORDER BY w.created_at
         LIMIT 1
-        FOR UPDATE SKIP LOCKED;
+        FOR UPDATE OF ll SKIP LOCKED;
+        IF v_run_id IS NULL THEN
+            SELECT ll.run_id INTO v_run_id
+            FROM ledger_lanes AS ll
+            WHERE
+                ll.lane = claim_ledger.lane
+                AND ll.available_at <= v_now
+                AND ll.run_id <> ALL(v_visited)
+            ORDER BY ll.available_at
+            LIMIT 1
+            FOR UPDATE SKIP LOCKED;
+        END IF;
         EXIT WHEN v_run_id IS NULL;
         v_visited := v_visited || v_run_id;
         RETURN QUERY

@@ -2,7 +2,8 @@
 -- for a relay deciding how long to sleep. A live lease counts as due at its
 -- expiry; a blocked lane is not due (a transport-only head is, like any); a
 -- lane drained while a writer held its run row is due at its re-check (see
--- _refresh_lane); NULL when nothing is pending. Reads ledger_lanes (one row
+-- _refresh_lane); a lane with a wake-up (append.sql) is due at once; NULL
+-- when nothing is pending. Reads ledger_lanes (one row
 -- per run lane) through ledger_lanes_available_idx: an index seek per lane,
 -- whatever the number of pending events or runs. No locks.
 CREATE FUNCTION ledger_next_due_at(lane text DEFAULT NULL, run_id text DEFAULT NULL)
@@ -28,6 +29,11 @@ BEGIN
         WHERE
             ll.run_id = ledger_next_due_at.run_id
             AND (ledger_next_due_at.lane IS NULL OR ll.lane = ledger_next_due_at.lane);
+        SELECT least(v_best, min(w.created_at)) INTO v_best
+        FROM ledger_wakeups AS w
+        WHERE
+            w.run_id = ledger_next_due_at.run_id
+            AND (ledger_next_due_at.lane IS NULL OR w.lane = ledger_next_due_at.lane);
         RETURN v_best;
     END IF;
     FOREACH v_lane IN ARRAY CASE
@@ -38,6 +44,13 @@ BEGIN
         FROM ledger_lanes AS ll
         WHERE ll.lane = v_lane AND ll.available_at IS NOT NULL
         ORDER BY ll.available_at
+        LIMIT 1;
+        v_best := least(v_best, v_due);
+        -- A wake-up is due from its creation (see append.sql).
+        SELECT w.created_at INTO v_due
+        FROM ledger_wakeups AS w
+        WHERE w.lane = v_lane
+        ORDER BY w.created_at
         LIMIT 1;
         v_best := least(v_best, v_due);
     END LOOP;

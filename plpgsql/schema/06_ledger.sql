@@ -107,3 +107,25 @@ CREATE TABLE ledger_lanes (
 
 CREATE INDEX ledger_lanes_available_idx ON ledger_lanes (lane, available_at)
 WHERE available_at IS NOT NULL;
+
+-- Lane wake-ups an appender could not write on the lane row. An append that
+-- finds a lane empty wakes it (head_seq, available_at), but never waits for
+-- a lane row: when a relay holds it at that moment, the append records the
+-- wake-up here instead (first_seq: the first event it appended to the lane),
+-- and the next lane-lock holder that reads the lane's tail -- a claim, an
+-- acknowledgement, any refresh -- consumes the row and starts its scan no later
+-- than first_seq. So an event is never stranded behind an empty lane, whatever
+-- the relay that held the lane did next (committed, rolled back, or never
+-- looked at the lane again). Rows are rare and short-lived: discovery takes
+-- them first and ledger_next_due_at reports them as due.
+CREATE TABLE ledger_wakeups (
+    run_id text NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+    lane text NOT NULL,
+    first_seq bigint NOT NULL,
+    created_at timestamptz NOT NULL,
+    PRIMARY KEY (run_id, lane),
+    CONSTRAINT ledger_wakeups_lane CHECK (lane IN ('lifecycle', 'observability'))
+);
+
+-- Discovery and ledger_next_due_at take the oldest wake-up of a lane.
+CREATE INDEX ledger_wakeups_lane_idx ON ledger_wakeups (lane, created_at);

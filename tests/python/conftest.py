@@ -21,7 +21,16 @@ from psycopg import sql
 from installed import Installed, build_wheel, install
 
 REPO = Path(__file__).resolve().parents[2]
-TABLES = ("calls", "ledger_lanes", "ledger", "signals", "cancellations", "attempts", "runs")
+TABLES = (
+    "calls",
+    "ledger_wakeups",
+    "ledger_lanes",
+    "ledger",
+    "signals",
+    "cancellations",
+    "attempts",
+    "runs",
+)
 
 
 def _server_url() -> str:

@@ -684,6 +684,7 @@ def row_images(conn: psycopg.Connection, run_id: str) -> str:
         ("signals", "signal_id"),
         ("ledger", "event_id"),
         ("ledger_lanes", "lane"),
+        ("ledger_wakeups", "lane"),
         ("calls", "call_id"),
     ):
         row = conn.execute(
@@ -696,7 +697,16 @@ def row_images(conn: psycopg.Connection, run_id: str) -> str:
     return "\n".join(parts)
 
 
-TABLES = ("runs", "attempts", "cancellations", "signals", "ledger", "ledger_lanes", "calls")
+TABLES = (
+    "runs",
+    "attempts",
+    "cancellations",
+    "signals",
+    "ledger",
+    "ledger_lanes",
+    "ledger_wakeups",
+    "calls",
+)
 
 
 def checksum(conn: psycopg.Connection) -> str:

@@ -86,7 +86,16 @@ def table_checksum(conn: psycopg.Connection) -> str:
     """A digest of every runrelay table's contents: equal before and after a
     call means the call changed nothing."""
     parts = []
-    tables = ("runs", "attempts", "cancellations", "signals", "ledger", "ledger_lanes", "calls")
+    tables = (
+        "runs",
+        "attempts",
+        "cancellations",
+        "signals",
+        "ledger",
+        "ledger_lanes",
+        "ledger_wakeups",
+        "calls",
+    )
     for table in tables:
         row = conn.execute(
             f"SELECT md5(coalesce(string_agg(t::text, '|' ORDER BY t::text), ''))"

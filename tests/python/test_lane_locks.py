@@ -372,3 +372,46 @@ def test_an_append_that_finds_its_lane_held_by_a_relay_call_is_not_stranded(
     assert _lane(db, "r1") == (appended[0]["seq"], True, False)
     rows = call(db, "claim_ledger", relay="R")
     assert [r["event_id"] for r in rows] == [appended[0]["event_id"]]
+
+
+@pytest.mark.parametrize("holder_ends", ["commit", "rollback"])
+def test_an_append_to_an_empty_lane_a_relay_holds_is_never_stranded(
+    db: psycopg.Connection, connect: Connect, holder_ends: str
+) -> None:
+    """A relay holds an empty lane without ever refreshing it (a discovery
+    claim whose candidate stopped matching once locked keeps the row lock; a
+    relay call that rolls back undoes its refresh). An append meanwhile does
+    not wait; once the holder is gone, the event is due, discovery claims it,
+    and a later append is delivered after it, in seq order."""
+    enqueue(db, "x")
+    _deliver_all(db, "x")
+    barrier = _hold_lane(connect, "x")
+    producer = connect(options="-c lock_timeout=200ms")
+    (late,) = call(producer, "append_events", run_id="x", events=[{"type": "late"}])
+    getattr(barrier, holder_ends)()
+    due = db.execute("SELECT runrelay.ledger_next_due_at('lifecycle') <= now()").fetchone()
+    assert due is not None and due[0] is True, "the appended event is not due"
+    call(db, "append_events", run_id="x", events=[{"type": "after"}])
+    claimed = call(db, "claim_ledger", relay="Q", batch=True, max_events=10)
+    assert [(r["kind"], r["type"]) for r in claimed] == [("claimed", "late"), ("claimed", "after")]
+    assert claimed[0]["event_id"] == late["event_id"]
+    wakeups = db.execute("SELECT count(*) FROM runrelay.ledger_wakeups").fetchone()
+    assert wakeups == (0,), "the claim did not consume the wake-up"
+
+
+def test_a_lane_woken_after_a_stranded_wake_up_starts_at_the_earlier_event(
+    db: psycopg.Connection, connect: Connect
+) -> None:
+    """The wake-up is left while the holder has the lane; the holder goes away
+    without refreshing; the next append finds the lane empty and free, wakes
+    it, and its head goes back to the earlier event, so a claim naming the
+    run delivers both in order."""
+    enqueue(db, "y")
+    _deliver_all(db, "y")
+    barrier = _hold_lane(connect, "y")
+    call(db, "append_events", run_id="y", events=[{"type": "first"}])
+    barrier.rollback()
+    call(db, "append_events", run_id="y", events=[{"type": "second"}])
+    claimed = call(db, "claim_ledger", relay="Q", run_id="y", batch=True, max_events=10)
+    assert [r["type"] for r in claimed] == ["first", "second"]
+    assert db.execute("SELECT count(*) FROM runrelay.ledger_wakeups").fetchone() == (0,)

@@ -69,8 +69,12 @@ CREATE TYPE ack_ledger_result AS (
 --     not even locked. Whatever a relay does next to that lane, it does
 --     under the lane lock and ends with _refresh_lane.
 -- A lane that must change is locked SKIP LOCKED: an appender never waits for
--- a lane row (custody.sql: the lane lock order). A lane a relay holds is left
--- to that relay.
+-- a lane row (custody.sql: the lane lock order). An empty lane a relay holds
+-- gets a wake-up row in ledger_wakeups instead (schema/06_ledger.sql), which
+-- the next scan of the lane consumes (_lane_scan_from) and discovery takes
+-- first: whatever the holder does -- commit, roll back, or never look at the
+-- lane again -- the event is found. A lane woken here consumes an earlier
+-- append's wake-up, and its head goes back to that wake-up's first event.
 --
 -- Why that is safe under READ COMMITTED (the race: a relay acknowledges the
 -- last pending event while this append is uncommitted, so its fresh read of
@@ -84,10 +88,7 @@ CREATE TYPE ack_ledger_result AS (
 -- relay's try succeeds, no append is in flight: one that committed before
 -- is seen by the relay's fresh re-read of the tail, and one that starts
 -- later waits for the run lock until the relay commits, so its lane read (a
--- later statement, a later snapshot) sees the empty lane and wakes it. The
--- same holds when this append skips a lane a relay holds: the relay's
--- refresh either finds a live head (the new event is behind it) or fails
--- its try and leaves the lane to be re-checked.
+-- later statement, a later snapshot) sees the empty lane and wakes it.
 CREATE FUNCTION _append(p_run_id text, p_events jsonb)
 RETURNS SETOF append_result
 LANGUAGE plpgsql
@@ -136,13 +137,21 @@ BEGIN
         FROM inserted AS i
         GROUP BY i.lane
     ),
+    existing AS (
+        -- The run's lane rows, read without a lock.
+        SELECT t.lane, t.head_seq
+        FROM ledger_lanes AS t
+        WHERE t.run_id = p_run_id AND t.lane IN (SELECT f.lane FROM firsts AS f)
+    ),
     created AS (
-        -- A lane seen for the first time. DO NOTHING neither locks nor
-        -- waits for an existing row (lane rows are created only by
-        -- appenders, under the run lock, so none can be in flight).
+        -- A lane seen for the first time (lane rows are created only by
+        -- appenders, under the run lock, so none can be in flight; DO
+        -- NOTHING is a guard). Only lanes not seen above are inserted: an
+        -- insert that met an existing row would wait for a relay updating it.
         INSERT INTO ledger_lanes AS ll (run_id, lane, head_seq, available_at)
         SELECT p_run_id, f.lane, f.first_seq, v_now
         FROM firsts AS f
+        WHERE f.lane NOT IN (SELECT x.lane FROM existing AS x)
         ON CONFLICT (run_id, lane) DO NOTHING
         RETURNING ll.available_at
     ),
@@ -153,23 +162,44 @@ BEGIN
         FROM ledger_lanes AS t
         WHERE
             t.run_id = p_run_id
-            AND t.lane IN (SELECT f.lane FROM firsts AS f)
+            AND t.lane IN (SELECT x.lane FROM existing AS x WHERE x.head_seq IS NULL)
             AND t.head_seq IS NULL
         ORDER BY t.lane
         FOR UPDATE SKIP LOCKED
     ),
+    consumed AS (
+        -- An earlier append's wake-up of a lane this one now wakes: the
+        -- head goes back to its first event.
+        DELETE FROM ledger_wakeups AS w
+        WHERE w.run_id = p_run_id AND w.lane IN (SELECT m.lane FROM must_change AS m)
+        RETURNING w.lane, w.first_seq
+    ),
     woken AS (
         UPDATE ledger_lanes AS ll
-        SET head_seq = f.first_seq, available_at = v_now
+        SET head_seq = least(f.first_seq, c.first_seq), available_at = v_now
         FROM must_change AS m
         INNER JOIN firsts AS f ON m.lane = f.lane
+        LEFT JOIN consumed AS c ON m.lane = c.lane
         WHERE ll.run_id = p_run_id AND ll.lane = m.lane
         RETURNING ll.available_at
+    ),
+    left_awake AS (
+        -- An empty lane a relay holds: the wake-up goes to ledger_wakeups
+        -- (an earlier one, with an earlier first event, is kept).
+        INSERT INTO ledger_wakeups AS w (run_id, lane, first_seq, created_at)
+        SELECT p_run_id, x.lane, f.first_seq, v_now
+        FROM existing AS x
+        INNER JOIN firsts AS f ON x.lane = f.lane
+        WHERE x.head_seq IS NULL AND x.lane NOT IN (SELECT m.lane FROM must_change AS m)
+        ON CONFLICT (run_id, lane) DO NOTHING
+        RETURNING w.created_at AS available_at
     ),
     became_available AS (
         SELECT c.available_at FROM created AS c
         UNION ALL
         SELECT w.available_at FROM woken AS w
+        UNION ALL
+        SELECT a.available_at FROM left_awake AS a
     ),
     notified AS (
         SELECT pg_notify('runrelay_ledger', p_run_id)
@@ -195,7 +225,8 @@ COMMENT ON FUNCTION _append(text, jsonb) IS
 -- rule _append follows (see its header): a lane with nothing pending gets the
 -- event as its head, available now (transport-only or not); a lane with a
 -- live head is neither changed nor locked; lanes that must change are locked
--- SKIP LOCKED, so this never waits for a lane row.
+-- SKIP LOCKED (a held one gets a wake-up row), so this never waits for a lane
+-- row.
 CREATE FUNCTION _emit_lifecycle(
     p_run_ids text[],
     p_seqs bigint[],
@@ -226,10 +257,16 @@ BEGIN
         ORDER BY g.i
         RETURNING l.run_id, l.seq
     ),
+    existing AS (
+        SELECT t.run_id, t.head_seq
+        FROM ledger_lanes AS t
+        WHERE t.run_id = ANY(p_run_ids) AND t.lane = 'lifecycle'
+    ),
     created AS (
         INSERT INTO ledger_lanes AS ll (run_id, lane, head_seq, available_at)
         SELECT e.run_id, 'lifecycle', e.seq, v_now
         FROM events AS e
+        WHERE e.run_id NOT IN (SELECT x.run_id FROM existing AS x)
         ON CONFLICT (run_id, lane) DO NOTHING
         RETURNING ll.run_id, ll.available_at
     ),
@@ -237,23 +274,41 @@ BEGIN
         SELECT t.run_id
         FROM ledger_lanes AS t
         WHERE
-            t.run_id = ANY(p_run_ids) AND t.lane = 'lifecycle'
+            t.run_id IN (SELECT x.run_id FROM existing AS x WHERE x.head_seq IS NULL)
+            AND t.lane = 'lifecycle'
             AND t.head_seq IS NULL
         ORDER BY t.run_id COLLATE "C"
         FOR UPDATE SKIP LOCKED
     ),
+    consumed AS (
+        DELETE FROM ledger_wakeups AS w
+        WHERE w.run_id IN (SELECT m.run_id FROM must_change AS m) AND w.lane = 'lifecycle'
+        RETURNING w.run_id, w.first_seq
+    ),
     woken AS (
         UPDATE ledger_lanes AS ll
-        SET head_seq = e.seq, available_at = v_now
+        SET head_seq = least(e.seq, c.first_seq), available_at = v_now
         FROM must_change AS m
         INNER JOIN events AS e ON m.run_id = e.run_id
+        LEFT JOIN consumed AS c ON m.run_id = c.run_id
         WHERE ll.run_id = m.run_id AND ll.lane = 'lifecycle'
         RETURNING ll.run_id, ll.available_at
+    ),
+    left_awake AS (
+        INSERT INTO ledger_wakeups AS w (run_id, lane, first_seq, created_at)
+        SELECT x.run_id, 'lifecycle', e.seq, v_now
+        FROM existing AS x
+        INNER JOIN events AS e ON x.run_id = e.run_id
+        WHERE x.head_seq IS NULL AND x.run_id NOT IN (SELECT m.run_id FROM must_change AS m)
+        ON CONFLICT (run_id, lane) DO NOTHING
+        RETURNING w.run_id, w.created_at AS available_at
     ),
     lanes AS (
         SELECT c.run_id, c.available_at FROM created AS c
         UNION ALL
         SELECT w.run_id, w.available_at FROM woken AS w
+        UNION ALL
+        SELECT a.run_id, a.available_at FROM left_awake AS a
     )
     SELECT array_agg(n.run_id) INTO v_available FROM lanes AS n WHERE n.available_at IS NOT NULL;
     PERFORM pg_notify('runrelay_ledger', a.run_id) FROM unnest(v_available) AS a (run_id);
@@ -586,12 +641,8 @@ DECLARE
     v_front bigint;
     v_front_ok boolean;
 BEGIN
-    -- Start at the lane's known head: delivered events before it may still
-    -- have (dead) entries in ledger_pending_idx until VACUUM, and the scan
-    -- must not step over them (O(batch), never O(delivered history)).
-    SELECT greatest(ll.head_seq, p_from, 0) INTO v_from
-    FROM ledger_lanes AS ll
-    WHERE ll.run_id = p_run_id AND ll.lane = p_lane;
+    -- Start at the lane's known head, or an earlier wake-up (_lane_scan_from).
+    v_from := _lane_scan_from(p_run_id, p_lane, p_from);
 
     IF p_expected_head IS NOT NULL THEN
         SELECT l.* INTO v_target
@@ -784,6 +835,8 @@ COMMENT ON FUNCTION _complete(text, integer, uuid, jsonb, jsonb) IS
 -- >>> plpgsql/_internal/custody.sql
 -- Custody locks. The one lock order every writer follows:
 --
+--   0. a call id's advisory lock (signal_run, cancel_run with a call_id;
+--      calls.sql): at most one per call, before anything else;
 --   1. the advisory locks of the runs' concurrency keys, ascending by lock id
 --      (only for runs that have a key);
 --   2. run rows, ascending by run_id COLLATE "C";
@@ -813,6 +866,12 @@ COMMENT ON FUNCTION _complete(text, integer, uuid, jsonb, jsonb) IS
 -- So no cycle can pass through a lane: the only waits for a lane row are a
 -- relay's, in one order, behind holders that wait for nothing or for lanes
 -- further up that order.
+--
+-- Wake-ups (ledger_wakeups rows, append.sql): an appender that finds an
+-- empty lane held records a wake-up instead; a lane-lock holder consumes it
+-- (_lane_scan_from). Inserting a wake-up can wait for a relay's uncommitted
+-- consumption of the same row, but relays consume only after every lane lock
+-- they wait for is held and then wait for nothing, so that wait ends.
 --
 -- The paths that lock more than one row of a kind, and their order:
 --   claim_attempts   runs SKIP LOCKED (best first), key try-locks; due waits
@@ -1111,8 +1170,11 @@ COMMENT ON FUNCTION _fence(runs, attempts, uuid, text) IS
 -- (append.sql). So an appender and a relay never wait on each other in a
 -- cycle, and an open producer transaction never holds up delivery.
 --
--- Whoever holds a lane row lock ends with _refresh_lane on that lane before
--- it commits: an appender that found the lane locked relies on it.
+-- An appender that finds an empty lane locked leaves a wake-up
+-- (ledger_wakeups) instead of relying on the lock holder: a holder may roll
+-- back, or hold the row without ever refreshing it (a discovery claim whose
+-- candidate stopped matching after it was locked). Every scan of a lane's
+-- tail starts at _lane_scan_from, which consumes the lane's wake-up.
 
 -- How soon a lane is looked at again when a relay drained it while a writer
 -- held its run row (see _refresh_lane): an append that was in flight is
@@ -1120,7 +1182,7 @@ COMMENT ON FUNCTION _fence(runs, attempts, uuid, text) IS
 CREATE FUNCTION _lane_recheck()
 RETURNS interval
 LANGUAGE plpgsql
-IMMUTABLE
+VOLATILE
 SET search_path FROM CURRENT
 AS $$
 BEGIN
@@ -1193,6 +1255,40 @@ $$;
 COMMENT ON FUNCTION _lock_event_lanes(bigint[]) IS
 'Locks the ledger_lanes rows of the given events in the lane order (run_id COLLATE "C", lane).';
 
+-- Where a scan of a lane's pending tail starts: the recorded head (it only
+-- moves forward, and delivered events before it may still have dead entries
+-- in ledger_pending_idx until VACUUM, so starting there keeps a scan
+-- O(batch), never O(delivered history)), or p_from, a seq no undelivered
+-- event precedes -- but no later than the first event of a wake-up an
+-- appender left (see ledger_wakeups in schema/06_ledger.sql), which this
+-- consumes. The caller holds the lane lock and reads the tail in later
+-- statements, which see every event of a wake-up consumed here (it was
+-- committed before this statement began).
+CREATE FUNCTION _lane_scan_from(p_run_id text, p_lane text, p_from bigint DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_from bigint;
+BEGIN
+    WITH woken AS (
+        DELETE FROM ledger_wakeups AS w
+        WHERE w.run_id = p_run_id AND w.lane = p_lane
+        RETURNING w.first_seq
+    )
+    SELECT least(greatest(ll.head_seq, p_from, 0), (SELECT min(k.first_seq) FROM woken AS k))
+    INTO v_from
+    FROM ledger_lanes AS ll
+    WHERE ll.run_id = p_run_id AND ll.lane = p_lane;
+    RETURN v_from;
+END;
+$$;
+
+COMMENT ON FUNCTION _lane_scan_from(text, text, bigint) IS
+'Where a scan of a lane''s pending tail starts (head, p_from, or an earlier wake-up, which it consumes).';
+
 -- Recompute a lane's head and availability after its events changed. The
 -- caller holds the lane row lock; this reads the tail in a fresh snapshot,
 -- from the recorded head (or p_from, a seq no undelivered event precedes).
@@ -1223,10 +1319,7 @@ DECLARE
     v_from bigint;
     v_run_locked boolean := FALSE;
 BEGIN
-    -- The head only moves forward: the recorded one bounds the scan.
-    SELECT greatest(ll.head_seq, p_from, 0) INTO v_from
-    FROM ledger_lanes AS ll
-    WHERE ll.run_id = p_run_id AND ll.lane = p_lane;
+    v_from := _lane_scan_from(p_run_id, p_lane, p_from);
     LOOP
         v_available := NULL;
         v_blocked := FALSE;
@@ -1250,7 +1343,7 @@ BEGIN
         -- Empty: only with the run row share-locked (see above).
         PERFORM 1 FROM runs AS r WHERE r.run_id = p_run_id FOR SHARE SKIP LOCKED;
         IF NOT FOUND THEN
-            v_available := _now() + _lane_recheck();
+            v_available := _clock_now() + _lane_recheck();
             v_head.seq := v_from;
             EXIT;
         END IF;
@@ -3942,15 +4035,26 @@ BEGIN
     END IF;
 
     FOR v_count IN 1 .. 10 LOOP
+        -- A lane with a wake-up first: its lane row does not say it is due
+        -- (an appender found it held by a relay; see append.sql).
         SELECT ll.run_id INTO v_run_id
-        FROM ledger_lanes AS ll
-        WHERE
-            ll.lane = claim_ledger.lane
-            AND ll.available_at <= v_now
-            AND ll.run_id <> ALL(v_visited)
-        ORDER BY ll.available_at
+        FROM ledger_wakeups AS w
+        INNER JOIN ledger_lanes AS ll ON w.run_id = ll.run_id AND w.lane = ll.lane
+        WHERE w.lane = claim_ledger.lane AND w.run_id <> ALL(v_visited)
+        ORDER BY w.created_at
         LIMIT 1
-        FOR UPDATE SKIP LOCKED;
+        FOR UPDATE OF ll SKIP LOCKED;
+        IF v_run_id IS NULL THEN
+            SELECT ll.run_id INTO v_run_id
+            FROM ledger_lanes AS ll
+            WHERE
+                ll.lane = claim_ledger.lane
+                AND ll.available_at <= v_now
+                AND ll.run_id <> ALL(v_visited)
+            ORDER BY ll.available_at
+            LIMIT 1
+            FOR UPDATE SKIP LOCKED;
+        END IF;
         EXIT WHEN v_run_id IS NULL;
         v_visited := v_visited || v_run_id;
         RETURN QUERY
@@ -4058,7 +4162,8 @@ COMMENT ON FUNCTION fail_ledger(text, bigint[], jsonb, timestamptz, boolean) IS
 -- for a relay deciding how long to sleep. A live lease counts as due at its
 -- expiry; a blocked lane is not due (a transport-only head is, like any); a
 -- lane drained while a writer held its run row is due at its re-check (see
--- _refresh_lane); NULL when nothing is pending. Reads ledger_lanes (one row
+-- _refresh_lane); a lane with a wake-up (append.sql) is due at once; NULL
+-- when nothing is pending. Reads ledger_lanes (one row
 -- per run lane) through ledger_lanes_available_idx: an index seek per lane,
 -- whatever the number of pending events or runs. No locks.
 CREATE FUNCTION ledger_next_due_at(lane text DEFAULT NULL, run_id text DEFAULT NULL)
@@ -4084,6 +4189,11 @@ BEGIN
         WHERE
             ll.run_id = ledger_next_due_at.run_id
             AND (ledger_next_due_at.lane IS NULL OR ll.lane = ledger_next_due_at.lane);
+        SELECT least(v_best, min(w.created_at)) INTO v_best
+        FROM ledger_wakeups AS w
+        WHERE
+            w.run_id = ledger_next_due_at.run_id
+            AND (ledger_next_due_at.lane IS NULL OR w.lane = ledger_next_due_at.lane);
         RETURN v_best;
     END IF;
     FOREACH v_lane IN ARRAY CASE
@@ -4094,6 +4204,13 @@ BEGIN
         FROM ledger_lanes AS ll
         WHERE ll.lane = v_lane AND ll.available_at IS NOT NULL
         ORDER BY ll.available_at
+        LIMIT 1;
+        v_best := least(v_best, v_due);
+        -- A wake-up is due from its creation (see append.sql).
+        SELECT w.created_at INTO v_due
+        FROM ledger_wakeups AS w
+        WHERE w.lane = v_lane
+        ORDER BY w.created_at
         LIMIT 1;
         v_best := least(v_best, v_due);
     END LOOP;

@@ -1,4 +1,18 @@
 -- Undo revision 0006.
+-- 0005 has no lane wake-ups: apply each one to its lane row (the head no
+-- later than the wake-up's first event, available now) so 0005's relays
+-- find the events (a blocked lane stays blocked: its failed head is
+-- earlier), then drop the table. Runs before the resting-lanes
+-- update below, which then sees the lanes as they are.
+UPDATE ledger_lanes AS ll
+SET
+    head_seq = least(coalesce(ll.head_seq, w.first_seq), w.first_seq),
+    available_at = least(ll.available_at, w.created_at)
+FROM ledger_wakeups AS w
+WHERE ll.run_id = w.run_id AND ll.lane = w.lane AND NOT ll.blocked;
+
+DROP TABLE ledger_wakeups;
+
 -- 0005 lets a transport-only head without a successor rest: its lane has
 -- available_at NULL until an append wakes it. Put such lanes back to rest so
 -- that 0005's relays do not keep discovering a lane they will not claim.

@@ -35,3 +35,17 @@ CREATE TABLE calls (
     ),
     CONSTRAINT calls_arguments_digest CHECK (octet_length(arguments_digest) = 32)
 );
+
+-- Lane wake-ups an appender could not write on a lane row a relay held
+-- (plpgsql/schema/06_ledger.sql). A new table: no existing row is touched.
+CREATE TABLE ledger_wakeups (
+    run_id text NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+    lane text NOT NULL,
+    first_seq bigint NOT NULL,
+    created_at timestamptz NOT NULL,
+    PRIMARY KEY (run_id, lane),
+    CONSTRAINT ledger_wakeups_lane CHECK (lane IN ('lifecycle', 'observability'))
+);
+
+-- Discovery and ledger_next_due_at take the oldest wake-up of a lane.
+CREATE INDEX ledger_wakeups_lane_idx ON ledger_wakeups (lane, created_at);
