@@ -358,8 +358,8 @@ def _detached_wait(
 
 
 def _push(c: psycopg.Connection, run_id: str) -> None:
-    result = {"from": run_id}
-    assert scalar(c, "record_runner_terminal", run_id=run_id, attempt=1, result=result) == "recorded"
+    pushed = scalar(c, "record_runner_terminal", run_id=run_id, attempt=1, result={"from": run_id})
+    assert pushed == "recorded"
 
 
 def _deadlines(c: psycopg.Connection) -> dict[str, tuple[datetime | None, datetime | None]]:
