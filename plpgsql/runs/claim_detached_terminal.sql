@@ -28,6 +28,7 @@ DECLARE
     v_run runs;
     v_attempt attempts;
     v_now timestamptz;
+    v_granted timestamptz;
     v_seq bigint;
 BEGIN
     PERFORM _require_read_committed();
@@ -54,8 +55,12 @@ BEGIN
     IF _apply_marker(v_run) THEN
         RETURN _restore_lock_wait(v_caller_lock_timeout, FALSE);
     END IF;
+    -- The lease is granted when the locks are held: a claim that waited for
+    -- the run lock still hands over a full 30 s. (Whether the window is over
+    -- is decided at the statement's start, as every deadline check is.)
+    v_granted := _clock_now();
     UPDATE attempts AS a
-    SET status = 'running', heartbeat_at = v_now, lease_expires_at = v_now + _lease(30)
+    SET status = 'running', heartbeat_at = v_granted, lease_expires_at = v_granted + _lease(30)
     WHERE a.run_id = claim_detached_terminal.run_id AND a.attempt = claim_detached_terminal.attempt;
     UPDATE runs AS r
     SET wake_at = NULL, updated_at = v_now, ledger_seq = r.ledger_seq + 1

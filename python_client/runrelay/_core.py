@@ -253,12 +253,17 @@ OPERATIONS: dict[str, Operation] = {
 
 
 def waiting_failure(prepared: t.PrepareOutcome, failed: t.FailOutcome) -> t.WaitingFailureOutcome:
-    """The one answer of fail_waiting's two calls. The protected failure's
-    answer decides (on a repeat after a lost reply it is the outcome the first
-    failure recorded, whatever the prepare says now); a refusal is reported as
-    not_applicable when the prepare found no suspension of that kind to fail."""
-    if failed is t.FailOutcome.FENCE_LOST and prepared is t.PrepareOutcome.NOT_APPLICABLE:
-        return t.WaitingFailureOutcome.NOT_APPLICABLE
+    """The one answer of fail_waiting's two calls: the protected failure's.
+
+    Only that answer is the same on every repeat: an applied failure is the
+    outcome the attempt recorded, and a refusal is fence_lost for as long as
+    the attempt is not cancelled (then cancelled, as for every fenced write).
+    The prepare's answer reads the run as it is now, so it cannot tell a
+    repeat from a first call: a prepare that answered `prepared` before a
+    signal won answers `not_applicable` once the run is queued, or
+    `fence_lost` once a newer attempt waits. It only makes the attempt live
+    for the failure, and is not consulted here."""
+    del prepared
     return t.WaitingFailureOutcome(str(failed))
 
 

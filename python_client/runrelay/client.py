@@ -70,20 +70,29 @@ live attempt and a suspended one is not live: the prepare makes it live again
 *without* ending the wait, and the protected failure applies only if that same
 suspension is still in force when it holds the run's locks. Each call is its
 own transaction (unless ``conn=`` is inside yours), so a signal, a timeout or a
-cancellation may commit between them — and then it wins. The protected
-failure is sent even when the prepare refused, so that repeating the whole
-helper after a lost reply answers exactly what the first one did (every
-answer below is replay-safe).
+cancellation may commit between them — and then it wins. The helper answers
+what the protected failure answers, and the failure is sent whatever the
+prepare answered, so repeating the whole helper after a lost reply answers
+exactly what the first call did: an applied failure is the outcome the
+attempt recorded, and a refusal stays ``fence_lost`` (``cancelled`` once a
+cancellation pending at the first call has been applied, as every fenced
+write then answers).
 
 * ``retry_scheduled`` / ``failed`` — the failure applied: the wait is cleared
   and the run retries (``retry_at``, or backoff) or, attempts exhausted, fails;
 * ``cancelled`` — a cancel marker won; the run is cancelled;
-* ``fence_lost`` — refused, nothing written: the suspension is no longer the
-  one in force (a signal or timeout woke the run, which resumes; a newer
-  attempt exists; a cancellation is pending) or the token is wrong;
-* ``not_applicable`` — refused, nothing written: the run is not waiting, or
-  waits on a detached runner (whose pushed terminal is the runner's to write,
-  see claim_detached_terminal).
+* ``fence_lost`` — refused, nothing written: this attempt's suspension is not
+  (or no longer) the one in force — a signal or timeout woke the run, before
+  or after the prepare (the run resumes); a newer attempt exists; a
+  cancellation is pending; the token is wrong; or the attempt never suspended
+  on a sleep or event wait (it is still running, or waits on a detached
+  runner, whose pushed terminal is the runner's to write, see
+  claim_detached_terminal).
+
+``not_applicable`` is never answered (it stays in WaitingFailureOutcome for
+code that names it): the prepare's ``not_applicable`` reads the run as it is
+at each call, so it cannot tell a repeat (the run moved on after the first
+call) from a first call.
 """
 
 # psycopg prepares a statement after this many executions on a connection.

@@ -66,7 +66,9 @@ class PrepareOutcome(enum.StrEnum):
 
 class WaitingFailureOutcome(enum.StrEnum):
     """What `Client.fail_waiting` (prepare_waiting_failure, then
-    fail_attempt(..., protect_waiting_suspension=True)) answers."""
+    fail_attempt(..., protect_waiting_suspension=True)) answers: the protected
+    failure's answer. NOT_APPLICABLE is no longer answered (a refusal is
+    FENCE_LOST, on every repeat); it is kept for code that names it."""
 
     RETRY_SCHEDULED = "retry_scheduled"
     FAILED = "failed"

@@ -113,7 +113,7 @@ class Suspend(Exception):
     runs, the worker neither heartbeats nor hands back a waiting run, and if
     the worker dies during the step the run simply keeps waiting. A detached
     runner's wait cannot be failed this way (fail_waiting answers
-    `not_applicable`): its outcome is the runner's to push."""
+    `fence_lost`): its outcome is the runner's to push."""
 
     def __init__(
         self,

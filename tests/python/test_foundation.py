@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import subprocess
+from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -12,6 +14,7 @@ from devtools import sqlsource as _sqlsource
 from psycopg import errors
 
 from conftest import alembic, create_database, drop_database
+from sqlapi import call, claim_one, enqueue, fenced, scalar
 
 ROLES = ("runrelay_producer", "runrelay_worker", "runrelay_relay", "runrelay_admin")
 SET_CLAUSE = {"settings": "singleton = true", "signals": "name = name", "ledger": "lane = lane"}
@@ -337,6 +340,145 @@ def test_0006_wakes_lanes_resting_on_a_lone_transport_only_head() -> None:
                 "SELECT run_id, kind FROM runrelay.claim_ledger('r', lane => 'observability')"
             ).fetchall()
             assert claimed == [("new", "local_ack")]
+    finally:
+        drop_database(name)
+
+
+def _detached_wait(
+    c: psycopg.Connection, run_id: str, timeout_at: datetime | None = None
+) -> dict[str, Any]:
+    """run_id, alone on its queue, claimed and waiting on a detached runner."""
+    enqueue(c, run_id, queue=run_id)
+    claim = claim_one(c, queues=[run_id])
+    wait: dict[str, Any] = {"kind": "detached_runner", "runner": "gpu"}
+    if timeout_at is not None:
+        wait["timeout_at"] = timeout_at.isoformat()
+    assert scalar(c, "suspend_attempt", **fenced(claim), wait=wait) == "waiting"
+    return claim
+
+
+def _push(c: psycopg.Connection, run_id: str) -> None:
+    pushed = scalar(c, "record_runner_terminal", run_id=run_id, attempt=1, result={"from": run_id})
+    assert pushed == "recorded"
+
+
+def _deadlines(c: psycopg.Connection) -> dict[str, tuple[datetime | None, datetime | None]]:
+    """Each run's wake_at, and when its current attempt's pushed terminal arrived."""
+    rows = c.execute(
+        "SELECT r.run_id, r.wake_at, a.runner_result_received_at FROM runrelay.runs AS r"
+        " JOIN runrelay.attempts AS a ON a.run_id = r.run_id AND a.attempt = r.attempt_count"
+    ).fetchall()
+    return {run_id: (wake_at, received_at) for run_id, wake_at, received_at in rows}
+
+
+def _db_now(c: psycopg.Connection) -> datetime:
+    row = c.execute("SELECT now()").fetchone()
+    assert row is not None
+    return row[0]
+
+
+def test_0006_gives_terminals_pushed_under_0005_their_claim_window() -> None:
+    """0005's record_runner_terminal disarmed the run's deadline (wake_at NULL)
+    until the owner claimed the terminal; 0006 bounds the claim by a window
+    (5 minutes from the push, or timeout_at if sooner). The upgrade gives
+    terminals pushed under 0005 the deadline 0006 would have given them, so
+    none can keep its run waiting forever; a terminal already claimed keeps
+    0006's semantics: no deadline while the owner's lease governs, the window
+    restored when the lease lapses."""
+    name = f"rr_window_up_{os.getpid()}"
+    url = create_database(name)
+    window = timedelta(minutes=5)
+    try:
+        alembic(url, "upgrade", "0005")
+        with psycopg.connect(url, autocommit=True) as c:
+            c.execute("UPDATE runrelay.settings SET allow_clock_override = true")
+            soon = _db_now(c) + timedelta(minutes=1)
+            later = _db_now(c) + timedelta(hours=1)
+            claims = {
+                "plain": _detached_wait(c, "plain"),
+                "soon": _detached_wait(c, "soon", timeout_at=soon),
+                "claimed": _detached_wait(c, "claimed"),
+                "stale": _detached_wait(c, "stale"),
+                "unpushed": _detached_wait(c, "unpushed", timeout_at=later),
+            }
+            for run_id in ("plain", "soon", "claimed"):
+                _push(c, run_id)
+            with c.transaction():  # pushed an hour ago, never claimed
+                c.execute("SET LOCAL runrelay.clock_offset = '-1 hour'")
+                _push(c, "stale")
+            assert scalar(c, "claim_detached_terminal", **fenced(claims["claimed"])) is True
+            old = _deadlines(c)
+            assert [old[r][0] for r in ("plain", "soon", "claimed", "stale")] == [None] * 4
+        alembic(url, "upgrade", "head")
+        with psycopg.connect(url, autocommit=True) as c:
+            new = _deadlines(c)
+            plain_received = new["plain"][1]
+            assert plain_received is not None
+            assert new["plain"][0] == plain_received + window
+            assert new["soon"][0] == soon  # timeout_at is sooner than the window
+            assert new["claimed"][0] is None  # the owner's lease governs
+            assert new["unpushed"] == old["unpushed"] == (later, None)
+            # The stale terminal's window is over: the claim is refused and the
+            # next claim on its queue wakes the run with the pushed result.
+            assert scalar(c, "claim_detached_terminal", **fenced(claims["stale"])) is False
+            call(c, "claim_attempts", worker="w2", queues=["stale"], lease_seconds=300)
+            resume = c.execute("SELECT resume FROM runrelay.runs WHERE run_id = 'stale'").fetchone()
+            assert resume == ({"timed_out": True, "runner_result": {"from": "stale"}},)
+            # The claimed terminal's lease lapses: the reaper restores its window.
+            with c.transaction():
+                c.execute("SET LOCAL runrelay.clock_offset = '1 minute'")
+                reaped = call(c, "reap_expired")
+            assert reaped == [{"run_id": "claimed", "attempt": 1, "outcome": "waiting"}]
+            claimed_wake, claimed_received = _deadlines(c)["claimed"]
+            assert claimed_received is not None and claimed_wake == claimed_received + window
+            # Within its window the owner still claims the plain terminal.
+            assert scalar(c, "claim_detached_terminal", **fenced(claims["plain"])) is True
+    finally:
+        drop_database(name)
+
+
+def test_downgrade_to_0005_disarms_the_claim_window_of_pushed_terminals() -> None:
+    """0005 keeps a pushed detached terminal waiting for its owner with no
+    deadline (wake_at NULL), and its claim_detached_terminal does not look at
+    wake_at. A claim window left in place would let 0005's claims wake the run
+    {"timed_out": true} — dropping the pushed result, and fencing out an owner
+    that claimed it meanwhile. The downgrade disarms it; a wait that has no
+    pushed terminal keeps its timeout."""
+    name = f"rr_window_down_{os.getpid()}"
+    url = create_database(name)
+    try:
+        alembic(url, "upgrade", "head")
+        with psycopg.connect(url, autocommit=True) as c:
+            c.execute("UPDATE runrelay.settings SET allow_clock_override = true")
+            later = _db_now(c) + timedelta(hours=1)
+            claims = {
+                "pushed": _detached_wait(c, "pushed"),
+                "pushed_timed": _detached_wait(c, "pushed_timed", timeout_at=later),
+                "claimed": _detached_wait(c, "claimed"),
+                "timed": _detached_wait(c, "timed", timeout_at=later),
+            }
+            for run_id in ("pushed", "pushed_timed", "claimed"):
+                _push(c, run_id)
+            assert scalar(c, "claim_detached_terminal", **fenced(claims["claimed"])) is True
+            assert _deadlines(c)["pushed"][0] is not None  # 0006's claim window
+        alembic(url, "downgrade", "0005")
+        with psycopg.connect(url, autocommit=True) as c:
+            old = _deadlines(c)
+            assert [old[r][0] for r in ("pushed", "pushed_timed", "claimed")] == [None] * 3
+            assert old["timed"] == (later, None)
+            with c.transaction():  # two hours on: only the wait without a terminal times out
+                c.execute("SET LOCAL runrelay.clock_offset = '2 hours'")
+                call(c, "claim_attempts", worker="w2", queues=list(claims), max_runs=10)
+                statuses = dict(c.execute("SELECT run_id, status FROM runrelay.runs").fetchall())
+                assert statuses == {
+                    "pushed": "waiting",
+                    "pushed_timed": "waiting",
+                    "claimed": "waiting",
+                    "timed": "running",
+                }
+                pushed = fenced(claims["pushed"])
+                assert scalar(c, "claim_detached_terminal", **pushed) is True
+                assert scalar(c, "complete_attempt", **pushed, result={"ok": 1}) == "completed"
     finally:
         drop_database(name)
 

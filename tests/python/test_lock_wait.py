@@ -14,13 +14,23 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg import errors
 
-from sqlapi import call, claim_one, enqueue, fenced, table_checksum
+from sqlapi import (
+    backend_pid,
+    call,
+    claim_one,
+    enqueue,
+    fenced,
+    scalar,
+    table_checksum,
+    wait_until_blocked,
+)
 
 Connect = Callable[..., psycopg.Connection]
 RUN_ROW = "SELECT 1 FROM runrelay.runs WHERE run_id = 'r1' FOR UPDATE"
@@ -205,3 +215,64 @@ def test_every_writing_function_restores_the_callers_lock_timeout_on_every_exit(
             tail = body.rstrip().removesuffix("END;").rstrip()
             assert tail.endswith((RESTORED, "RETURN;")), name
     assert len(bounded) >= 22
+
+
+def _waiting_on_event(db: psycopg.Connection) -> dict[str, Any]:
+    enqueue(db, "r1")
+    claim = claim_one(db, worker="w1")
+    wait = {"kind": "event", "name": "go"}
+    assert scalar(db, "suspend_attempt", **fenced(claim), wait=wait) == "waiting"
+    return claim
+
+
+def _pushed_detached_terminal(db: psycopg.Connection) -> dict[str, Any]:
+    enqueue(db, "r1")
+    claim = claim_one(db, worker="w1")
+    wait = {"kind": "detached_runner", "runner": "gpu"}
+    assert scalar(db, "suspend_attempt", **fenced(claim), wait=wait) == "waiting"
+    pushed = scalar(db, "record_runner_terminal", run_id="r1", attempt=1, result={"ok": 1})
+    assert pushed == "recorded"
+    return claim
+
+
+@pytest.mark.parametrize(
+    ("function", "setup"),
+    [
+        ("prepare_waiting_failure", _waiting_on_event),
+        ("claim_detached_terminal", _pushed_detached_terminal),
+    ],
+)
+def test_a_lease_granted_after_a_run_lock_wait_runs_from_the_grant(
+    db: psycopg.Connection,
+    connect: Connect,
+    function: str,
+    setup: Callable[[psycopg.Connection], dict[str, Any]],
+) -> None:
+    """prepare_waiting_failure and claim_detached_terminal hand a waiting
+    attempt a fresh 30 s lease. A call that queued behind a session holding
+    the run row must grant it from the moment it got the lock, not from the
+    start of its statement, or its holder would start with the lease short by
+    the time it waited. All times compared are the database clock's."""
+    claim = setup(db)
+    holder = connect(autocommit=False)
+    holder.execute(RUN_ROW)
+    waiter = connect()
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(scalar, waiter, function, **fenced(claim))
+        wait_until_blocked(db, backend_pid(waiter))
+        # The waiter's statement began before this moment; its lock comes after.
+        row = holder.execute("SELECT clock_timestamp()").fetchone()
+        assert row is not None
+        released = row[0]
+        holder.commit()
+        answer = pending.result(timeout=10)
+    assert answer in ("prepared", True), answer
+    lease = db.execute(
+        "SELECT status, heartbeat_at, lease_expires_at FROM runrelay.attempts"
+        " WHERE run_id = 'r1' AND attempt = 1"
+    ).fetchone()
+    assert lease is not None
+    status, granted_at, expires = lease
+    assert status == "running"
+    assert granted_at >= released, (granted_at, released)
+    assert expires == granted_at + timedelta(seconds=30), lease

@@ -279,17 +279,50 @@ def test_fail_waiting_repeated_answers_the_same_and_writes_nothing(
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)
-def test_fail_waiting_is_not_applicable_to_running_or_detached_runs(
+def test_fail_waiting_refused_after_a_signal_is_refused_the_same_on_every_repeat(
     db: psycopg.Connection, db_url: str, flavor: str
 ) -> None:
+    """The prepare answered prepared, a signal won, the protected failure
+    answered fence_lost, and the reply was lost. The repeat's prepare sees the
+    run queued (not_applicable), and once the next attempt waits, a newer
+    attempt (fence_lost): the helper answers fence_lost each time, writing
+    nothing, because only the protected failure's answer decides."""
+    claim = _waiting(db, "s1")
+    client = _client(flavor, db_url)
+    _signal_after_prepare(client, db, "s1")
+    assert _fail_waiting(client, claim) is WaitingFailureOutcome.FENCE_LOST
+    before = table_checksum(db)
+    assert scalar(db, "prepare_waiting_failure", **fenced(claim)) == "not_applicable"
+    assert _fail_waiting(_client(flavor, db_url), claim) is WaitingFailureOutcome.FENCE_LOST
+    assert table_checksum(db) == before
+    nxt = claim_one(db, queues=["s1"])
+    assert scalar(db, "suspend_attempt", **fenced(nxt), wait=WAIT) == "waiting"
+    assert scalar(db, "prepare_waiting_failure", **fenced(claim)) == "fence_lost"
+    before = table_checksum(db)
+    assert _fail_waiting(_client(flavor, db_url), claim) is WaitingFailureOutcome.FENCE_LOST
+    assert table_checksum(db) == before
+    # A signal that won before the prepare is refused the same way.
+    claim = _waiting(db, "s2")
+    assert scalar(db, "signal_run", run_id="s2", name="approve") == "resumed"
+    assert _fail_waiting(_client(flavor, db_url), claim) is WaitingFailureOutcome.FENCE_LOST
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_fail_waiting_refuses_running_or_detached_attempts(
+    db: psycopg.Connection, db_url: str, flavor: str
+) -> None:
+    """An attempt that never suspended on a sleep or event wait has no
+    suspension the protocol can fail: fence_lost, nothing written."""
     enqueue(db, "n1", queue="n1")
     claim = claim_one(db, queues=["n1"])
     before = table_checksum(db)
-    assert _fail_waiting(_client(flavor, db_url), claim) is WaitingFailureOutcome.NOT_APPLICABLE
+    assert _fail_waiting(_client(flavor, db_url), claim) is WaitingFailureOutcome.FENCE_LOST
     assert table_checksum(db) == before  # the running attempt is not failed
     detached = {"kind": "detached_runner", "runner": "gpu"}
     assert scalar(db, "suspend_attempt", **fenced(claim), wait=detached) == "waiting"
-    assert _fail_waiting(_client(flavor, db_url), claim) is WaitingFailureOutcome.NOT_APPLICABLE
+    before = table_checksum(db)
+    assert _fail_waiting(_client(flavor, db_url), claim) is WaitingFailureOutcome.FENCE_LOST
+    assert table_checksum(db) == before
     assert run_row(db, "n1")["status"] == "waiting"
 
 

@@ -2572,6 +2572,7 @@ DECLARE
     v_run runs;
     v_attempt attempts;
     v_now timestamptz;
+    v_granted timestamptz;
     v_seq bigint;
 BEGIN
     PERFORM _require_read_committed();
@@ -2598,8 +2599,12 @@ BEGIN
     IF _apply_marker(v_run) THEN
         RETURN _restore_lock_wait(v_caller_lock_timeout, FALSE);
     END IF;
+    -- The lease is granted when the locks are held: a claim that waited for
+    -- the run lock still hands over a full 30 s. (Whether the window is over
+    -- is decided at the statement's start, as every deadline check is.)
+    v_granted := _clock_now();
     UPDATE attempts AS a
-    SET status = 'running', heartbeat_at = v_now, lease_expires_at = v_now + _lease(30)
+    SET status = 'running', heartbeat_at = v_granted, lease_expires_at = v_granted + _lease(30)
     WHERE a.run_id = claim_detached_terminal.run_id AND a.attempt = claim_detached_terminal.attempt;
     UPDATE runs AS r
     SET wake_at = NULL, updated_at = v_now, ledger_seq = r.ledger_seq + 1
@@ -3113,7 +3118,8 @@ COMMENT ON FUNCTION heartbeat(text, integer, uuid, integer) IS
 --   prepared       — this attempt's receipt is the very wait the run is in
 --                    (_suspension_in_force), the token matches, no newer
 --                    attempt exists and no cancel marker exists: the attempt
---                    is set back to running (with a fresh 30 s lease) so
+--                    is set back to running (with a fresh 30 s lease,
+--                    counted from when the locks are held) so
 --                    fail_attempt(..., protect_waiting_suspension => true)
 --                    can write;
 --   fence_lost     — otherwise.
@@ -3137,7 +3143,7 @@ DECLARE
     v_caller_lock_timeout text := _bound_lock_wait();
     v_run runs;
     v_attempt attempts;
-    v_now timestamptz;
+    v_granted timestamptz;
 BEGIN
     PERFORM _require_read_committed();
     PERFORM _check_id('run_id', prepare_waiting_failure.run_id);
@@ -3160,9 +3166,11 @@ BEGIN
         -- and nothing written — not even a fresher lease.
         RETURN _restore_lock_wait(v_caller_lock_timeout, 'prepared');
     END IF;
-    v_now := _now();
+    -- The lease is granted when the locks are held: a prepare that waited for
+    -- the run lock still hands over a full 30 s.
+    v_granted := _clock_now();
     UPDATE attempts AS a
-    SET status = 'running', heartbeat_at = v_now, lease_expires_at = v_now + _lease(30)
+    SET status = 'running', heartbeat_at = v_granted, lease_expires_at = v_granted + _lease(30)
     WHERE a.run_id = prepare_waiting_failure.run_id AND a.attempt = prepare_waiting_failure.attempt;
     RETURN _restore_lock_wait(v_caller_lock_timeout, 'prepared');
 END;

@@ -40,3 +40,23 @@ WHERE
 -- back to 0006 a repeat of a call made before the downgrade is decided afresh
 -- (a signal may be stored twice), as it was under 0005.
 DROP TABLE calls;
+
+-- ---------------------------------------------------------------------------
+-- Detached-runner terminals lose 0006's claim window.
+-- 0006 keeps a waiting run with a pushed terminal under a deadline (its claim
+-- window; see upgrade.sql). 0005 has none: its record_runner_terminal sets
+-- wake_at NULL and its claim_detached_terminal ignores wake_at, so a window
+-- left in place would let 0005's claims wake the run {"timed_out": true} —
+-- dropping the pushed result, and fencing out an owner that claimed it
+-- meanwhile. Disarm it on every waiting detached run whose current attempt
+-- holds a pushed terminal, as 0005 would have left it (a claimed one already
+-- has none). A detached wait without a pushed terminal keeps its timeout_at.
+UPDATE runs AS r
+SET wake_at = NULL
+FROM attempts AS a
+WHERE
+    r.status = 'waiting' AND r.wait ->> 'kind' = 'detached_runner'
+    AND r.wake_at IS NOT NULL
+    AND a.run_id = r.run_id AND a.attempt = r.attempt_count
+    AND a.runner_result_received_at IS NOT NULL;
+-- ---------------------------------------------------------------------------

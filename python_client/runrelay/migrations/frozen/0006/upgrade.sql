@@ -49,3 +49,29 @@ CREATE TABLE ledger_wakeups (
 
 -- Discovery and ledger_next_due_at take the oldest wake-up of a lane.
 CREATE INDEX ledger_wakeups_lane_idx ON ledger_wakeups (lane, created_at);
+
+-- ---------------------------------------------------------------------------
+-- Detached-runner terminals pushed under 0005 get 0006's claim window.
+-- 0005's record_runner_terminal disarmed the run's deadline (wake_at NULL)
+-- until the owner claimed the terminal, so a terminal nobody claims kept its
+-- run waiting forever. 0006 bounds the claim (_wake_at in
+-- plpgsql/_internal/wait.sql): the deadline is 5 minutes after the push, or
+-- the wait's timeout_at if that is sooner; past it the next claim wakes the
+-- run with the pushed result in its resume. Such runs get exactly that
+-- deadline here (computed inline: 0006's functions are installed after this
+-- file runs), even when it has already passed. A terminal already claimed
+-- (claim_detached_terminal succeeded: the attempt is running under the
+-- owner's lease) keeps no deadline, as under 0006: the lease governs, and
+-- reap_expired restores the window if the lease lapses.
+UPDATE runs AS r
+SET
+    wake_at = least(
+        (r.wait ->> 'timeout_at')::timestamptz,
+        a.runner_result_received_at + interval '5 minutes'
+    )
+FROM attempts AS a
+WHERE
+    r.status = 'waiting' AND r.wait ->> 'kind' = 'detached_runner'
+    AND a.run_id = r.run_id AND a.attempt = r.attempt_count
+    AND a.status = 'waiting' AND a.runner_result_received_at IS NOT NULL;
+-- ---------------------------------------------------------------------------
