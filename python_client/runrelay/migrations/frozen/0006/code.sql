@@ -1278,9 +1278,14 @@ BEGIN
         WHERE w.run_id = p_run_id AND w.lane = p_lane
         RETURNING w.first_seq
     )
-    SELECT least(greatest(ll.head_seq, p_from, 0), (SELECT min(k.first_seq) FROM woken AS k))
+    -- Without a head (the lane was empty) no undelivered event precedes the
+    -- wake-up's first one: start there, not at 0 (dead index entries).
+    SELECT least(
+        coalesce(greatest(ll.head_seq, p_from), k.first_seq, 0), k.first_seq
+    )
     INTO v_from
     FROM ledger_lanes AS ll
+    LEFT JOIN (SELECT min(w.first_seq) AS first_seq FROM woken AS w) AS k ON TRUE
     WHERE ll.run_id = p_run_id AND ll.lane = p_lane;
     RETURN v_from;
 END;
