@@ -18,15 +18,36 @@ missing=()
 command -v pg_prove >/dev/null 2>&1 || missing+=("libtap-parser-sourcehandler-pgtap-perl")
 command -v pgbouncer >/dev/null 2>&1 || missing+=("pgbouncer")
 
-if [ ${#missing[@]} -eq 0 ]; then
+# A non-C collation (glibc's en_US.UTF-8) for the lane-order test, which
+# needs a database whose default collation sorts run_ids unlike "C" (the
+# embedded PostgreSQL 18 has no ICU).
+need_locale=0
+locale -a 2>/dev/null | grep -i '^en_US\.utf-\?8$' >/dev/null || need_locale=1
+command -v locale-gen >/dev/null 2>&1 || { [ "$need_locale" -eq 0 ] || missing+=("locales"); }
+
+if [ ${#missing[@]} -eq 0 ] && [ "$need_locale" -eq 0 ]; then
     exit 0
 fi
 if [ "$(id -u)" -ne 0 ]; then
-    echo "ensure_prereqs: missing Debian packages: ${missing[*]}" >&2
-    echo "  install them with: sudo apt-get install -y ${missing[*]}" >&2
+    if [ ${#missing[@]} -gt 0 ]; then
+        echo "ensure_prereqs: missing Debian packages: ${missing[*]}" >&2
+        echo "  install them with: sudo apt-get install -y ${missing[*]}" >&2
+    fi
+    if [ "$need_locale" -eq 1 ]; then
+        echo "ensure_prereqs: missing the en_US.UTF-8 locale" >&2
+        echo "  generate it with: sudo locale-gen en_US.UTF-8" >&2
+    fi
     exit 1
 fi
-echo "ensure_prereqs: installing ${missing[*]}" >&2
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq "${missing[@]}" >/dev/null
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "ensure_prereqs: installing ${missing[*]}" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+if [ "$need_locale" -eq 1 ]; then
+    echo "ensure_prereqs: generating the en_US.UTF-8 locale" >&2
+    sed -i -E 's/^# *(en_US\.UTF-8 UTF-8)/\1/' /etc/locale.gen
+    grep -q '^en_US.UTF-8 UTF-8' /etc/locale.gen || echo 'en_US.UTF-8 UTF-8' >> /etc/locale.gen
+    locale-gen >/dev/null
+fi

@@ -214,21 +214,31 @@ def test_waking_due_waits_never_deadlocks_with_fail_ledger(
         assert types[-2:] == ["run.resumed", "run.started"], types
 
 
+# A database default collation where 'a' sorts before 'B' (in "C", 'B'
+# sorts first): ICU en-US where the server has ICU, else glibc's en_US.UTF-8
+# (the embedded PostgreSQL 18 has no ICU; scripts/ensure_prereqs.sh
+# generates the locale).
+LOCALES = (
+    "LOCALE_PROVIDER icu ICU_LOCALE 'en-US' TEMPLATE template0",
+    "LOCALE_PROVIDER libc LOCALE 'en_US.UTF-8' ENCODING 'UTF8' TEMPLATE template0",
+)
+
+
 @pytest.fixture
 def icu_connect() -> Iterator[Connect]:
-    """Connections to a database whose default collation is ICU en-US, where
-    'a' sorts before 'B' (in "C", 'B' sorts first)."""
+    """Connections to a database whose default collation is not "C"-ordered."""
     name = f"rr_icu_{os.getpid()}"
     drop_database(name)
+    errors = []
     with psycopg.connect(url_for("postgres"), autocommit=True) as c:
-        try:
-            c.execute(
-                sql.SQL(
-                    "CREATE DATABASE {} LOCALE_PROVIDER icu ICU_LOCALE 'en-US' TEMPLATE template0"
-                ).format(sql.Identifier(name))
-            )
-        except psycopg.Error as exc:  # a server built without ICU
-            pytest.skip(f"no ICU collation: {exc}")
+        for options in LOCALES:
+            try:
+                c.execute(sql.SQL("CREATE DATABASE {} " + options).format(sql.Identifier(name)))
+                break
+            except psycopg.Error as exc:
+                errors.append(str(exc).strip())
+        else:
+            pytest.fail(f"no non-C collation (run scripts/ensure_prereqs.sh): {errors}")
     url = url_for(name)
     alembic(url, "upgrade", "head")
     opened: list[psycopg.Connection] = []
