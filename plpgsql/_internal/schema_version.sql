@@ -8,7 +8,7 @@ VOLATILE
 SECURITY DEFINER
 SET search_path FROM CURRENT
 AS $$
-    SELECT '0006'::text;
+    SELECT '0007'::text;
 $$;
 
 COMMENT ON FUNCTION get_schema_version() IS

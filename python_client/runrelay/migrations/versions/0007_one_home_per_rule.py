@@ -1,0 +1,25 @@
+"""One home per rule: the runnable predicate, wait kinds, the lane upsert and
+the ledger result type each defined once; attempts.outcome checked.
+
+Revision ID: 0007
+Revises: 0006
+Create Date: 2026-12-02
+"""
+
+from runrelay.migrations import support
+
+revision = "0007"
+down_revision = "0006"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    support.run_frozen(revision, "upgrade.sql")
+    support.install_code(revision)
+
+
+def downgrade() -> None:
+    support.drop_code()
+    support.run_frozen(revision, "downgrade.sql")
+    support.install_code(down_revision)
