@@ -14,13 +14,18 @@ install's schema:
   the code, and the deltas are checked by other tests).
 
 It is independent of the schema name, the migrating role and the PostgreSQL
-major version (15 and 18 give the same checksum): the schema name is replaced
-by ``<schema>`` wherever it appears (qualified names, ``search_path`` settings,
-role names ``<schema>_worker`` ...), the object owner (the role that ran the
-migration) by ``<owner>``, and view definitions are compared with their
-whitespace collapsed (``pg_get_viewdef`` is the only text PostgreSQL
-reformats; the two majors print these views identically, the collapse is a
-guard against layout-only changes).
+major version (15 and 18 give the same checksum):
+
+* the schema name becomes ``<schema>`` wherever the catalog prints it
+  (qualified type names, ``search_path`` settings, role names
+  ``<schema>_worker`` ...), the object owner (the role that ran the migration)
+  ``<owner>``; function bodies (``prosrc``) are compared verbatim;
+* the ``MAINTAIN`` privilege is left out of ACLs: PostgreSQL 17 added it, and
+  owners hold it implicitly there;
+* view definitions lose their range-variable qualifiers and layout:
+  PostgreSQL 16 stopped qualifying the columns of a single-relation FROM
+  (15 prints ``r.queue``, 18 ``queue``). The view's columns and their types
+  are fingerprinted besides.
 
 ``checksum()`` is what ``frozen/RELEASED`` records per released revision and
 what tests/python/test_revisions.py compares after every step of a full
@@ -99,9 +104,20 @@ def fingerprint(conn: psycopg.Connection[Any], schema: str) -> dict[str, Any]:
         functions = conn.execute(_FUNCTIONS, {"schema": schema}).fetchall()
         relations = conn.execute(_RELATIONS, {"schema": schema}).fetchall()
     out: dict[str, Any] = {"functions": {}, "views": {}, "types": {}, "grants": {}}
-    for sig, result, lang, src, retset, vol, secdef, config, owner, acl, no_acl, comment in (
-        functions
-    ):
+    for (
+        sig,
+        result,
+        lang,
+        src,
+        retset,
+        vol,
+        secdef,
+        config,
+        owner,
+        acl,
+        no_acl,
+        comment,
+    ) in functions:
         norm = _normaliser(schema, owner)
         out["functions"][norm(sig)] = {
             "result": norm(result),
@@ -159,8 +175,9 @@ def _normaliser(schema: str, owner: str) -> Any:
 
     def norm(text: str) -> str:
         # Role names first: <schema>_worker must not become <owner>-anything.
-        text = re.sub(rf"(?<![\w$]){re.escape(schema)}_(producer|worker|relay|admin)\b",
-                      r"<schema>_\1", text)
+        text = re.sub(
+            rf"(?<![\w$]){re.escape(schema)}_(producer|worker|relay|admin)\b", r"<schema>_\1", text
+        )
         text = owner_re.sub("<owner>", text)
         text = schema_re.sub("<schema>", text)
         return text.replace(f'"{schema}"', "<schema>")
