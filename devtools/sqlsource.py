@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -33,6 +34,7 @@ import psycopg
 from psycopg import sql
 
 from devtools import catalog
+from runrelay import migrations
 from runrelay.migrations import codetree
 from runrelay.migrations.codetree import CODE_DIRS, GRANTS, PATCH, RELEASED, PatchError, Tree
 
@@ -75,17 +77,28 @@ def head_revision(frozen: Path = FROZEN) -> str:
 
 
 def freeze(revision: str | None = None, frozen: Path = FROZEN) -> Path:
-    """Write the head revision's code.patch: plpgsql/'s tree against its predecessor's."""
-    chain = codetree.revisions(frozen)
-    head = chain[-1]
-    revision = revision or head
+    """Write the head revision's code.patch: plpgsql/'s tree against its predecessor's.
+
+    The head is Alembic's (a new revision's frozen/<rev>/ is created here).
+    """
+    revision = revision or migrations.head()
     if revision in codetree.released(frozen):
         raise SourceError(
             f"revision {revision} is released (frozen/{RELEASED}): its code can no longer "
-            "change. Open a new revision (`alembic revision -m ...`) and run `make freeze`."
+            "change. Open a new revision (`alembic revision --rev-id NNNN -m ...`) and run "
+            "`make freeze`."
         )
-    if revision != head:
-        raise SourceError(f"only the head revision ({head}) can be frozen, not {revision}")
+    if not re.fullmatch(r"[0-9]{4}", revision):
+        raise SourceError(
+            f"revision id {revision!r} is not four digits: create revisions with "
+            "`alembic revision --rev-id NNNN -m ...`"
+        )
+    chain = codetree.revisions(frozen)
+    if revision not in chain and (not chain or revision > chain[-1]):
+        (frozen / revision).mkdir()
+        chain.append(revision)
+    if revision != chain[-1]:
+        raise SourceError(f"only the head revision ({chain[-1]}) can be frozen, not {revision}")
     previous = codetree.assemble(chain[-2], frozen) if len(chain) > 1 else {}
     target = frozen / revision / PATCH
     target.write_text(codetree.diff(previous, code_tree()), encoding="utf-8")
@@ -172,6 +185,11 @@ def main(argv: list[str] | None = None) -> int:
                 raise SourceError("release migrates a throwaway database: set DATABASE_URL")
             print(release(args.revision, url))
         elif args.cmd == "check":
+            if migrations.head() != head_revision():
+                raise SourceError(
+                    f"Alembic's head is {migrations.head()} but frozen/ ends at "
+                    f"{head_revision()}: run `make freeze`"
+                )
             stale = check()
             if stale:
                 print(
