@@ -190,6 +190,12 @@ def main(argv: list[str] | None = None) -> int:
                     f"Alembic's head is {migrations.head()} but frozen/ ends at "
                     f"{head_revision()}: run `make freeze`"
                 )
+            leftovers = sorted(str(p.relative_to(FROZEN)) for p in FROZEN.glob("*/code.sql"))
+            if leftovers:
+                raise SourceError(
+                    f"full copies of the old storage scheme are left in frozen/: "
+                    f"{', '.join(leftovers)}; delete them (code lives in code.patch)"
+                )
             stale = check()
             if stale:
                 print(
