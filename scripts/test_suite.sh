@@ -21,7 +21,7 @@ recreate_db() {
 
 if [ "$mode" = all ]; then
     step "sqlfluff lint"
-    # Frozen code.sql files are generated from plpgsql/, which is linted.
+    # Code patches (frozen/*/code.patch) are generated from plpgsql/, which is linted.
     sqlfluff lint plpgsql/ python_client/runrelay/migrations/frozen/*/upgrade.sql \
         python_client/runrelay/migrations/frozen/*/downgrade.sql \
         tests/pgtap/ scripts/sql/

@@ -1,6 +1,8 @@
 -- get_schema_version(): the Alembic revision whose functions are installed.
--- Clients compare it with the revision they were built for. Rewritten by
--- `make freeze` for each new revision.
+-- Clients compare it with the revision they were built for. It reads the
+-- install's own alembic_version table (same schema, one row), so no revision
+-- writes its number into code. Alembic creates that table before the first
+-- revision runs, so it exists when this LANGUAGE sql body is validated.
 CREATE FUNCTION get_schema_version()
 RETURNS text
 LANGUAGE sql
@@ -8,7 +10,7 @@ VOLATILE
 SECURITY DEFINER
 SET search_path FROM CURRENT
 AS $$
-    SELECT '0007'::text;
+    SELECT v.version_num::text FROM alembic_version AS v;
 $$;
 
 COMMENT ON FUNCTION get_schema_version() IS

@@ -219,6 +219,12 @@ def test_plpgsql_source_and_migrations_build_the_same_schema(db_url: str) -> Non
             c.execute("SET search_path TO runrelay, pg_temp")
             with c.transaction():
                 c.execute(_sqlsource.build_schema())
+                # Alembic's version table, which get_schema_version() reads
+                # (alembic creates it before the first revision runs).
+                c.execute(
+                    "CREATE TABLE alembic_version (version_num varchar(32) NOT NULL"
+                    " CONSTRAINT alembic_version_pkc PRIMARY KEY)"
+                )
                 c.execute(
                     "GRANT USAGE ON SCHEMA runrelay TO runrelay_producer, runrelay_worker,"
                     " runrelay_relay, runrelay_admin"

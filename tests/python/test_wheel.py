@@ -38,11 +38,14 @@ def test_the_wheel_ships_the_migrations_and_no_dev_tooling(installed: Installed)
         "runrelay/migrations/versions/0001_foundation.py",
     ):
         assert required in names
-    revisions = {n.split("/")[3] for n in names if n.startswith("runrelay/migrations/frozen/")}
+    frozen = "runrelay/migrations/frozen/"
+    revisions = {n.split("/")[3] for n in names if n.startswith(frozen) and n.count("/") == 4}
     versions = {n for n in names if n.startswith("runrelay/migrations/versions/0")}
     assert len(revisions) == len(versions) >= 4
+    assert f"{frozen}RELEASED" in names
+    assert "runrelay/migrations/codetree.py" in names
     for rev in revisions:
-        assert f"runrelay/migrations/frozen/{rev}/code.sql" in names
+        assert f"{frozen}{rev}/code.patch" in names
     assert not any(n.startswith(("devtools/", "tests/", "bench/", "plpgsql/")) for n in names)
 
 

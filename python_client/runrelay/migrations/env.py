@@ -15,7 +15,6 @@ import re
 from alembic import context
 from sqlalchemy import create_engine, pool, text
 
-LOCK_KEY = "hashtext('runrelay.migrate.' || :s)"
 SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,39}$")
 
 

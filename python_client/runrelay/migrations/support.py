@@ -1,18 +1,21 @@
 """Helpers shared by every revision. Keep them small and stable: changing one
 changes how every past revision replays.
 
-Code (functions and views) evolves by whole replacement: a revision drops all
-code in the schema and executes its frozen ``code.sql``, so the database holds
-exactly that revision's functions whichever revision it came from.
+Code (functions, views, composite types, grants) evolves by whole replacement:
+a revision drops all code in the schema and installs its own, assembled from
+the ``frozen/<rev>/code.patch`` chain (see ``codetree``), so the database holds
+exactly that revision's functions whichever revision it came from. Tables
+evolve by the revision's hand-written ``upgrade.sql`` / ``downgrade.sql``.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Callable
 
 from alembic import op
 
-FROZEN = Path(__file__).resolve().parent / "frozen"
+from runrelay.migrations.codetree import FROZEN, install_sql
+
 ROLE_SUFFIXES = ("producer", "worker", "relay", "admin")
 
 _DROP_CODE = """
@@ -70,10 +73,37 @@ def drop_code() -> None:
     run_sql(_DROP_CODE)
 
 
-def install_code(revision: str | None) -> None:
-    drop_code()
-    if revision is not None:
-        run_frozen(revision, "code.sql")
+def code_revision(
+    revision: str, down_revision: str | None, *, creates_roles: bool = False
+) -> tuple[Callable[[], None], Callable[[], None]]:
+    """The ``(upgrade, downgrade)`` of a revision that ships code and a table delta.
+
+    upgrade: ``frozen/<rev>/upgrade.sql``, then ``revision``'s code.
+    downgrade: drop the code, ``downgrade.sql``, then ``down_revision``'s code.
+    Both assemble the code they install before executing anything, so a
+    damaged patch chain fails the migration with nothing changed. The first
+    revision (``creates_roles``) also creates the install's roles after its
+    tables, and drops them after dropping its tables.
+    """
+
+    def upgrade() -> None:
+        code = install_sql(revision)
+        run_frozen(revision, "upgrade.sql")
+        if creates_roles:
+            create_roles()
+        drop_code()
+        run_sql(code)
+
+    def downgrade() -> None:
+        code = None if down_revision is None else install_sql(down_revision)
+        drop_code()
+        run_frozen(revision, "downgrade.sql")
+        if creates_roles:
+            drop_roles()
+        if code is not None:
+            run_sql(code)
+
+    return upgrade, downgrade
 
 
 def create_roles() -> None:

@@ -13,13 +13,4 @@ branch_labels = None
 depends_on = None
 
 
-def upgrade() -> None:
-    support.run_frozen(revision, "upgrade.sql")
-    support.create_roles()
-    support.install_code(revision)
-
-
-def downgrade() -> None:
-    support.drop_code()
-    support.run_frozen(revision, "downgrade.sql")
-    support.drop_roles()
+upgrade, downgrade = support.code_revision(revision, down_revision, creates_roles=True)

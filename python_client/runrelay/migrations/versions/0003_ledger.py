@@ -14,12 +14,4 @@ branch_labels = None
 depends_on = None
 
 
-def upgrade() -> None:
-    support.run_frozen(revision, "upgrade.sql")
-    support.install_code(revision)
-
-
-def downgrade() -> None:
-    support.drop_code()
-    support.run_frozen(revision, "downgrade.sql")
-    support.install_code(down_revision)
+upgrade, downgrade = support.code_revision(revision, down_revision)
