@@ -485,7 +485,7 @@ BEGIN
         RETURN QUERY
         SELECT r.run_id
         FROM runs AS r
-        WHERE r.status = 'queued' AND NOT r.key_held AND r.run_at <= p_now
+        WHERE _runnable(r.status, r.key_held, r.run_at, p_now)
         ORDER BY r.priority DESC, r.run_at
         LIMIT p_limit
         FOR UPDATE SKIP LOCKED;
@@ -495,7 +495,7 @@ BEGIN
         FROM runs AS r
         WHERE
             r.queue = p_queues[1]
-            AND r.status = 'queued' AND NOT r.key_held AND r.run_at <= p_now
+            AND _runnable(r.status, r.key_held, r.run_at, p_now)
         ORDER BY r.priority DESC, r.run_at
         LIMIT p_limit
         FOR UPDATE SKIP LOCKED;
@@ -508,7 +508,7 @@ BEGIN
             FROM runs AS r
             WHERE
                 r.queue = q.name
-                AND r.status = 'queued' AND NOT r.key_held AND r.run_at <= p_now
+                AND _runnable(r.status, r.key_held, r.run_at, p_now)
             ORDER BY r.priority DESC, r.run_at
             LIMIT p_limit
             FOR UPDATE SKIP LOCKED
@@ -1648,6 +1648,107 @@ $$;
 COMMENT ON FUNCTION _require_read_committed() IS
 'Raises SQLSTATE 25000 unless the transaction runs at READ COMMITTED.';
 
+-- >>> plpgsql/_internal/retry.sql
+-- The retry policy of runs, in one place: which attempts count as failures,
+-- how many a run may have, and how long it waits before the next attempt.
+-- Changing the policy touches this file only: _fail (transitions.sql) applies
+-- the decision, fail_ledger uses the same backoff curve for deliveries.
+
+-- _backoff(): exponential backoff with jitter for the n-th failure:
+-- base * 2^(n-1), capped, then scaled by a random factor in [0.5, 1).
+CREATE FUNCTION _backoff(p_failures integer)
+RETURNS interval
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_base double precision;
+    v_max double precision;
+BEGIN
+    SELECT s.retry_base_seconds, s.retry_max_seconds INTO v_base, v_max FROM settings AS s;
+    RETURN make_interval(secs => least(v_max, v_base * power(2, least(p_failures - 1, 30)))
+        * (0.5 + random() * 0.5));
+END;
+$$;
+
+COMMENT ON FUNCTION _backoff(integer) IS
+'Retry delay after the n-th failure: exponential from settings.retry_base_seconds, capped, with jitter.';
+
+-- _retry_decision(): what a failure of attempt p_attempt (failed, or lost to
+-- the reaper) does to its run. Failed and lost attempts count against
+-- max_attempts (released, resumed and cancelled ones do not); this one counts
+-- too. With fewer failures than max_attempts the run retries: outcome
+-- retry_scheduled, at p_retry_at when the worker named a time, else after
+-- the backoff of this failure. Otherwise outcome failed and run_at NULL.
+-- Called under the custody locks: a VOLATILE read, so the count sees every
+-- attempt committed before the locks were taken.
+CREATE FUNCTION _retry_decision(
+    p_run runs,
+    p_attempt integer,
+    p_retry_at timestamptz,
+    p_now timestamptz,
+    OUT outcome text,
+    OUT run_at timestamptz
+)
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_failures integer;
+BEGIN
+    SELECT count(*) + 1 INTO v_failures
+    FROM attempts AS a
+    WHERE a.run_id = p_run.run_id AND a.status IN ('failed', 'lost') AND a.attempt <> p_attempt;
+    IF v_failures < p_run.max_attempts THEN
+        outcome := 'retry_scheduled';
+        run_at := coalesce(p_retry_at, p_now + _backoff(v_failures));
+    ELSE
+        outcome := 'failed';
+    END IF;
+END;
+$$;
+
+COMMENT ON FUNCTION _retry_decision(runs, integer, timestamptz, timestamptz) IS
+'Retry or fail after a failed or lost attempt: retry_scheduled with its run_at while failures < max_attempts, else failed.';
+
+-- >>> plpgsql/_internal/runnable.sql
+-- _runnable(): the runnable rule, the one definition every claim path, the
+-- run_stats view and the claim indexes share. A run is runnable when it is
+-- queued, not held behind an earlier run of its concurrency key, and due.
+--
+-- Written as a SQL-standard body (RETURN ...), with no SET clause and no
+-- SECURITY DEFINER, so that the planner inlines it: a query that says
+-- `_runnable(r.status, r.key_held, r.run_at, v_now)` is planned exactly as if
+-- it had spelled out the three conditions, and still matches the partial
+-- claim indexes (runs_claim_queue_idx, runs_claim_any_idx). A SET clause
+-- would stop the inlining and every claim would scan the backlog. Nothing
+-- here needs a search_path: a SQL-standard body is parsed when the function
+-- is created, and it names only built-in operators.
+--
+-- IMMUTABLE, unlike every other function of the schema (which are VOLATILE so
+-- that they never reuse a caller's snapshot): it reads no state, only its
+-- arguments. The declaration matters: the planner decides whether to fold a
+-- WITH query into the statement that uses it before it inlines functions, and
+-- never folds one that calls a VOLATILE function; claim_attempts' `fresh`
+-- query must fold, or its UPDATE reads the whole runs table.
+--
+-- The claim indexes cannot call a function (the migrations drop and recreate
+-- every function, which an index depending on one would block), so their
+-- predicate spells out the part of this rule that does not involve time;
+-- tests/python/test_rule_homes.py proves the two agree on every status.
+CREATE FUNCTION _runnable(
+    p_status text, p_key_held boolean, p_run_at timestamptz, p_now timestamptz
+)
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+RETURN p_status = 'queued' AND NOT p_key_held AND p_run_at <= p_now;
+
+COMMENT ON FUNCTION _runnable(text, boolean, timestamptz, timestamptz) IS
+'The runnable rule: queued, not held behind its concurrency key, and due at p_now (inlined by the planner).';
+
 -- >>> plpgsql/_internal/schema_version.sql
 -- get_schema_version(): the Alembic revision whose functions are installed.
 -- Clients compare it with the revision they were built for. Rewritten by
@@ -1682,6 +1783,8 @@ SET search_path FROM CURRENT
 AS $$
 DECLARE
     v_queue text;
+    v_status text;
+    v_key_held boolean;
     v_run_at timestamptz;
 BEGIN
     UPDATE runs AS r
@@ -1696,8 +1799,8 @@ BEGIN
         LIMIT 1
     ) AS head
     WHERE r.run_id = head.run_id AND r.key_held
-    RETURNING r.queue, r.run_at INTO v_queue, v_run_at;
-    IF v_queue IS NOT NULL AND v_run_at <= _now() THEN
+    RETURNING r.queue, r.status, r.key_held, r.run_at INTO v_queue, v_status, v_key_held, v_run_at;
+    IF v_queue IS NOT NULL AND _runnable(v_status, v_key_held, v_run_at, _now()) THEN
         PERFORM pg_notify('runrelay_runs', v_queue);
     END IF;
 END;
@@ -1813,7 +1916,7 @@ BEGIN
     RETURNING r.ledger_seq INTO v_seq;
     PERFORM _emit(p_run.run_id, 'run.resumed',
         jsonb_build_object('attempt', p_run.attempt_count, 'resume', p_resume),
-        p_run.wait ->> 'kind' = 'detached_runner', v_seq);
+        _wait_detached(p_run.wait), v_seq);
     PERFORM pg_notify('runrelay_runs', p_run.queue);
 END;
 $$;
@@ -1821,57 +1924,9 @@ $$;
 COMMENT ON FUNCTION _wake(runs, jsonb) IS
 'Resumes a waiting run: attempt resumed, run queued with resume, run.resumed emitted.';
 
--- What a wait that ended by time delivers to the next attempt. A detached
--- runner's wait that ended with a pushed terminal nobody claimed (its claim
--- window passed, see _wake_at) also carries that terminal, so the next
--- attempt can write it instead of running the work again. Called under the
--- run's lock, which every writer of runner_result holds too.
-CREATE FUNCTION _timeout_resume(p_run runs)
-RETURNS jsonb
-LANGUAGE sql
-VOLATILE
-SET search_path FROM CURRENT
-AS $$
-    SELECT CASE
-        WHEN p_run.wait ->> 'kind' = 'sleep' THEN jsonb_build_object('slept', TRUE)
-        ELSE jsonb_build_object('timed_out', TRUE) || coalesce((
-            SELECT jsonb_build_object('runner_result', a.runner_result)
-            FROM attempts AS a
-            WHERE
-                a.run_id = p_run.run_id
-                AND a.attempt = p_run.attempt_count
-                AND a.runner_result_received_at IS NOT NULL
-        ), '{}'::jsonb)
-    END;
-$$;
-
-COMMENT ON FUNCTION _timeout_resume(runs) IS
-'The resume of a wait that ended by time: {"slept": true}, else {"timed_out": true} (+ runner_result if one was pushed).';
-
--- Exponential backoff with jitter for the n-th failure: base * 2^(n-1),
--- capped, then scaled by a random factor in [0.5, 1).
-CREATE FUNCTION _backoff(p_failures integer)
-RETURNS interval
-LANGUAGE plpgsql
-VOLATILE
-SET search_path FROM CURRENT
-AS $$
-DECLARE
-    v_base double precision;
-    v_max double precision;
-BEGIN
-    SELECT s.retry_base_seconds, s.retry_max_seconds INTO v_base, v_max FROM settings AS s;
-    RETURN make_interval(secs => least(v_max, v_base * power(2, least(p_failures - 1, 30)))
-        * (0.5 + random() * 0.5));
-END;
-$$;
-
-COMMENT ON FUNCTION _backoff(integer) IS
-'Retry delay after the n-th failure: exponential from settings.retry_base_seconds, capped, with jitter.';
-
--- End an attempt in failure (status failed or lost) and decide the run:
--- another attempt if fewer than max_attempts have failed, else failed.
--- Returns 'retry_scheduled' or 'failed'.
+-- End an attempt in failure (status failed or lost) and apply what the retry
+-- policy (_retry_decision, retry.sql) decides for the run: another attempt,
+-- or the run fails. Returns 'retry_scheduled' or 'failed'.
 CREATE FUNCTION _fail(
     p_run runs,
     p_attempt integer,
@@ -1887,15 +1942,13 @@ SET search_path FROM CURRENT
 AS $$
 DECLARE
     v_now timestamptz := _now();
-    v_failures integer;
     v_outcome text;
     v_run_at timestamptz;
     v_seq bigint;
+    v_key_held boolean;
 BEGIN
-    SELECT count(*) + 1 INTO v_failures
-    FROM attempts AS a
-    WHERE a.run_id = p_run.run_id AND a.status IN ('failed', 'lost') AND a.attempt <> p_attempt;
-    v_outcome := CASE WHEN v_failures < p_run.max_attempts THEN 'retry_scheduled' ELSE 'failed' END;
+    SELECT d.outcome, d.run_at INTO v_outcome, v_run_at
+    FROM _retry_decision(p_run, p_attempt, p_retry_at, v_now) AS d;
 
     UPDATE attempts AS a
     SET status = p_attempt_status,
@@ -1906,7 +1959,6 @@ BEGIN
     WHERE a.run_id = p_run.run_id AND a.attempt = p_attempt;
 
     IF v_outcome = 'retry_scheduled' THEN
-        v_run_at := coalesce(p_retry_at, v_now + _backoff(v_failures));
         UPDATE runs AS r
         SET status = 'queued',
             run_at = v_run_at,
@@ -1916,10 +1968,10 @@ BEGIN
             updated_at = v_now,
             ledger_seq = r.ledger_seq + 1
         WHERE r.run_id = p_run.run_id
-        RETURNING r.ledger_seq INTO v_seq;
+        RETURNING r.ledger_seq, r.key_held INTO v_seq, v_key_held;
         PERFORM _emit(p_run.run_id, 'run.retry_scheduled', jsonb_build_object(
             'attempt', p_attempt, 'run_at', v_run_at, 'error', p_error), FALSE, v_seq);
-        IF v_run_at <= v_now THEN
+        IF _runnable('queued', v_key_held, v_run_at, v_now) THEN
             PERFORM pg_notify('runrelay_runs', p_run.queue);
         END IF;
     ELSE
@@ -2149,9 +2201,159 @@ COMMENT ON FUNCTION _lease(integer) IS
 'A lease length in seconds clamped to 5..300 (null: 30), as an interval.';
 
 -- >>> plpgsql/_internal/wait.sql
--- _normalize_wait(): validates suspend_attempt's wait and returns it in
--- canonical form (timestamps normalised), so that "the very same
--- suspension" can be compared with plain jsonb equality.
+-- Wait kinds: why a suspended run is not runnable (SPEC: sleep, event,
+-- detached_runner). Every fact that differs between kinds lives in
+-- _wait_kinds() below, and every other function asks the helpers of this file
+-- instead of comparing kind strings — so adding a kind is one row there (and,
+-- for the Python client, a constructor of runrelay.worker.Suspend).
+
+-- _wait_kinds(): the table of wait kinds, one row per kind.
+--   name_key          the field naming what is awaited (a string id), if any
+--   deadline_key      the field holding the moment the wait ends by itself
+--   deadline_required whether that field must be given
+--   signal_resumes    a signal_run whose name equals the name_key field
+--                     resumes the wait (and a stored one is consumed at once)
+--   detached          an external runner pushes the outcome
+--                     (record_runner_terminal, claim_detached_terminal); its
+--                     run.waiting/run.resumed are transport-only, and a worker
+--                     cannot fail the wait (prepare_waiting_failure)
+--   timeout_resume    the resume of a wait that ended by its deadline
+-- The fields a wait may carry are kind, name_key and deadline_key.
+CREATE FUNCTION _wait_kinds()
+RETURNS TABLE (
+    kind text,
+    name_key text,
+    deadline_key text,
+    deadline_required boolean,
+    signal_resumes boolean,
+    detached boolean,
+    timeout_resume jsonb
+)
+LANGUAGE sql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+    VALUES
+    ('sleep', NULL, 'until', TRUE, FALSE, FALSE, '{"slept": true}'::jsonb),
+    ('event', 'name', 'timeout_at', FALSE, TRUE, FALSE, '{"timed_out": true}'::jsonb),
+    ('detached_runner', 'runner', 'timeout_at', FALSE, FALSE, TRUE, '{"timed_out": true}'::jsonb)
+$$;
+
+COMMENT ON FUNCTION _wait_kinds() IS
+'The wait kinds and their facts: name and deadline fields, whether a signal resumes it, whether it is detached, its timeout resume.';
+
+-- _wait_kind(): the row of _wait_kinds() for a wait (NULL fields for a null
+-- wait or an unknown kind).
+CREATE FUNCTION _wait_kind(
+    p_wait jsonb,
+    OUT kind text,
+    OUT name_key text,
+    OUT deadline_key text,
+    OUT deadline_required boolean,
+    OUT signal_resumes boolean,
+    OUT detached boolean,
+    OUT timeout_resume jsonb
+)
+LANGUAGE sql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+    SELECT k.kind, k.name_key, k.deadline_key, k.deadline_required, k.signal_resumes, k.detached, k.timeout_resume
+    FROM _wait_kinds() AS k
+    WHERE k.kind = p_wait ->> 'kind';
+$$;
+
+COMMENT ON FUNCTION _wait_kind(jsonb) IS
+'The _wait_kinds() row of a wait''s kind (all NULL for a null wait or an unknown kind).';
+
+-- _wait_detached(): the wait is a detached runner's (false for a null wait).
+CREATE FUNCTION _wait_detached(p_wait jsonb)
+RETURNS boolean
+LANGUAGE sql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+    SELECT coalesce((_wait_kind(p_wait)).detached, FALSE);
+$$;
+
+COMMENT ON FUNCTION _wait_detached(jsonb) IS
+'True iff the wait is a detached runner''s: its outcome is pushed by the runner, its events are transport-only.';
+
+-- _wait_signal_name(): the signal name that resumes the wait, NULL when no
+-- signal resumes it.
+CREATE FUNCTION _wait_signal_name(p_wait jsonb)
+RETURNS text
+LANGUAGE sql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+    SELECT CASE WHEN k.signal_resumes THEN p_wait ->> k.name_key END
+    FROM _wait_kind(p_wait) AS k;
+$$;
+
+COMMENT ON FUNCTION _wait_signal_name(jsonb) IS
+'The name of the signal that resumes the wait, or NULL if no signal resumes it.';
+
+-- _wait_deadline(): when the wait ends by itself, from its own fields (NULL:
+-- never). See _wake_at for the deadline the scheduler applies.
+CREATE FUNCTION _wait_deadline(p_wait jsonb)
+RETURNS timestamptz
+LANGUAGE sql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+    SELECT (p_wait ->> k.deadline_key)::timestamptz
+    FROM _wait_kind(p_wait) AS k;
+$$;
+
+COMMENT ON FUNCTION _wait_deadline(jsonb) IS
+'The moment a wait ends by itself according to its own fields (until / timeout_at), NULL for never.';
+
+-- _wait_timeout_resume(): what a wait that ended by its deadline resumes
+-- with ({"slept": true} or {"timed_out": true}); _timeout_resume adds a
+-- pushed runner terminal.
+CREATE FUNCTION _wait_timeout_resume(p_wait jsonb)
+RETURNS jsonb
+LANGUAGE sql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+    SELECT (_wait_kind(p_wait)).timeout_resume;
+$$;
+
+COMMENT ON FUNCTION _wait_timeout_resume(jsonb) IS
+'The resume of a wait that ended by its deadline: {"slept": true} or {"timed_out": true}.';
+
+-- _wait_hint(): the HINT of a bad wait, every shape the table allows:
+-- 'Pass {"kind":"sleep","until":ts}, {"kind":"event","name":n,"timeout_at":ts?} or ...'.
+CREATE FUNCTION _wait_hint()
+RETURNS text
+LANGUAGE sql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+    SELECT 'Pass ' || array_to_string(s.shapes[1:cardinality(s.shapes) - 1], ', ')
+        || ' or ' || s.shapes[cardinality(s.shapes)] || '.'
+    FROM (
+        SELECT array_agg(
+            format('{"kind":"%s"%s,"%s":ts%s}', k.kind,
+                CASE WHEN k.name_key IS NOT NULL THEN format(',"%s":%s', k.name_key, left(k.name_key, 1)) ELSE '' END,
+                k.deadline_key, CASE WHEN k.deadline_required THEN '' ELSE '?' END)
+            ORDER BY k.ord
+        ) AS shapes
+        FROM _wait_kinds() WITH ORDINALITY AS k (
+            kind, name_key, deadline_key, deadline_required, signal_resumes, detached, timeout_resume, ord
+        )
+    ) AS s;
+$$;
+
+COMMENT ON FUNCTION _wait_hint() IS
+'The HINT of a rejected wait: every wait shape _wait_kinds() allows.';
+
+-- _normalize_wait(): validates suspend_attempt's wait against its kind's
+-- row of _wait_kinds() and returns it in canonical form (timestamps
+-- normalised), so that "the very same suspension" can be compared with plain
+-- jsonb equality.
 CREATE FUNCTION _normalize_wait(p_wait jsonb)
 RETURNS jsonb
 LANGUAGE plpgsql
@@ -2159,48 +2361,41 @@ VOLATILE
 SET search_path FROM CURRENT
 AS $$
 DECLARE
-    v_hint constant text :=
-        'Pass {"kind":"sleep","until":ts}, {"kind":"event","name":n,"timeout_at":ts?} '
-        'or {"kind":"detached_runner","runner":r,"timeout_at":ts?}.';
-    v_kind text;
-    v_allowed text[];
-    v_time_key text;
-    v_name_key text;
+    v_kind record;
     v_time timestamptz;
     v_out jsonb;
 BEGIN
     PERFORM _check_json('wait', p_wait, 'object');
-    v_kind := p_wait ->> 'kind';
-    CASE v_kind
-        WHEN 'sleep' THEN v_allowed := ARRAY['kind', 'until']; v_time_key := 'until';
-        WHEN 'event' THEN v_allowed := ARRAY['kind', 'name', 'timeout_at']; v_time_key := 'timeout_at'; v_name_key := 'name';
-        WHEN 'detached_runner' THEN v_allowed := ARRAY['kind', 'runner', 'timeout_at']; v_time_key := 'timeout_at'; v_name_key := 'runner';
-        ELSE
-            PERFORM _invalid('wait', format('unknown kind %s', coalesce(p_wait -> 'kind', 'null'::jsonb)), v_hint);
-    END CASE;
-    IF EXISTS (SELECT 1 FROM jsonb_object_keys(p_wait) AS k (name) WHERE k.name <> ALL(v_allowed)) THEN
-        PERFORM _invalid('wait', format('unknown field for a %s wait', v_kind), v_hint);
+    SELECT k.* INTO v_kind FROM _wait_kind(p_wait) AS k;
+    IF v_kind.kind IS NULL THEN
+        PERFORM _invalid('wait', format('unknown kind %s', coalesce(p_wait -> 'kind', 'null'::jsonb)), _wait_hint());
     END IF;
-    v_out := jsonb_build_object('kind', v_kind);
-    IF v_name_key IS NOT NULL THEN
-        IF jsonb_typeof(p_wait -> v_name_key) IS DISTINCT FROM 'string' THEN
-            PERFORM _invalid('wait', format('a %s wait needs %s: a string', v_kind, v_name_key), v_hint);
+    IF EXISTS (
+        SELECT 1 FROM jsonb_object_keys(p_wait) AS k (name)
+        WHERE k.name NOT IN ('kind', v_kind.deadline_key) AND k.name IS DISTINCT FROM v_kind.name_key
+    ) THEN
+        PERFORM _invalid('wait', format('unknown field for a %s wait', v_kind.kind), _wait_hint());
+    END IF;
+    v_out := jsonb_build_object('kind', v_kind.kind);
+    IF v_kind.name_key IS NOT NULL THEN
+        IF jsonb_typeof(p_wait -> v_kind.name_key) IS DISTINCT FROM 'string' THEN
+            PERFORM _invalid('wait', format('a %s wait needs %s: a string', v_kind.kind, v_kind.name_key), _wait_hint());
         END IF;
-        PERFORM _check_id('wait', p_wait ->> v_name_key);
-        v_out := v_out || jsonb_build_object(v_name_key, p_wait ->> v_name_key);
+        PERFORM _check_id('wait', p_wait ->> v_kind.name_key);
+        v_out := v_out || jsonb_build_object(v_kind.name_key, p_wait ->> v_kind.name_key);
     END IF;
-    IF p_wait ? v_time_key AND jsonb_typeof(p_wait -> v_time_key) <> 'null' THEN
+    IF p_wait ? v_kind.deadline_key AND jsonb_typeof(p_wait -> v_kind.deadline_key) <> 'null' THEN
         BEGIN
-            v_time := (p_wait ->> v_time_key)::timestamptz;
+            v_time := (p_wait ->> v_kind.deadline_key)::timestamptz;
         EXCEPTION WHEN invalid_datetime_format OR datetime_field_overflow OR invalid_text_representation THEN
-            PERFORM _invalid('wait', format('%s is not a timestamp: %s', v_time_key, p_wait -> v_time_key), v_hint);
+            PERFORM _invalid('wait', format('%s is not a timestamp: %s', v_kind.deadline_key, p_wait -> v_kind.deadline_key), _wait_hint());
         END;
-        IF jsonb_typeof(p_wait -> v_time_key) <> 'string' OR NOT isfinite(v_time) THEN
-            PERFORM _invalid('wait', format('%s must be a finite timestamp string', v_time_key), v_hint);
+        IF jsonb_typeof(p_wait -> v_kind.deadline_key) <> 'string' OR NOT isfinite(v_time) THEN
+            PERFORM _invalid('wait', format('%s must be a finite timestamp string', v_kind.deadline_key), _wait_hint());
         END IF;
-        v_out := v_out || jsonb_build_object(v_time_key, v_time);
-    ELSIF v_kind = 'sleep' THEN
-        PERFORM _invalid('wait', 'a sleep wait needs until', v_hint);
+        v_out := v_out || jsonb_build_object(v_kind.deadline_key, v_time);
+    ELSIF v_kind.deadline_required THEN
+        PERFORM _invalid('wait', format('a %s wait needs %s', v_kind.kind, v_kind.deadline_key), _wait_hint());
     END IF;
     RETURN v_out;
 END;
@@ -2227,9 +2422,9 @@ SET search_path FROM CURRENT
 AS $$
 DECLARE
     v_claim_window constant interval := interval '5 minutes';
-    v_deadline timestamptz := coalesce(p_wait ->> 'until', p_wait ->> 'timeout_at')::timestamptz;
+    v_deadline timestamptz := _wait_deadline(p_wait);
 BEGIN
-    IF p_wait ->> 'kind' = 'detached_runner' AND p_received_at IS NOT NULL THEN
+    IF _wait_detached(p_wait) AND p_received_at IS NOT NULL THEN
         -- least() ignores a null: without timeout_at, the window alone bounds it.
         RETURN least(v_deadline, p_received_at + v_claim_window);
     END IF;
@@ -2260,7 +2455,7 @@ AS $$
 BEGIN
     RETURN coalesce(
         p_run.status = 'waiting'
-        AND p_run.wait ->> 'kind' <> 'detached_runner'
+        AND NOT _wait_detached(p_run.wait)
         AND p_attempt.run_id = p_run.run_id
         AND p_attempt.attempt = p_run.attempt_count
         AND p_attempt.wait = p_run.wait
@@ -2272,6 +2467,34 @@ $$;
 
 COMMENT ON FUNCTION _suspension_in_force(runs, attempts) IS
 'True iff the attempt''s recorded suspension (wait and receipt) is the non-detached wait its run is in.';
+
+-- _timeout_resume(): what a wait that ended by time delivers to the next
+-- attempt: its kind's timeout resume. A detached runner's wait that ended
+-- with a pushed terminal nobody claimed (its claim window passed, see
+-- _wake_at) also carries that terminal, so the next attempt can write it
+-- instead of running the work again. Called under the
+-- run's lock, which every writer of runner_result holds too.
+CREATE FUNCTION _timeout_resume(p_run runs)
+RETURNS jsonb
+LANGUAGE sql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+    SELECT _wait_timeout_resume(p_run.wait) || CASE
+        WHEN _wait_detached(p_run.wait) THEN coalesce((
+            SELECT jsonb_build_object('runner_result', a.runner_result)
+            FROM attempts AS a
+            WHERE
+                a.run_id = p_run.run_id
+                AND a.attempt = p_run.attempt_count
+                AND a.runner_result_received_at IS NOT NULL
+        ), '{}'::jsonb)
+        ELSE '{}'::jsonb
+    END;
+$$;
+
+COMMENT ON FUNCTION _timeout_resume(runs) IS
+'The resume of a wait that ended by time: {"slept": true}, else {"timed_out": true} (+ runner_result if one was pushed).';
 
 -- >>> plpgsql/runs/cancel_run.sql
 -- cancel_run(): cancel a run; never lost, never waits for custody locks.
@@ -2368,8 +2591,9 @@ COMMENT ON FUNCTION cancel_run(text, text, uuid) IS
 -- >>> plpgsql/runs/claim_attempts.sql
 -- claim_attempts(): take up to max_runs runnable runs and open an attempt on each.
 --
--- Runnable: status queued, run_at due, not held behind an earlier run of its
--- concurrency key; best first (priority DESC, run_at). Candidates are locked
+-- Runnable (_runnable, _internal/runnable.sql): status queued, run_at due,
+-- not held behind an earlier run of its concurrency key; best first
+-- (priority DESC, run_at). Candidates are locked
 -- FOR UPDATE SKIP LOCKED from the partial claim indexes (one index range per
 -- queue, merged), so concurrent claimers never wait on one another and never
 -- take the same run; the status re-check on the locked row guards the rest.
@@ -2477,7 +2701,7 @@ BEGIN
     LOOP
         v_run_ids := array_remove(v_run_ids, v_run_id);
         SELECT r.* INTO v_run FROM runs AS r WHERE r.run_id = v_run_id;
-        IF v_run.status = 'queued' AND NOT v_run.key_held AND v_run.run_at <= v_now
+        IF _runnable(v_run.status, v_run.key_held, v_run.run_at, v_now)
             -- Ending a keyed run needs its key lock; never wait for it here.
             AND (v_run.concurrency_key IS NULL
                 OR pg_try_advisory_xact_lock(_key_lock_id(v_run.concurrency_key))) THEN
@@ -2504,7 +2728,7 @@ BEGIN
             SELECT r.run_id, r.status, r.key_held, r.run_at
             FROM runs AS r WHERE r.run_id = v_run_ids[c.ord] LIMIT 1
         ) AS r
-        WHERE r.status = 'queued' AND NOT r.key_held AND r.run_at <= v_now
+        WHERE _runnable(r.status, r.key_held, r.run_at, v_now)
     ),
     started AS (
         UPDATE runs AS r
@@ -2590,7 +2814,7 @@ BEGIN
         OR v_attempt.lease_token IS DISTINCT FROM claim_detached_terminal.lease_token
         OR v_attempt.attempt <> v_run.attempt_count
         OR v_run.status <> 'waiting'
-        OR v_run.wait ->> 'kind' IS DISTINCT FROM 'detached_runner'
+        OR NOT _wait_detached(v_run.wait)
         OR v_attempt.runner_result_received_at IS NULL THEN
         RETURN _restore_lock_wait(v_caller_lock_timeout, FALSE);
     END IF;
@@ -2929,7 +3153,7 @@ BEGIN
                 'run_at', v_run_at,
                 'priority', enqueue_run.priority,
                 'concurrency_key', enqueue_run.concurrency_key), FALSE, 1);
-            IF NOT v_held AND v_run_at <= v_now THEN
+            IF _runnable('queued', v_held, v_run_at, v_now) THEN
                 PERFORM pg_notify('runrelay_runs', enqueue_run.queue);
             END IF;
             RETURN QUERY SELECT enqueue_run.run_id, 'queued'::text, TRUE;
@@ -3156,7 +3380,7 @@ BEGIN
 
     v_run := _lock_run(prepare_waiting_failure.run_id);
     v_attempt := _lock_attempt(prepare_waiting_failure.run_id, prepare_waiting_failure.attempt);
-    IF v_run.run_id IS NULL OR v_run.status <> 'waiting' OR v_run.wait ->> 'kind' = 'detached_runner' THEN
+    IF v_run.run_id IS NULL OR v_run.status <> 'waiting' OR _wait_detached(v_run.wait) THEN
         RETURN _restore_lock_wait(v_caller_lock_timeout, 'not_applicable');
     END IF;
     IF v_attempt.run_id IS NULL
@@ -3375,7 +3599,7 @@ BEGIN
     v_run := _lock_run(record_runner_terminal.run_id);
     v_attempt := _lock_attempt(record_runner_terminal.run_id, record_runner_terminal.attempt);
     IF v_run.run_id IS NULL OR v_attempt.run_id IS NULL
-        OR v_attempt.wait ->> 'kind' IS DISTINCT FROM 'detached_runner' THEN
+        OR NOT _wait_detached(v_attempt.wait) THEN
         RETURN _restore_lock_wait(v_caller_lock_timeout, 'not_found');
     END IF;
     IF v_attempt.runner_result_received_at IS NOT NULL THEN
@@ -3487,7 +3711,7 @@ BEGIN
     PERFORM _emit(release_attempt.run_id, 'run.retry_scheduled', jsonb_build_object(
         'attempt', release_attempt.attempt, 'run_at', v_run_at,
         'released', TRUE, 'reason', release_attempt.reason), FALSE, v_run.ledger_seq);
-    IF v_run_at <= v_now THEN
+    IF _runnable(v_run.status, v_run.key_held, v_run.run_at, v_now) THEN
         PERFORM pg_notify('runrelay_runs', v_run.queue);
     END IF;
     RETURN _restore_lock_wait(v_caller_lock_timeout, 'released');
@@ -3568,8 +3792,7 @@ BEGIN
         -- kept for a later wait.
         PERFORM _wake(v_run, _timeout_resume(v_run));
     ELSIF v_run.status = 'waiting'
-        AND v_run.wait ->> 'kind' = 'event'
-        AND v_run.wait ->> 'name' = signal_run.name THEN
+        AND _wait_signal_name(v_run.wait) = signal_run.name THEN
         PERFORM _wake(v_run, jsonb_build_object('name', signal_run.name, 'payload', signal_run.payload));
         RETURN _restore_lock_wait(v_caller_lock_timeout, _record_call(signal_run.call_id, 'signal_run', signal_run.run_id, v_digest, 'resumed'));
     END IF;
@@ -3619,6 +3842,7 @@ DECLARE
     v_now timestamptz;
     v_signal signals;
     v_resume jsonb;
+    v_signal_name text;
 BEGIN
     PERFORM _require_read_committed();
     PERFORM _check_id('run_id', suspend_attempt.run_id);
@@ -3660,12 +3884,14 @@ BEGIN
     RETURNING r.* INTO v_run;
     PERFORM _emit(suspend_attempt.run_id, 'run.waiting',
         jsonb_build_object('attempt', suspend_attempt.attempt, 'wait', v_wait),
-        v_wait ->> 'kind' = 'detached_runner', v_run.ledger_seq);
+        _wait_detached(v_wait), v_run.ledger_seq);
 
-    IF v_wait ->> 'kind' = 'event' THEN
+    -- A wait a signal resumes consumes a signal stored for it, oldest first.
+    v_signal_name := _wait_signal_name(v_wait);
+    IF v_signal_name IS NOT NULL THEN
         SELECT s.* INTO v_signal
         FROM signals AS s
-        WHERE s.run_id = suspend_attempt.run_id AND s.name = v_wait ->> 'name'
+        WHERE s.run_id = suspend_attempt.run_id AND s.name = v_signal_name
         ORDER BY s.signal_id
         LIMIT 1
         FOR UPDATE;
@@ -4400,7 +4626,9 @@ COMMENT ON FUNCTION requeue_ledger_event(bigint) IS
 -- >>> plpgsql/views/ledger_stats.sql
 -- ledger_stats: ledger events by lane and state, the age of the oldest
 -- undelivered event, and blocked heads (lanes stopped behind a failed event).
--- It counts, so it costs O(events).
+-- It counts, so it costs O(events). The clock is statement_timestamp(), not
+-- _now(): a view runs its functions with its reader's privileges, and the
+-- admin role that reads it may execute no internal helper (SPEC §5).
 CREATE VIEW ledger_stats AS
 SELECT
     l.lane,
@@ -4423,6 +4651,13 @@ COMMENT ON VIEW ledger_stats IS
 -- run_stats: runs by queue and status, with the age of the oldest runnable
 -- run and how many are held behind a concurrency key. For dashboards and
 -- `runrelay status`; it counts, so it costs O(runs).
+--
+-- A view runs the functions it calls with its reader's privileges, and the
+-- admin role that reads it may execute no internal helper (SPEC §5). So the
+-- runnable rule (_runnable, _internal/runnable.sql) is spelled out here, as
+-- in the claim indexes, and the clock is statement_timestamp() rather than
+-- _now(); tests/python/test_rule_homes.py proves the filters agree with
+-- _runnable.
 CREATE VIEW run_stats AS
 SELECT
     r.queue,
