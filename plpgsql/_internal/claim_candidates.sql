@@ -16,7 +16,7 @@ BEGIN
         RETURN QUERY
         SELECT r.run_id
         FROM runs AS r
-        WHERE r.status = 'queued' AND NOT r.key_held AND r.run_at <= p_now
+        WHERE _runnable(r.status, r.key_held, r.run_at, p_now)
         ORDER BY r.priority DESC, r.run_at
         LIMIT p_limit
         FOR UPDATE SKIP LOCKED;
@@ -26,7 +26,7 @@ BEGIN
         FROM runs AS r
         WHERE
             r.queue = p_queues[1]
-            AND r.status = 'queued' AND NOT r.key_held AND r.run_at <= p_now
+            AND _runnable(r.status, r.key_held, r.run_at, p_now)
         ORDER BY r.priority DESC, r.run_at
         LIMIT p_limit
         FOR UPDATE SKIP LOCKED;
@@ -39,7 +39,7 @@ BEGIN
             FROM runs AS r
             WHERE
                 r.queue = q.name
-                AND r.status = 'queued' AND NOT r.key_held AND r.run_at <= p_now
+                AND _runnable(r.status, r.key_held, r.run_at, p_now)
             ORDER BY r.priority DESC, r.run_at
             LIMIT p_limit
             FOR UPDATE SKIP LOCKED

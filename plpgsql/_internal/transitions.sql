@@ -14,6 +14,8 @@ SET search_path FROM CURRENT
 AS $$
 DECLARE
     v_queue text;
+    v_status text;
+    v_key_held boolean;
     v_run_at timestamptz;
 BEGIN
     UPDATE runs AS r
@@ -28,8 +30,8 @@ BEGIN
         LIMIT 1
     ) AS head
     WHERE r.run_id = head.run_id AND r.key_held
-    RETURNING r.queue, r.run_at INTO v_queue, v_run_at;
-    IF v_queue IS NOT NULL AND v_run_at <= _now() THEN
+    RETURNING r.queue, r.status, r.key_held, r.run_at INTO v_queue, v_status, v_key_held, v_run_at;
+    IF v_queue IS NOT NULL AND _runnable(v_status, v_key_held, v_run_at, _now()) THEN
         PERFORM pg_notify('runrelay_runs', v_queue);
     END IF;
 END;
@@ -145,7 +147,7 @@ BEGIN
     RETURNING r.ledger_seq INTO v_seq;
     PERFORM _emit(p_run.run_id, 'run.resumed',
         jsonb_build_object('attempt', p_run.attempt_count, 'resume', p_resume),
-        p_run.wait ->> 'kind' = 'detached_runner', v_seq);
+        _wait_detached(p_run.wait), v_seq);
     PERFORM pg_notify('runrelay_runs', p_run.queue);
 END;
 $$;
@@ -153,57 +155,9 @@ $$;
 COMMENT ON FUNCTION _wake(runs, jsonb) IS
 'Resumes a waiting run: attempt resumed, run queued with resume, run.resumed emitted.';
 
--- What a wait that ended by time delivers to the next attempt. A detached
--- runner's wait that ended with a pushed terminal nobody claimed (its claim
--- window passed, see _wake_at) also carries that terminal, so the next
--- attempt can write it instead of running the work again. Called under the
--- run's lock, which every writer of runner_result holds too.
-CREATE FUNCTION _timeout_resume(p_run runs)
-RETURNS jsonb
-LANGUAGE sql
-VOLATILE
-SET search_path FROM CURRENT
-AS $$
-    SELECT CASE
-        WHEN p_run.wait ->> 'kind' = 'sleep' THEN jsonb_build_object('slept', TRUE)
-        ELSE jsonb_build_object('timed_out', TRUE) || coalesce((
-            SELECT jsonb_build_object('runner_result', a.runner_result)
-            FROM attempts AS a
-            WHERE
-                a.run_id = p_run.run_id
-                AND a.attempt = p_run.attempt_count
-                AND a.runner_result_received_at IS NOT NULL
-        ), '{}'::jsonb)
-    END;
-$$;
-
-COMMENT ON FUNCTION _timeout_resume(runs) IS
-'The resume of a wait that ended by time: {"slept": true}, else {"timed_out": true} (+ runner_result if one was pushed).';
-
--- Exponential backoff with jitter for the n-th failure: base * 2^(n-1),
--- capped, then scaled by a random factor in [0.5, 1).
-CREATE FUNCTION _backoff(p_failures integer)
-RETURNS interval
-LANGUAGE plpgsql
-VOLATILE
-SET search_path FROM CURRENT
-AS $$
-DECLARE
-    v_base double precision;
-    v_max double precision;
-BEGIN
-    SELECT s.retry_base_seconds, s.retry_max_seconds INTO v_base, v_max FROM settings AS s;
-    RETURN make_interval(secs => least(v_max, v_base * power(2, least(p_failures - 1, 30)))
-        * (0.5 + random() * 0.5));
-END;
-$$;
-
-COMMENT ON FUNCTION _backoff(integer) IS
-'Retry delay after the n-th failure: exponential from settings.retry_base_seconds, capped, with jitter.';
-
--- End an attempt in failure (status failed or lost) and decide the run:
--- another attempt if fewer than max_attempts have failed, else failed.
--- Returns 'retry_scheduled' or 'failed'.
+-- End an attempt in failure (status failed or lost) and apply what the retry
+-- policy (_retry_decision, retry.sql) decides for the run: another attempt,
+-- or the run fails. Returns 'retry_scheduled' or 'failed'.
 CREATE FUNCTION _fail(
     p_run runs,
     p_attempt integer,
@@ -219,15 +173,13 @@ SET search_path FROM CURRENT
 AS $$
 DECLARE
     v_now timestamptz := _now();
-    v_failures integer;
     v_outcome text;
     v_run_at timestamptz;
     v_seq bigint;
+    v_key_held boolean;
 BEGIN
-    SELECT count(*) + 1 INTO v_failures
-    FROM attempts AS a
-    WHERE a.run_id = p_run.run_id AND a.status IN ('failed', 'lost') AND a.attempt <> p_attempt;
-    v_outcome := CASE WHEN v_failures < p_run.max_attempts THEN 'retry_scheduled' ELSE 'failed' END;
+    SELECT d.outcome, d.run_at INTO v_outcome, v_run_at
+    FROM _retry_decision(p_run, p_attempt, p_retry_at, v_now) AS d;
 
     UPDATE attempts AS a
     SET status = p_attempt_status,
@@ -238,7 +190,6 @@ BEGIN
     WHERE a.run_id = p_run.run_id AND a.attempt = p_attempt;
 
     IF v_outcome = 'retry_scheduled' THEN
-        v_run_at := coalesce(p_retry_at, v_now + _backoff(v_failures));
         UPDATE runs AS r
         SET status = 'queued',
             run_at = v_run_at,
@@ -248,10 +199,10 @@ BEGIN
             updated_at = v_now,
             ledger_seq = r.ledger_seq + 1
         WHERE r.run_id = p_run.run_id
-        RETURNING r.ledger_seq INTO v_seq;
+        RETURNING r.ledger_seq, r.key_held INTO v_seq, v_key_held;
         PERFORM _emit(p_run.run_id, 'run.retry_scheduled', jsonb_build_object(
             'attempt', p_attempt, 'run_at', v_run_at, 'error', p_error), FALSE, v_seq);
-        IF v_run_at <= v_now THEN
+        IF _runnable('queued', v_key_held, v_run_at, v_now) THEN
             PERFORM pg_notify('runrelay_runs', p_run.queue);
         END IF;
     ELSE

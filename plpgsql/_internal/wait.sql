@@ -1,6 +1,156 @@
--- _normalize_wait(): validates suspend_attempt's wait and returns it in
--- canonical form (timestamps normalised), so that "the very same
--- suspension" can be compared with plain jsonb equality.
+-- Wait kinds: why a suspended run is not runnable (SPEC: sleep, event,
+-- detached_runner). Every fact that differs between kinds lives in
+-- _wait_kinds() below, and every other function asks the helpers of this file
+-- instead of comparing kind strings — so adding a kind is one row there (and,
+-- for the Python client, a constructor of runrelay.worker.Suspend).
+
+-- _wait_kinds(): the table of wait kinds, one row per kind.
+--   name_key          the field naming what is awaited (a string id), if any
+--   deadline_key      the field holding the moment the wait ends by itself
+--   deadline_required whether that field must be given
+--   signal_resumes    a signal_run whose name equals the name_key field
+--                     resumes the wait (and a stored one is consumed at once)
+--   detached          an external runner pushes the outcome
+--                     (record_runner_terminal, claim_detached_terminal); its
+--                     run.waiting/run.resumed are transport-only, and a worker
+--                     cannot fail the wait (prepare_waiting_failure)
+--   timeout_resume    the resume of a wait that ended by its deadline
+-- The fields a wait may carry are kind, name_key and deadline_key.
+CREATE FUNCTION _wait_kinds()
+RETURNS TABLE (
+    kind text,
+    name_key text,
+    deadline_key text,
+    deadline_required boolean,
+    signal_resumes boolean,
+    detached boolean,
+    timeout_resume jsonb
+)
+LANGUAGE sql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+    VALUES
+    ('sleep', NULL, 'until', TRUE, FALSE, FALSE, '{"slept": true}'::jsonb),
+    ('event', 'name', 'timeout_at', FALSE, TRUE, FALSE, '{"timed_out": true}'::jsonb),
+    ('detached_runner', 'runner', 'timeout_at', FALSE, FALSE, TRUE, '{"timed_out": true}'::jsonb)
+$$;
+
+COMMENT ON FUNCTION _wait_kinds() IS
+'The wait kinds and their facts: name and deadline fields, whether a signal resumes it, whether it is detached, its timeout resume.';
+
+-- _wait_kind(): the row of _wait_kinds() for a wait (NULL fields for a null
+-- wait or an unknown kind).
+CREATE FUNCTION _wait_kind(
+    p_wait jsonb,
+    OUT kind text,
+    OUT name_key text,
+    OUT deadline_key text,
+    OUT deadline_required boolean,
+    OUT signal_resumes boolean,
+    OUT detached boolean,
+    OUT timeout_resume jsonb
+)
+LANGUAGE sql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+    SELECT k.kind, k.name_key, k.deadline_key, k.deadline_required, k.signal_resumes, k.detached, k.timeout_resume
+    FROM _wait_kinds() AS k
+    WHERE k.kind = p_wait ->> 'kind';
+$$;
+
+COMMENT ON FUNCTION _wait_kind(jsonb) IS
+'The _wait_kinds() row of a wait''s kind (all NULL for a null wait or an unknown kind).';
+
+-- _wait_detached(): the wait is a detached runner's (false for a null wait).
+CREATE FUNCTION _wait_detached(p_wait jsonb)
+RETURNS boolean
+LANGUAGE sql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+    SELECT coalesce((_wait_kind(p_wait)).detached, FALSE);
+$$;
+
+COMMENT ON FUNCTION _wait_detached(jsonb) IS
+'True iff the wait is a detached runner''s: its outcome is pushed by the runner, its events are transport-only.';
+
+-- _wait_signal_name(): the signal name that resumes the wait, NULL when no
+-- signal resumes it.
+CREATE FUNCTION _wait_signal_name(p_wait jsonb)
+RETURNS text
+LANGUAGE sql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+    SELECT CASE WHEN k.signal_resumes THEN p_wait ->> k.name_key END
+    FROM _wait_kind(p_wait) AS k;
+$$;
+
+COMMENT ON FUNCTION _wait_signal_name(jsonb) IS
+'The name of the signal that resumes the wait, or NULL if no signal resumes it.';
+
+-- _wait_deadline(): when the wait ends by itself, from its own fields (NULL:
+-- never). See _wake_at for the deadline the scheduler applies.
+CREATE FUNCTION _wait_deadline(p_wait jsonb)
+RETURNS timestamptz
+LANGUAGE sql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+    SELECT (p_wait ->> k.deadline_key)::timestamptz
+    FROM _wait_kind(p_wait) AS k;
+$$;
+
+COMMENT ON FUNCTION _wait_deadline(jsonb) IS
+'The moment a wait ends by itself according to its own fields (until / timeout_at), NULL for never.';
+
+-- _wait_timeout_resume(): what a wait that ended by its deadline resumes
+-- with ({"slept": true} or {"timed_out": true}); _timeout_resume adds a
+-- pushed runner terminal.
+CREATE FUNCTION _wait_timeout_resume(p_wait jsonb)
+RETURNS jsonb
+LANGUAGE sql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+    SELECT (_wait_kind(p_wait)).timeout_resume;
+$$;
+
+COMMENT ON FUNCTION _wait_timeout_resume(jsonb) IS
+'The resume of a wait that ended by its deadline: {"slept": true} or {"timed_out": true}.';
+
+-- _wait_hint(): the HINT of a bad wait, every shape the table allows:
+-- 'Pass {"kind":"sleep","until":ts}, {"kind":"event","name":n,"timeout_at":ts?} or ...'.
+CREATE FUNCTION _wait_hint()
+RETURNS text
+LANGUAGE sql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+    SELECT 'Pass ' || array_to_string(s.shapes[1:cardinality(s.shapes) - 1], ', ')
+        || ' or ' || s.shapes[cardinality(s.shapes)] || '.'
+    FROM (
+        SELECT array_agg(
+            format('{"kind":"%s"%s,"%s":ts%s}', k.kind,
+                CASE WHEN k.name_key IS NOT NULL THEN format(',"%s":%s', k.name_key, left(k.name_key, 1)) ELSE '' END,
+                k.deadline_key, CASE WHEN k.deadline_required THEN '' ELSE '?' END)
+            ORDER BY k.ord
+        ) AS shapes
+        FROM _wait_kinds() WITH ORDINALITY AS k (
+            kind, name_key, deadline_key, deadline_required, signal_resumes, detached, timeout_resume, ord
+        )
+    ) AS s;
+$$;
+
+COMMENT ON FUNCTION _wait_hint() IS
+'The HINT of a rejected wait: every wait shape _wait_kinds() allows.';
+
+-- _normalize_wait(): validates suspend_attempt's wait against its kind's
+-- row of _wait_kinds() and returns it in canonical form (timestamps
+-- normalised), so that "the very same suspension" can be compared with plain
+-- jsonb equality.
 CREATE FUNCTION _normalize_wait(p_wait jsonb)
 RETURNS jsonb
 LANGUAGE plpgsql
@@ -8,48 +158,41 @@ VOLATILE
 SET search_path FROM CURRENT
 AS $$
 DECLARE
-    v_hint constant text :=
-        'Pass {"kind":"sleep","until":ts}, {"kind":"event","name":n,"timeout_at":ts?} '
-        'or {"kind":"detached_runner","runner":r,"timeout_at":ts?}.';
-    v_kind text;
-    v_allowed text[];
-    v_time_key text;
-    v_name_key text;
+    v_kind record;
     v_time timestamptz;
     v_out jsonb;
 BEGIN
     PERFORM _check_json('wait', p_wait, 'object');
-    v_kind := p_wait ->> 'kind';
-    CASE v_kind
-        WHEN 'sleep' THEN v_allowed := ARRAY['kind', 'until']; v_time_key := 'until';
-        WHEN 'event' THEN v_allowed := ARRAY['kind', 'name', 'timeout_at']; v_time_key := 'timeout_at'; v_name_key := 'name';
-        WHEN 'detached_runner' THEN v_allowed := ARRAY['kind', 'runner', 'timeout_at']; v_time_key := 'timeout_at'; v_name_key := 'runner';
-        ELSE
-            PERFORM _invalid('wait', format('unknown kind %s', coalesce(p_wait -> 'kind', 'null'::jsonb)), v_hint);
-    END CASE;
-    IF EXISTS (SELECT 1 FROM jsonb_object_keys(p_wait) AS k (name) WHERE k.name <> ALL(v_allowed)) THEN
-        PERFORM _invalid('wait', format('unknown field for a %s wait', v_kind), v_hint);
+    SELECT k.* INTO v_kind FROM _wait_kind(p_wait) AS k;
+    IF v_kind.kind IS NULL THEN
+        PERFORM _invalid('wait', format('unknown kind %s', coalesce(p_wait -> 'kind', 'null'::jsonb)), _wait_hint());
     END IF;
-    v_out := jsonb_build_object('kind', v_kind);
-    IF v_name_key IS NOT NULL THEN
-        IF jsonb_typeof(p_wait -> v_name_key) IS DISTINCT FROM 'string' THEN
-            PERFORM _invalid('wait', format('a %s wait needs %s: a string', v_kind, v_name_key), v_hint);
+    IF EXISTS (
+        SELECT 1 FROM jsonb_object_keys(p_wait) AS k (name)
+        WHERE k.name NOT IN ('kind', v_kind.deadline_key) AND k.name IS DISTINCT FROM v_kind.name_key
+    ) THEN
+        PERFORM _invalid('wait', format('unknown field for a %s wait', v_kind.kind), _wait_hint());
+    END IF;
+    v_out := jsonb_build_object('kind', v_kind.kind);
+    IF v_kind.name_key IS NOT NULL THEN
+        IF jsonb_typeof(p_wait -> v_kind.name_key) IS DISTINCT FROM 'string' THEN
+            PERFORM _invalid('wait', format('a %s wait needs %s: a string', v_kind.kind, v_kind.name_key), _wait_hint());
         END IF;
-        PERFORM _check_id('wait', p_wait ->> v_name_key);
-        v_out := v_out || jsonb_build_object(v_name_key, p_wait ->> v_name_key);
+        PERFORM _check_id('wait', p_wait ->> v_kind.name_key);
+        v_out := v_out || jsonb_build_object(v_kind.name_key, p_wait ->> v_kind.name_key);
     END IF;
-    IF p_wait ? v_time_key AND jsonb_typeof(p_wait -> v_time_key) <> 'null' THEN
+    IF p_wait ? v_kind.deadline_key AND jsonb_typeof(p_wait -> v_kind.deadline_key) <> 'null' THEN
         BEGIN
-            v_time := (p_wait ->> v_time_key)::timestamptz;
+            v_time := (p_wait ->> v_kind.deadline_key)::timestamptz;
         EXCEPTION WHEN invalid_datetime_format OR datetime_field_overflow OR invalid_text_representation THEN
-            PERFORM _invalid('wait', format('%s is not a timestamp: %s', v_time_key, p_wait -> v_time_key), v_hint);
+            PERFORM _invalid('wait', format('%s is not a timestamp: %s', v_kind.deadline_key, p_wait -> v_kind.deadline_key), _wait_hint());
         END;
-        IF jsonb_typeof(p_wait -> v_time_key) <> 'string' OR NOT isfinite(v_time) THEN
-            PERFORM _invalid('wait', format('%s must be a finite timestamp string', v_time_key), v_hint);
+        IF jsonb_typeof(p_wait -> v_kind.deadline_key) <> 'string' OR NOT isfinite(v_time) THEN
+            PERFORM _invalid('wait', format('%s must be a finite timestamp string', v_kind.deadline_key), _wait_hint());
         END IF;
-        v_out := v_out || jsonb_build_object(v_time_key, v_time);
-    ELSIF v_kind = 'sleep' THEN
-        PERFORM _invalid('wait', 'a sleep wait needs until', v_hint);
+        v_out := v_out || jsonb_build_object(v_kind.deadline_key, v_time);
+    ELSIF v_kind.deadline_required THEN
+        PERFORM _invalid('wait', format('a %s wait needs %s', v_kind.kind, v_kind.deadline_key), _wait_hint());
     END IF;
     RETURN v_out;
 END;
@@ -76,9 +219,9 @@ SET search_path FROM CURRENT
 AS $$
 DECLARE
     v_claim_window constant interval := interval '5 minutes';
-    v_deadline timestamptz := coalesce(p_wait ->> 'until', p_wait ->> 'timeout_at')::timestamptz;
+    v_deadline timestamptz := _wait_deadline(p_wait);
 BEGIN
-    IF p_wait ->> 'kind' = 'detached_runner' AND p_received_at IS NOT NULL THEN
+    IF _wait_detached(p_wait) AND p_received_at IS NOT NULL THEN
         -- least() ignores a null: without timeout_at, the window alone bounds it.
         RETURN least(v_deadline, p_received_at + v_claim_window);
     END IF;
@@ -109,7 +252,7 @@ AS $$
 BEGIN
     RETURN coalesce(
         p_run.status = 'waiting'
-        AND p_run.wait ->> 'kind' <> 'detached_runner'
+        AND NOT _wait_detached(p_run.wait)
         AND p_attempt.run_id = p_run.run_id
         AND p_attempt.attempt = p_run.attempt_count
         AND p_attempt.wait = p_run.wait
@@ -121,3 +264,31 @@ $$;
 
 COMMENT ON FUNCTION _suspension_in_force(runs, attempts) IS
 'True iff the attempt''s recorded suspension (wait and receipt) is the non-detached wait its run is in.';
+
+-- _timeout_resume(): what a wait that ended by time delivers to the next
+-- attempt: its kind's timeout resume. A detached runner's wait that ended
+-- with a pushed terminal nobody claimed (its claim window passed, see
+-- _wake_at) also carries that terminal, so the next attempt can write it
+-- instead of running the work again. Called under the
+-- run's lock, which every writer of runner_result holds too.
+CREATE FUNCTION _timeout_resume(p_run runs)
+RETURNS jsonb
+LANGUAGE sql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+    SELECT _wait_timeout_resume(p_run.wait) || CASE
+        WHEN _wait_detached(p_run.wait) THEN coalesce((
+            SELECT jsonb_build_object('runner_result', a.runner_result)
+            FROM attempts AS a
+            WHERE
+                a.run_id = p_run.run_id
+                AND a.attempt = p_run.attempt_count
+                AND a.runner_result_received_at IS NOT NULL
+        ), '{}'::jsonb)
+        ELSE '{}'::jsonb
+    END;
+$$;
+
+COMMENT ON FUNCTION _timeout_resume(runs) IS
+'The resume of a wait that ended by time: {"slept": true}, else {"timed_out": true} (+ runner_result if one was pushed).';

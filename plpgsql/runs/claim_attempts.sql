@@ -1,7 +1,8 @@
 -- claim_attempts(): take up to max_runs runnable runs and open an attempt on each.
 --
--- Runnable: status queued, run_at due, not held behind an earlier run of its
--- concurrency key; best first (priority DESC, run_at). Candidates are locked
+-- Runnable (_runnable, _internal/runnable.sql): status queued, run_at due,
+-- not held behind an earlier run of its concurrency key; best first
+-- (priority DESC, run_at). Candidates are locked
 -- FOR UPDATE SKIP LOCKED from the partial claim indexes (one index range per
 -- queue, merged), so concurrent claimers never wait on one another and never
 -- take the same run; the status re-check on the locked row guards the rest.
@@ -109,7 +110,7 @@ BEGIN
     LOOP
         v_run_ids := array_remove(v_run_ids, v_run_id);
         SELECT r.* INTO v_run FROM runs AS r WHERE r.run_id = v_run_id;
-        IF v_run.status = 'queued' AND NOT v_run.key_held AND v_run.run_at <= v_now
+        IF _runnable(v_run.status, v_run.key_held, v_run.run_at, v_now)
             -- Ending a keyed run needs its key lock; never wait for it here.
             AND (v_run.concurrency_key IS NULL
                 OR pg_try_advisory_xact_lock(_key_lock_id(v_run.concurrency_key))) THEN
@@ -136,7 +137,7 @@ BEGIN
             SELECT r.run_id, r.status, r.key_held, r.run_at
             FROM runs AS r WHERE r.run_id = v_run_ids[c.ord] LIMIT 1
         ) AS r
-        WHERE r.status = 'queued' AND NOT r.key_held AND r.run_at <= v_now
+        WHERE _runnable(r.status, r.key_held, r.run_at, v_now)
     ),
     started AS (
         UPDATE runs AS r

@@ -41,7 +41,7 @@ BEGIN
         OR v_attempt.lease_token IS DISTINCT FROM claim_detached_terminal.lease_token
         OR v_attempt.attempt <> v_run.attempt_count
         OR v_run.status <> 'waiting'
-        OR v_run.wait ->> 'kind' IS DISTINCT FROM 'detached_runner'
+        OR NOT _wait_detached(v_run.wait)
         OR v_attempt.runner_result_received_at IS NULL THEN
         RETURN _restore_lock_wait(v_caller_lock_timeout, FALSE);
     END IF;

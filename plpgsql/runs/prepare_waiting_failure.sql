@@ -39,7 +39,7 @@ BEGIN
 
     v_run := _lock_run(prepare_waiting_failure.run_id);
     v_attempt := _lock_attempt(prepare_waiting_failure.run_id, prepare_waiting_failure.attempt);
-    IF v_run.run_id IS NULL OR v_run.status <> 'waiting' OR v_run.wait ->> 'kind' = 'detached_runner' THEN
+    IF v_run.run_id IS NULL OR v_run.status <> 'waiting' OR _wait_detached(v_run.wait) THEN
         RETURN _restore_lock_wait(v_caller_lock_timeout, 'not_applicable');
     END IF;
     IF v_attempt.run_id IS NULL

@@ -40,7 +40,7 @@ BEGIN
     v_run := _lock_run(record_runner_terminal.run_id);
     v_attempt := _lock_attempt(record_runner_terminal.run_id, record_runner_terminal.attempt);
     IF v_run.run_id IS NULL OR v_attempt.run_id IS NULL
-        OR v_attempt.wait ->> 'kind' IS DISTINCT FROM 'detached_runner' THEN
+        OR NOT _wait_detached(v_attempt.wait) THEN
         RETURN _restore_lock_wait(v_caller_lock_timeout, 'not_found');
     END IF;
     IF v_attempt.runner_result_received_at IS NOT NULL THEN

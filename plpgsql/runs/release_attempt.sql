@@ -81,7 +81,7 @@ BEGIN
     PERFORM _emit(release_attempt.run_id, 'run.retry_scheduled', jsonb_build_object(
         'attempt', release_attempt.attempt, 'run_at', v_run_at,
         'released', TRUE, 'reason', release_attempt.reason), FALSE, v_run.ledger_seq);
-    IF v_run_at <= v_now THEN
+    IF _runnable(v_run.status, v_run.key_held, v_run.run_at, v_now) THEN
         PERFORM pg_notify('runrelay_runs', v_run.queue);
     END IF;
     RETURN _restore_lock_wait(v_caller_lock_timeout, 'released');

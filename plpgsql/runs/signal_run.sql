@@ -68,8 +68,7 @@ BEGIN
         -- kept for a later wait.
         PERFORM _wake(v_run, _timeout_resume(v_run));
     ELSIF v_run.status = 'waiting'
-        AND v_run.wait ->> 'kind' = 'event'
-        AND v_run.wait ->> 'name' = signal_run.name THEN
+        AND _wait_signal_name(v_run.wait) = signal_run.name THEN
         PERFORM _wake(v_run, jsonb_build_object('name', signal_run.name, 'payload', signal_run.payload));
         RETURN _restore_lock_wait(v_caller_lock_timeout, _record_call(signal_run.call_id, 'signal_run', signal_run.run_id, v_digest, 'resumed'));
     END IF;

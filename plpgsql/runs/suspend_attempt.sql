@@ -33,6 +33,7 @@ DECLARE
     v_now timestamptz;
     v_signal signals;
     v_resume jsonb;
+    v_signal_name text;
 BEGIN
     PERFORM _require_read_committed();
     PERFORM _check_id('run_id', suspend_attempt.run_id);
@@ -74,12 +75,14 @@ BEGIN
     RETURNING r.* INTO v_run;
     PERFORM _emit(suspend_attempt.run_id, 'run.waiting',
         jsonb_build_object('attempt', suspend_attempt.attempt, 'wait', v_wait),
-        v_wait ->> 'kind' = 'detached_runner', v_run.ledger_seq);
+        _wait_detached(v_wait), v_run.ledger_seq);
 
-    IF v_wait ->> 'kind' = 'event' THEN
+    -- A wait a signal resumes consumes a signal stored for it, oldest first.
+    v_signal_name := _wait_signal_name(v_wait);
+    IF v_signal_name IS NOT NULL THEN
         SELECT s.* INTO v_signal
         FROM signals AS s
-        WHERE s.run_id = suspend_attempt.run_id AND s.name = v_wait ->> 'name'
+        WHERE s.run_id = suspend_attempt.run_id AND s.name = v_signal_name
         ORDER BY s.signal_id
         LIMIT 1
         FOR UPDATE;

@@ -74,6 +74,11 @@ CREATE TABLE runs (
 );
 
 -- Claim paths: the runnable backlog, best first, for one queue or for all.
+-- The predicate is the runnable rule (_runnable, _internal/runnable.sql)
+-- without its time condition, spelled out because an index cannot depend on
+-- a function the migrations drop and recreate; the claim queries call
+-- _runnable, which the planner inlines and matches to these predicates.
+-- tests/python/test_rule_homes.py proves the two agree.
 CREATE INDEX runs_claim_queue_idx ON runs (queue, priority DESC, run_at)
 WHERE status = 'queued' AND NOT key_held;
 

@@ -53,6 +53,16 @@ CREATE TABLE attempts (
     CONSTRAINT attempts_received_has_result CHECK (
         runner_result_received_at IS NULL OR runner_result IS NOT NULL
     ),
+    -- What a fenced write that ended the live phase answered (SPEC §3.2):
+    -- complete, fail / reap (retry_scheduled, failed), cancellation,
+    -- suspend (waiting, or resumed when a stored signal woke it at once)
+    -- and release_attempt.
+    CONSTRAINT attempts_outcome CHECK (
+        outcome IN (
+            'completed', 'retry_scheduled', 'failed', 'cancelled', 'waiting',
+            'resumed', 'released'
+        )
+    ),
     CONSTRAINT attempts_outcome_op CHECK ((outcome IS NULL) = (outcome_op IS NULL))
 ) WITH (autovacuum_vacuum_scale_factor = 0.02, autovacuum_analyze_scale_factor = 0.02);
 

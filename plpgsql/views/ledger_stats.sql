@@ -1,6 +1,8 @@
 -- ledger_stats: ledger events by lane and state, the age of the oldest
 -- undelivered event, and blocked heads (lanes stopped behind a failed event).
--- It counts, so it costs O(events).
+-- It counts, so it costs O(events). The clock is statement_timestamp(), not
+-- _now(): a view runs its functions with its reader's privileges, and the
+-- admin role that reads it may execute no internal helper (SPEC §5).
 CREATE VIEW ledger_stats AS
 SELECT
     l.lane,

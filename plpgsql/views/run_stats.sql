@@ -1,6 +1,13 @@
 -- run_stats: runs by queue and status, with the age of the oldest runnable
 -- run and how many are held behind a concurrency key. For dashboards and
 -- `runrelay status`; it counts, so it costs O(runs).
+--
+-- A view runs the functions it calls with its reader's privileges, and the
+-- admin role that reads it may execute no internal helper (SPEC §5). So the
+-- runnable rule (_runnable, _internal/runnable.sql) is spelled out here, as
+-- in the claim indexes, and the clock is statement_timestamp() rather than
+-- _now(); tests/python/test_rule_homes.py proves the filters agree with
+-- _runnable.
 CREATE VIEW run_stats AS
 SELECT
     r.queue,

