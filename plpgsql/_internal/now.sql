@@ -1,4 +1,4 @@
--- _now() and _clock_now(): the clocks every function reads.
+-- The database clock: the _clock view, _now() and _clock_now().
 --
 -- _now() is statement_timestamp(): the moment the calling statement began,
 -- one value for everything a call decides. _clock_now() is clock_timestamp():
@@ -8,11 +8,31 @@
 --
 -- Both are shifted by the transaction-local setting runrelay.clock_offset (an
 -- interval) when the installation allows it (settings.allow_clock_override,
--- which only the schema owner can set); _now() holds that rule and
--- _clock_now() applies _now()'s shift.
+-- which only the schema owner can set). The _clock view is the one home of
+-- that rule: _now() reads it whenever an offset is set, and the stats views
+-- join it. A view, not a function, because a view reads what its owner may
+-- read while the functions a view calls run with its reader's privileges, and
+-- the admin role that reads the stats views may execute no helper.
 -- Tests move time with SET LOCAL runrelay.clock_offset = '1 hour'; production
 -- installations ignore the setting, so no caller can expire or extend a lease
--- by lying about the time. VOLATILE: they read a table.
+-- by lying about the time.
+CREATE VIEW _clock AS
+SELECT
+    CASE
+        WHEN
+            s.allow_clock_override
+            AND coalesce(current_setting('runrelay.clock_offset', TRUE), '') <> ''
+            THEN
+                statement_timestamp()
+                + current_setting('runrelay.clock_offset', TRUE)::interval
+        ELSE statement_timestamp()
+    END AS now
+FROM settings AS s;
+
+COMMENT ON VIEW _clock IS
+'The database clock: statement_timestamp(), shifted by runrelay.clock_offset only where settings.allow_clock_override is set.';
+
+-- VOLATILE: it reads a table.
 CREATE FUNCTION _now()
 RETURNS timestamptz
 LANGUAGE plpgsql
@@ -26,15 +46,12 @@ BEGIN
     IF v_offset IS NULL OR v_offset = '' THEN
         RETURN statement_timestamp();
     END IF;
-    IF NOT (SELECT s.allow_clock_override FROM settings AS s) THEN
-        RETURN statement_timestamp();
-    END IF;
-    RETURN statement_timestamp() + v_offset::interval;
+    RETURN (SELECT c.now FROM _clock AS c);
 END;
 $$;
 
 COMMENT ON FUNCTION _now() IS
-'The database clock: statement_timestamp(), shifted by runrelay.clock_offset only where settings.allow_clock_override is set.';
+'The database clock (the _clock view), without reading a table when no offset is set.';
 
 CREATE FUNCTION _clock_now()
 RETURNS timestamptz

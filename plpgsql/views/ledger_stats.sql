@@ -1,14 +1,13 @@
 -- ledger_stats: ledger events by lane and state, the age of the oldest
 -- undelivered event, and blocked heads (lanes stopped behind a failed event).
--- It counts, so it costs O(events). The clock is statement_timestamp(), not
--- _now(): a view runs its functions with its reader's privileges, and the
--- admin role that reads it may execute no internal helper (SPEC §5).
+-- It counts, so it costs O(events). The clock is the _clock view
+-- (_internal/now.sql), the one every function reads.
 CREATE VIEW ledger_stats AS
 SELECT
     l.lane,
     l.state,
     count(*) AS events,
-    extract(EPOCH FROM statement_timestamp() - min(l.created_at) FILTER (
+    extract(EPOCH FROM c.now - min(l.created_at) FILTER (
         WHERE l.state <> 'delivered'
     )) AS oldest_pending_age_seconds,
     (
@@ -16,7 +15,8 @@ SELECT
         WHERE ll.lane = l.lane AND ll.blocked
     ) AS blocked_heads
 FROM ledger AS l
-GROUP BY l.lane, l.state;
+CROSS JOIN _clock AS c
+GROUP BY l.lane, l.state, c.now;
 
 COMMENT ON VIEW ledger_stats IS
 'Ledger events by lane and state: counts, oldest pending age and blocked heads.';

@@ -178,3 +178,34 @@ def test_a_bad_wait_is_answered_with_every_wait_shape(db: psycopg.Connection) ->
         'Pass {"kind":"sleep","until":ts}, {"kind":"event","name":n,"timeout_at":ts?} '
         'or {"kind":"detached_runner","runner":r,"timeout_at":ts?}.'
     )
+
+
+def test_stats_views_read_the_clock_every_function_reads(db: psycopg.Connection) -> None:
+    """run_stats and ledger_stats read the _clock view, so a shifted test
+    clock moves their ages exactly as it moves _now(), and the admin role,
+    which may execute no helper, can still read them."""
+    db.execute(
+        """INSERT INTO runrelay.runs (run_id, queue, status, payload, run_at, max_attempts,
+                                      attempt_count, created_at, updated_at)
+           VALUES ('clock-run', 'clock', 'queued', '{}', now() - interval '10 seconds', 3, 0,
+                   now(), now())"""
+    )
+    db.execute(
+        """INSERT INTO runrelay.ledger (run_id, lane, seq, type, payload, delivery_key,
+                                        created_at, state, next_attempt_at)
+           VALUES ('clock-run', 'observability', 1, 't', '{}', 'clock-run:1',
+                   now() - interval '10 seconds', 'pending', now())"""
+    )
+    ages = """SELECT (SELECT s.oldest_runnable_age_seconds FROM runrelay.run_stats AS s
+                      WHERE s.queue = 'clock'),
+                     (SELECT s.oldest_pending_age_seconds FROM runrelay.ledger_stats AS s
+                      WHERE s.lane = 'observability' AND s.state = 'pending')"""
+    with db.transaction():
+        db.execute("SET LOCAL ROLE runrelay_admin")
+        unshifted = db.execute(ages).fetchone()
+        db.execute("SET LOCAL runrelay.clock_offset = '1 hour'")
+        shifted = db.execute(ages).fetchone()
+    assert unshifted is not None and shifted is not None
+    for before, after in zip(unshifted, shifted, strict=True):
+        assert 10 <= before < 60
+        assert after - before == pytest.approx(3600, abs=5)

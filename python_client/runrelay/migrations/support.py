@@ -27,6 +27,14 @@ BEGIN
         SELECT c.oid::regclass AS name
         FROM pg_catalog.pg_class AS c
         WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind = 'v'
+        -- A view that another view reads (the _clock view) goes last.
+        ORDER BY EXISTS (
+            SELECT 1
+            FROM pg_catalog.pg_depend AS d
+            INNER JOIN pg_catalog.pg_rewrite AS w ON w.oid = d.objid
+            WHERE d.classid = 'pg_catalog.pg_rewrite'::regclass
+              AND d.refobjid = c.oid AND w.ev_class <> c.oid
+        )
     LOOP
         EXECUTE format('DROP VIEW %s', v_obj.name);
     END LOOP;
