@@ -47,6 +47,57 @@ CREATE TYPE ack_ledger_result AS (
     lag_ms bigint
 );
 
+-- >>> plpgsql/_internal/acknowledge.sql
+-- _acknowledge(): the one acknowledgement path, for the events a relay
+-- delivered (ack_ledger) and the transport-only events a claim acknowledges
+-- locally (_claim_lane, p_locally). Each event becomes delivered by p_relay
+-- at p_now, loses its lease, and is tagged with p_call_id, the call that
+-- acknowledged it (what a replay of that call looks up); a drop_on_delivery
+-- run loses their payloads; runrelay_delivered is notified once, naming the
+-- last event. Precondition: the caller holds the lane lock, and p_event_ids
+-- are an unbroken prefix of one run lane's pending tail, in seq order.
+-- Returns the acknowledged rows (in no particular order).
+CREATE FUNCTION _acknowledge(
+    p_run_id text,
+    p_event_ids bigint[],
+    p_relay text,
+    p_now timestamptz,
+    p_locally boolean,
+    p_call_id uuid
+)
+RETURNS SETOF ledger
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_drop boolean;
+BEGIN
+    IF coalesce(cardinality(p_event_ids), 0) = 0 THEN
+        RETURN;
+    END IF;
+    SELECT r.payload_retention = 'drop_on_delivery' INTO v_drop
+    FROM runs AS r WHERE r.run_id = p_run_id;
+    RETURN QUERY
+    UPDATE ledger AS l
+    SET state = 'delivered',
+        delivered_at = p_now,
+        delivered_by = p_relay,
+        acked_locally = p_locally,
+        lease_owner = NULL,
+        lease_expires_at = NULL,
+        call_id = p_call_id,
+        payload = CASE WHEN v_drop THEN NULL ELSE l.payload END
+    WHERE l.event_id = ANY(p_event_ids) AND l.run_id = p_run_id
+    RETURNING l.*;
+    PERFORM pg_notify('runrelay_delivered',
+        json_build_object('run_id', p_run_id, 'event_id', p_event_ids[cardinality(p_event_ids)])::text);
+END;
+$$;
+
+COMMENT ON FUNCTION _acknowledge(text, bigint[], text, timestamptz, boolean, uuid) IS
+'Marks a lane prefix delivered (by a relay, or locally if transport-only): retention, call tag, runrelay_delivered.';
+
 -- >>> plpgsql/_internal/append.sql
 -- _append(): the one routine that writes the run ledger.
 --
@@ -576,7 +627,8 @@ COMMENT ON FUNCTION _wake_due(text[], integer) IS
 'Wakes up to p_limit due sleeps and timed-out waits (SKIP LOCKED); applies pending cancel markers.';
 
 -- >>> plpgsql/_internal/claim_lane.sql
--- _claim_lane(): claim the head prefix of one run's lane for a relay.
+-- _claim_lane(): claim the head prefix of one run's lane for a relay; and
+-- _ledger_claimable(), its test of one event (at the end of this file).
 --
 -- Precondition: the caller holds the lane row lock (ledger_lanes). Every read
 -- of the tail below is a fresh statement, so an append that committed while
@@ -776,6 +828,25 @@ $$;
 
 COMMENT ON FUNCTION _claim_lane(text, text, text, integer, boolean, interval, uuid, bigint, bigint) IS
 'Claims one run lane''s head prefix for a relay (caller holds the lane lock); see claim_ledger.';
+
+-- _ledger_claimable(): whether event p_event can be claimed by p_relay at
+-- p_now (ignoring order: _claim_lane checks that).
+CREATE FUNCTION _ledger_claimable(p_event ledger, p_relay text, p_now timestamptz)
+RETURNS boolean
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    IF p_event.state = 'leased' THEN
+        RETURN p_event.lease_owner = p_relay OR p_event.lease_expires_at <= p_now;
+    END IF;
+    RETURN p_event.state = 'pending' AND p_event.next_attempt_at <= p_now;
+END;
+$$;
+
+COMMENT ON FUNCTION _ledger_claimable(ledger, text, timestamptz) IS
+'Whether one ledger event is claimable by a relay now: pending and due, or leased to it, or its lease expired.';
 
 -- >>> plpgsql/_internal/complete.sql
 -- _complete(): the decision behind complete_attempt and complete_attempts.
@@ -1161,7 +1232,12 @@ COMMENT ON FUNCTION _fence(runs, attempts, uuid, text) IS
 'The write fence: NULL to proceed, else fence_lost, cancelled, or the outcome an earlier identical call recorded.';
 
 -- >>> plpgsql/_internal/ledger_lanes.sql
--- Ledger lane bookkeeping.
+-- Ledger lane bookkeeping on the relay side: the lane locks a relay takes
+-- (_lock_event_lanes), where a scan of a lane's tail starts
+-- (_lane_scan_from), and recomputing a lane's head and availability
+-- (_refresh_lane, _refresh_event_lanes, _lane_recheck). The appender side of
+-- the lanes (a new event wakes an empty lane) is in append.sql;
+-- claiming a lane is claim_lane.sql, acknowledging acknowledge.sql.
 --
 -- Locks (the full order is in custody.sql): a relay locks ledger_lanes rows,
 -- waiting, ascending by (run_id COLLATE "C", lane), then the lanes' ledger
@@ -1192,44 +1268,6 @@ $$;
 
 COMMENT ON FUNCTION _lane_recheck() IS
 'How soon a lane drained while its run row was busy is looked at again.';
-
-CREATE FUNCTION _check_lane(p_lane text)
-RETURNS void
-LANGUAGE plpgsql
-VOLATILE
-SET search_path FROM CURRENT
-AS $$
-BEGIN
-    IF p_lane IS NULL OR p_lane NOT IN ('lifecycle', 'observability') THEN
-        PERFORM _invalid('lane', format('unknown lane %s', coalesce(p_lane, 'null')),
-            'Pass lifecycle or observability.');
-    END IF;
-END;
-$$;
-
-COMMENT ON FUNCTION _check_lane(text) IS
-'Validates a lane name: lifecycle or observability.';
-
-CREATE FUNCTION _check_event_ids(p_event_ids bigint[])
-RETURNS void
-LANGUAGE plpgsql
-VOLATILE
-SET search_path FROM CURRENT
-AS $$
-BEGIN
-    IF p_event_ids IS NULL OR array_ndims(p_event_ids) > 1 OR cardinality(p_event_ids) > 10000 THEN
-        PERFORM _invalid('event_ids', 'must be a one-dimensional array of at most 10000 event ids',
-            'Pass the event_id values a claim returned.');
-    END IF;
-    IF array_position(p_event_ids, NULL) IS NOT NULL THEN
-        PERFORM _invalid('event_ids', 'must not contain null',
-            'Pass the event_id values a claim returned.');
-    END IF;
-END;
-$$;
-
-COMMENT ON FUNCTION _check_event_ids(bigint[]) IS
-'Validates an event_ids argument: not null, no null element, at most 10000 ids.';
 
 -- Lock the lane rows of the given events, waiting, in the one lane order
 -- (run_id COLLATE "C", lane): every relay call that locks several lanes
@@ -1395,28 +1433,13 @@ $$;
 COMMENT ON FUNCTION _refresh_event_lanes(bigint[]) IS
 'Recomputes the lanes of the given events and notifies runrelay_ledger for those claimable now.';
 
--- Whether event e can be claimed by p_relay at p_now (ignoring order).
-CREATE FUNCTION _ledger_claimable(p_event ledger, p_relay text, p_now timestamptz)
-RETURNS boolean
-LANGUAGE plpgsql
-VOLATILE
-SET search_path FROM CURRENT
-AS $$
-BEGIN
-    IF p_event.state = 'leased' THEN
-        RETURN p_event.lease_owner = p_relay OR p_event.lease_expires_at <= p_now;
-    END IF;
-    RETURN p_event.state = 'pending' AND p_event.next_attempt_at <= p_now;
-END;
-$$;
-
-COMMENT ON FUNCTION _ledger_claimable(ledger, text, timestamptz) IS
-'Whether one ledger event is claimable by a relay now: pending and due, or leased to it, or its lease expired.';
-
--- One ledger event as a claim or acknowledgement reports it: kind, the
+-- >>> plpgsql/_internal/ledger_row.sql
+-- _ledger_row(): one ledger event as the claim and acknowledgement functions
+-- report it (_claim_lane, ack_ledger, claim_ledger's replay): kind, the
 -- event, its lease with lease_remaining_ms measured at p_now (pass the clock
 -- at the moment of answering, _clock_now()), and for an acknowledged event
--- lag_ms = delivered_at - created_at.
+-- lag_ms = delivered_at - created_at. The row type is ack_ledger_result;
+-- claim_ledger returns its first eleven columns (00_types.sql).
 CREATE FUNCTION _ledger_row(p_kind text, p_event ledger, p_now timestamptz)
 RETURNS ack_ledger_result
 LANGUAGE sql
@@ -1440,56 +1463,6 @@ $$;
 
 COMMENT ON FUNCTION _ledger_row(text, ledger, timestamptz) IS
 'Formats one ledger event as a claim/ack row; lease_remaining_ms measured at p_now, lag_ms for acknowledged events.';
-
--- _acknowledge(): the one acknowledgement path, for the events a relay
--- delivered (ack_ledger) and the transport-only events a claim acknowledges
--- locally (_claim_lane, p_locally). Each event becomes delivered by p_relay
--- at p_now, loses its lease, and is tagged with p_call_id, the call that
--- acknowledged it (what a replay of that call looks up); a drop_on_delivery
--- run loses their payloads; runrelay_delivered is notified once, naming the
--- last event. Precondition: the caller holds the lane lock, and p_event_ids
--- are an unbroken prefix of one run lane's pending tail, in seq order.
--- Returns the acknowledged rows (in no particular order).
-CREATE FUNCTION _acknowledge(
-    p_run_id text,
-    p_event_ids bigint[],
-    p_relay text,
-    p_now timestamptz,
-    p_locally boolean,
-    p_call_id uuid
-)
-RETURNS SETOF ledger
-LANGUAGE plpgsql
-VOLATILE
-SET search_path FROM CURRENT
-AS $$
-DECLARE
-    v_drop boolean;
-BEGIN
-    IF coalesce(cardinality(p_event_ids), 0) = 0 THEN
-        RETURN;
-    END IF;
-    SELECT r.payload_retention = 'drop_on_delivery' INTO v_drop
-    FROM runs AS r WHERE r.run_id = p_run_id;
-    RETURN QUERY
-    UPDATE ledger AS l
-    SET state = 'delivered',
-        delivered_at = p_now,
-        delivered_by = p_relay,
-        acked_locally = p_locally,
-        lease_owner = NULL,
-        lease_expires_at = NULL,
-        call_id = p_call_id,
-        payload = CASE WHEN v_drop THEN NULL ELSE l.payload END
-    WHERE l.event_id = ANY(p_event_ids) AND l.run_id = p_run_id
-    RETURNING l.*;
-    PERFORM pg_notify('runrelay_delivered',
-        json_build_object('run_id', p_run_id, 'event_id', p_event_ids[cardinality(p_event_ids)])::text);
-END;
-$$;
-
-COMMENT ON FUNCTION _acknowledge(text, bigint[], text, timestamptz, boolean, uuid) IS
-'Marks a lane prefix delivered (by a relay, or locally if transport-only): retention, call tag, runrelay_delivered.';
 
 -- >>> plpgsql/_internal/lock_wait.sql
 -- The lock-wait bound of every writing function.
@@ -2147,6 +2120,44 @@ $$;
 
 COMMENT ON FUNCTION _lease(integer) IS
 'A lease length in seconds clamped to 5..300 (null: 30), as an interval.';
+
+CREATE FUNCTION _check_lane(p_lane text)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    IF p_lane IS NULL OR p_lane NOT IN ('lifecycle', 'observability') THEN
+        PERFORM _invalid('lane', format('unknown lane %s', coalesce(p_lane, 'null')),
+            'Pass lifecycle or observability.');
+    END IF;
+END;
+$$;
+
+COMMENT ON FUNCTION _check_lane(text) IS
+'Validates a lane name: lifecycle or observability.';
+
+CREATE FUNCTION _check_event_ids(p_event_ids bigint[])
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    IF p_event_ids IS NULL OR array_ndims(p_event_ids) > 1 OR cardinality(p_event_ids) > 10000 THEN
+        PERFORM _invalid('event_ids', 'must be a one-dimensional array of at most 10000 event ids',
+            'Pass the event_id values a claim returned.');
+    END IF;
+    IF array_position(p_event_ids, NULL) IS NOT NULL THEN
+        PERFORM _invalid('event_ids', 'must not contain null',
+            'Pass the event_id values a claim returned.');
+    END IF;
+END;
+$$;
+
+COMMENT ON FUNCTION _check_event_ids(bigint[]) IS
+'Validates an event_ids argument: not null, no null element, at most 10000 ids.';
 
 -- >>> plpgsql/_internal/wait.sql
 -- _normalize_wait(): validates suspend_attempt's wait and returns it in

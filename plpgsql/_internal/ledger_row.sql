@@ -1,0 +1,29 @@
+-- _ledger_row(): one ledger event as the claim and acknowledgement functions
+-- report it (_claim_lane, ack_ledger, claim_ledger's replay): kind, the
+-- event, its lease with lease_remaining_ms measured at p_now (pass the clock
+-- at the moment of answering, _clock_now()), and for an acknowledged event
+-- lag_ms = delivered_at - created_at. The row type is ack_ledger_result;
+-- claim_ledger returns its first eleven columns (00_types.sql).
+CREATE FUNCTION _ledger_row(p_kind text, p_event ledger, p_now timestamptz)
+RETURNS ack_ledger_result
+LANGUAGE sql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+    SELECT ROW(
+        p_kind, p_event.event_id, p_event.run_id, p_event.seq, p_event.type, p_event.payload,
+        p_event.delivery_key, p_event.created_at, p_event.batch_id IS NOT NULL,
+        p_event.lease_expires_at,
+        CASE
+            WHEN p_event.lease_expires_at IS NOT NULL
+                THEN floor(extract(EPOCH FROM p_event.lease_expires_at - p_now) * 1000)::bigint
+        END,
+        CASE
+            WHEN p_event.delivered_at IS NOT NULL
+                THEN floor(extract(EPOCH FROM p_event.delivered_at - p_event.created_at) * 1000)::bigint
+        END
+    )::ack_ledger_result;
+$$;
+
+COMMENT ON FUNCTION _ledger_row(text, ledger, timestamptz) IS
+'Formats one ledger event as a claim/ack row; lease_remaining_ms measured at p_now, lag_ms for acknowledged events.';
