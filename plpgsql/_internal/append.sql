@@ -260,16 +260,16 @@ $$;
 COMMENT ON FUNCTION _emit_lifecycle(text[], bigint[], text, jsonb[], boolean) IS
 'Appends one lifecycle event of a type to each of several locked runs at reserved seqs, moving their lanes.';
 
--- _emit(): one engine lifecycle event (run.started, run.completed, ...).
--- Transitions pass p_seq, the seq they reserved with ledger_seq + 1 in their
--- own UPDATE of the run row: _emit_lifecycle of one run, so the lane rule of
--- lifecycle events is written once. Without p_seq, _append reserves the seq.
+-- _emit(): one engine lifecycle event (run.queued, run.completed, ...) of
+-- one run: _emit_lifecycle of one run at p_seq, the seq the caller reserved
+-- with ledger_seq + 1 in its own UPDATE of the run row (every caller does;
+-- events whose seqs are not reserved yet go through _append).
 CREATE FUNCTION _emit(
     p_run_id text,
     p_type text,
     p_payload jsonb,
-    p_transport_only boolean DEFAULT FALSE,
-    p_seq bigint DEFAULT NULL
+    p_transport_only boolean,
+    p_seq bigint
 )
 RETURNS void
 LANGUAGE plpgsql
@@ -277,19 +277,9 @@ VOLATILE
 SET search_path FROM CURRENT
 AS $$
 BEGIN
-    IF p_seq IS NULL THEN
-        PERFORM _append(p_run_id, jsonb_build_array(jsonb_build_object(
-            'type', p_type,
-            'payload', p_payload,
-            'lane', 'lifecycle',
-            'delivery_key', NULL,
-            'transport_only', p_transport_only
-        )));
-    ELSE
-        PERFORM _emit_lifecycle(ARRAY[p_run_id], ARRAY[p_seq], p_type, ARRAY[p_payload], p_transport_only);
-    END IF;
+    PERFORM _emit_lifecycle(ARRAY[p_run_id], ARRAY[p_seq], p_type, ARRAY[p_payload], p_transport_only);
 END;
 $$;
 
 COMMENT ON FUNCTION _emit(text, text, jsonb, boolean, bigint) IS
-'Appends one engine lifecycle event to a run''s lifecycle lane (caller holds the run lock; p_seq if it reserved one).';
+'Appends one engine lifecycle event to a run''s lifecycle lane at the seq the caller reserved (caller holds the run lock).';
