@@ -4,13 +4,17 @@
 -- at the moment of answering, _clock_now()), and for an acknowledged event
 -- lag_ms = delivered_at - created_at. The row type is ack_ledger_result;
 -- claim_ledger returns its first eleven columns (00_types.sql).
+-- PL/pgSQL, not SQL, for the reason given at _key_lock_id (custody.sql): a
+-- SQL function with a SET clause is never inlined and is planned again on
+-- every call of the statement that calls it.
 CREATE FUNCTION _ledger_row(p_kind text, p_event ledger, p_now timestamptz)
 RETURNS ack_ledger_result
-LANGUAGE sql
+LANGUAGE plpgsql
 VOLATILE
 SET search_path FROM CURRENT
 AS $$
-    SELECT ROW(
+BEGIN
+    RETURN ROW(
         p_kind, p_event.event_id, p_event.run_id, p_event.seq, p_event.type, p_event.payload,
         p_event.delivery_key, p_event.created_at, p_event.batch_id IS NOT NULL,
         p_event.lease_expires_at,
@@ -23,6 +27,7 @@ AS $$
                 THEN floor(extract(EPOCH FROM p_event.delivered_at - p_event.created_at) * 1000)::bigint
         END
     )::ack_ledger_result;
+END;
 $$;
 
 COMMENT ON FUNCTION _ledger_row(text, ledger, timestamptz) IS

@@ -13,25 +13,11 @@ CREATE TYPE append_result AS (
     delivery_key text
 );
 
--- One ledger event as a claim returns it (claim_ledger).
-CREATE TYPE claim_ledger_result AS (
-    kind text,
-    event_id bigint,
-    run_id text,
-    seq bigint,
-    type text,
-    payload jsonb,
-    delivery_key text,
-    created_at timestamptz,
-    frozen boolean,
-    lease_expires_at timestamptz,
-    lease_remaining_ms bigint
-);
-
--- One ledger event as an acknowledgement reports it (ack_ledger): a claim's
--- row plus lag_ms (delivered_at - created_at) for an acknowledged event.
--- _claim_lane and _ledger_row produce it, so that the local acks of a claim
--- carry their lag wherever they are reported; claim_ledger leaves lag_ms out.
+-- One ledger event as an acknowledgement reports it (ack_ledger): kind, the
+-- event, its lease, and lag_ms (delivered_at - created_at) for an
+-- acknowledged event. _ledger_row, the one formatting of a ledger event,
+-- produces it, and so does _claim_lane, so that the local acks of a claim
+-- carry their lag wherever they are reported.
 CREATE TYPE ack_ledger_result AS (
     kind text,
     event_id bigint,
@@ -45,6 +31,26 @@ CREATE TYPE ack_ledger_result AS (
     lease_expires_at timestamptz,
     lease_remaining_ms bigint,
     lag_ms bigint
+);
+
+-- One ledger event as a claim returns it (claim_ledger): ack_ledger_result
+-- without its last column, lag_ms (SPEC 3.3 gives claim_ledger no lag). Two
+-- types because PostgreSQL cannot derive one composite type from another
+-- (CREATE TYPE has no INHERITS, and a nested type would change the columns a
+-- client reads), and claim_ledger's columns are public. 031_claim_ledger.sql
+-- checks that these columns stay ack_ledger_result's first eleven.
+CREATE TYPE claim_ledger_result AS (
+    kind text,
+    event_id bigint,
+    run_id text,
+    seq bigint,
+    type text,
+    payload jsonb,
+    delivery_key text,
+    created_at timestamptz,
+    frozen boolean,
+    lease_expires_at timestamptz,
+    lease_remaining_ms bigint
 );
 
 -- >>> plpgsql/_internal/acknowledge.sql
@@ -361,16 +367,16 @@ $$;
 COMMENT ON FUNCTION _emit_lifecycle(text[], bigint[], text, jsonb[], boolean) IS
 'Appends one lifecycle event of a type to each of several locked runs at reserved seqs, moving their lanes.';
 
--- _emit(): one engine lifecycle event (run.started, run.completed, ...).
--- Transitions pass p_seq, the seq they reserved with ledger_seq + 1 in their
--- own UPDATE of the run row: _emit_lifecycle of one run, so the lane rule of
--- lifecycle events is written once. Without p_seq, _append reserves the seq.
+-- _emit(): one engine lifecycle event (run.queued, run.completed, ...) of
+-- one run: _emit_lifecycle of one run at p_seq, the seq the caller reserved
+-- with ledger_seq + 1 in its own UPDATE of the run row (every caller does;
+-- events whose seqs are not reserved yet go through _append).
 CREATE FUNCTION _emit(
     p_run_id text,
     p_type text,
     p_payload jsonb,
-    p_transport_only boolean DEFAULT FALSE,
-    p_seq bigint DEFAULT NULL
+    p_transport_only boolean,
+    p_seq bigint
 )
 RETURNS void
 LANGUAGE plpgsql
@@ -378,22 +384,12 @@ VOLATILE
 SET search_path FROM CURRENT
 AS $$
 BEGIN
-    IF p_seq IS NULL THEN
-        PERFORM _append(p_run_id, jsonb_build_array(jsonb_build_object(
-            'type', p_type,
-            'payload', p_payload,
-            'lane', 'lifecycle',
-            'delivery_key', NULL,
-            'transport_only', p_transport_only
-        )));
-    ELSE
-        PERFORM _emit_lifecycle(ARRAY[p_run_id], ARRAY[p_seq], p_type, ARRAY[p_payload], p_transport_only);
-    END IF;
+    PERFORM _emit_lifecycle(ARRAY[p_run_id], ARRAY[p_seq], p_type, ARRAY[p_payload], p_transport_only);
 END;
 $$;
 
 COMMENT ON FUNCTION _emit(text, text, jsonb, boolean, bigint) IS
-'Appends one engine lifecycle event to a run''s lifecycle lane (caller holds the run lock; p_seq if it reserved one).';
+'Appends one engine lifecycle event to a run''s lifecycle lane at the seq the caller reserved (caller holds the run lock).';
 
 -- >>> plpgsql/_internal/calls.sql
 -- Exact replays of signal_run and cancel_run by call_id (table calls).
@@ -1432,13 +1428,17 @@ COMMENT ON FUNCTION _refresh_event_lanes(bigint[]) IS
 -- at the moment of answering, _clock_now()), and for an acknowledged event
 -- lag_ms = delivered_at - created_at. The row type is ack_ledger_result;
 -- claim_ledger returns its first eleven columns (00_types.sql).
+-- PL/pgSQL, not SQL, for the reason given at _key_lock_id (custody.sql): a
+-- SQL function with a SET clause is never inlined and is planned again on
+-- every call of the statement that calls it.
 CREATE FUNCTION _ledger_row(p_kind text, p_event ledger, p_now timestamptz)
 RETURNS ack_ledger_result
-LANGUAGE sql
+LANGUAGE plpgsql
 VOLATILE
 SET search_path FROM CURRENT
 AS $$
-    SELECT ROW(
+BEGIN
+    RETURN ROW(
         p_kind, p_event.event_id, p_event.run_id, p_event.seq, p_event.type, p_event.payload,
         p_event.delivery_key, p_event.created_at, p_event.batch_id IS NOT NULL,
         p_event.lease_expires_at,
@@ -1451,6 +1451,7 @@ AS $$
                 THEN floor(extract(EPOCH FROM p_event.delivered_at - p_event.created_at) * 1000)::bigint
         END
     )::ack_ledger_result;
+END;
 $$;
 
 COMMENT ON FUNCTION _ledger_row(text, ledger, timestamptz) IS
@@ -3714,13 +3715,16 @@ COMMENT ON FUNCTION suspend_attempt(text, integer, uuid, jsonb, jsonb) IS
 -- writes nothing (no lease is extended, no claim-next runs).
 -- The events of event_ids this relay delivered (not acknowledged locally),
 -- as ack_ledger reports them, in seq order: a fresh call's and its replay's
--- delivered rows come from here alike.
+-- delivered rows come from here alike. PL/pgSQL, so the plan is cached (a SQL
+-- function with a SET clause is planned again on every call).
 CREATE FUNCTION _ack_ledger_delivered(p_relay text, p_run_id text, p_event_ids bigint[])
 RETURNS SETOF ack_ledger_result
-LANGUAGE sql
+LANGUAGE plpgsql
 VOLATILE
 SET search_path FROM CURRENT
 AS $$
+BEGIN
+    RETURN QUERY
     SELECT x.*
     FROM ledger AS l
     CROSS JOIN LATERAL _ledger_row('delivered', l, NULL) AS x
@@ -3733,6 +3737,7 @@ AS $$
         AND l.delivered_by = p_relay
         AND NOT l.acked_locally
     ORDER BY l.seq;
+END;
 $$;
 
 COMMENT ON FUNCTION _ack_ledger_delivered(text, text, bigint[]) IS
