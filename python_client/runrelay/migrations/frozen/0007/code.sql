@@ -171,12 +171,18 @@ BEGIN
         FROM generate_subscripts(p_run_ids, 1) AS g (i)
     ),
     existing AS (
-        -- The lane rows, read without a lock (the = ANY conditions are the
-        -- primary-key seek; the join keeps exactly the written lanes).
-        SELECT t.run_id, t.lane, t.head_seq, f.first_seq
-        FROM ledger_lanes AS t
-        INNER JOIN written AS f ON t.run_id = f.run_id AND t.lane = f.lane
-        WHERE t.run_id = ANY(p_run_ids) AND t.lane = ANY(p_lanes)
+        -- The lane rows, read without a lock: one primary-key probe per
+        -- written lane (LIMIT keeps it a probe; see claim_attempts). No
+        -- "= ANY(array)": its estimate differs between custom and generic
+        -- plans, and PostgreSQL would then plan this statement on every call.
+        SELECT f.run_id, f.lane, f.first_seq, t.head_seq
+        FROM written AS f
+        CROSS JOIN LATERAL (
+            SELECT t.head_seq
+            FROM ledger_lanes AS t
+            WHERE t.run_id = f.run_id AND t.lane = f.lane
+            LIMIT 1
+        ) AS t
     ),
     created AS (
         -- A lane seen for the first time (lane rows are created only by
@@ -191,18 +197,22 @@ BEGIN
         RETURNING ll.run_id, ll.available_at
     ),
     must_change AS (
-        -- Empty lanes, locked without waiting; a lane whose head is live
-        -- is neither changed nor locked.
+        -- Empty lanes, locked without waiting, one probe each, in the lane
+        -- order; a lane whose head is live is neither changed nor locked.
         SELECT t.run_id, t.lane
-        FROM ledger_lanes AS t
-        WHERE
-            t.run_id = ANY(p_run_ids) AND t.lane = ANY(p_lanes)
-            AND (t.run_id, t.lane) IN (
-                SELECT x.run_id, x.lane FROM existing AS x WHERE x.head_seq IS NULL
-            )
-            AND t.head_seq IS NULL
-        ORDER BY t.run_id COLLATE "C", t.lane
-        FOR UPDATE SKIP LOCKED
+        FROM (
+            SELECT x.run_id, x.lane
+            FROM existing AS x
+            WHERE x.head_seq IS NULL
+            ORDER BY x.run_id COLLATE "C", x.lane
+        ) AS x
+        CROSS JOIN LATERAL (
+            SELECT t.run_id, t.lane
+            FROM ledger_lanes AS t
+            WHERE t.run_id = x.run_id AND t.lane = x.lane AND t.head_seq IS NULL
+            LIMIT 1
+            FOR UPDATE SKIP LOCKED
+        ) AS t
     ),
     consumed AS (
         -- An earlier write's wake-up of a lane this one now wakes: the
