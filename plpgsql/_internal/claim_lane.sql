@@ -1,4 +1,5 @@
--- _claim_lane(): claim the head prefix of one run's lane for a relay.
+-- _claim_lane(): claim the head prefix of one run's lane for a relay; and
+-- _ledger_claimable(), its test of one event (at the end of this file).
 --
 -- Precondition: the caller holds the lane row lock (ledger_lanes). Every read
 -- of the tail below is a fresh statement, so an append that committed while
@@ -198,3 +199,22 @@ $$;
 
 COMMENT ON FUNCTION _claim_lane(text, text, text, integer, boolean, interval, uuid, bigint, bigint) IS
 'Claims one run lane''s head prefix for a relay (caller holds the lane lock); see claim_ledger.';
+
+-- _ledger_claimable(): whether event p_event can be claimed by p_relay at
+-- p_now (ignoring order: _claim_lane checks that).
+CREATE FUNCTION _ledger_claimable(p_event ledger, p_relay text, p_now timestamptz)
+RETURNS boolean
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    IF p_event.state = 'leased' THEN
+        RETURN p_event.lease_owner = p_relay OR p_event.lease_expires_at <= p_now;
+    END IF;
+    RETURN p_event.state = 'pending' AND p_event.next_attempt_at <= p_now;
+END;
+$$;
+
+COMMENT ON FUNCTION _ledger_claimable(ledger, text, timestamptz) IS
+'Whether one ledger event is claimable by a relay now: pending and due, or leased to it, or its lease expired.';

@@ -1,4 +1,9 @@
--- Ledger lane bookkeeping.
+-- Ledger lane bookkeeping on the relay side: the lane locks a relay takes
+-- (_lock_event_lanes), where a scan of a lane's tail starts
+-- (_lane_scan_from), and recomputing a lane's head and availability
+-- (_refresh_lane, _refresh_event_lanes, _lane_recheck). The appender side of
+-- the lanes (a written event wakes an empty lane) is _wake_lanes in append.sql;
+-- claiming a lane is claim_lane.sql, acknowledging acknowledge.sql.
 --
 -- Locks (the full order is in custody.sql): a relay locks ledger_lanes rows,
 -- waiting, ascending by (run_id COLLATE "C", lane), then the lanes' ledger
@@ -29,44 +34,6 @@ $$;
 
 COMMENT ON FUNCTION _lane_recheck() IS
 'How soon a lane drained while its run row was busy is looked at again.';
-
-CREATE FUNCTION _check_lane(p_lane text)
-RETURNS void
-LANGUAGE plpgsql
-VOLATILE
-SET search_path FROM CURRENT
-AS $$
-BEGIN
-    IF p_lane IS NULL OR p_lane NOT IN ('lifecycle', 'observability') THEN
-        PERFORM _invalid('lane', format('unknown lane %s', coalesce(p_lane, 'null')),
-            'Pass lifecycle or observability.');
-    END IF;
-END;
-$$;
-
-COMMENT ON FUNCTION _check_lane(text) IS
-'Validates a lane name: lifecycle or observability.';
-
-CREATE FUNCTION _check_event_ids(p_event_ids bigint[])
-RETURNS void
-LANGUAGE plpgsql
-VOLATILE
-SET search_path FROM CURRENT
-AS $$
-BEGIN
-    IF p_event_ids IS NULL OR array_ndims(p_event_ids) > 1 OR cardinality(p_event_ids) > 10000 THEN
-        PERFORM _invalid('event_ids', 'must be a one-dimensional array of at most 10000 event ids',
-            'Pass the event_id values a claim returned.');
-    END IF;
-    IF array_position(p_event_ids, NULL) IS NOT NULL THEN
-        PERFORM _invalid('event_ids', 'must not contain null',
-            'Pass the event_id values a claim returned.');
-    END IF;
-END;
-$$;
-
-COMMENT ON FUNCTION _check_event_ids(bigint[]) IS
-'Validates an event_ids argument: not null, no null element, at most 10000 ids.';
 
 -- Lock the lane rows of the given events, waiting, in the one lane order
 -- (run_id COLLATE "C", lane): every relay call that locks several lanes
@@ -231,99 +198,3 @@ $$;
 
 COMMENT ON FUNCTION _refresh_event_lanes(bigint[]) IS
 'Recomputes the lanes of the given events and notifies runrelay_ledger for those claimable now.';
-
--- Whether event e can be claimed by p_relay at p_now (ignoring order).
-CREATE FUNCTION _ledger_claimable(p_event ledger, p_relay text, p_now timestamptz)
-RETURNS boolean
-LANGUAGE plpgsql
-VOLATILE
-SET search_path FROM CURRENT
-AS $$
-BEGIN
-    IF p_event.state = 'leased' THEN
-        RETURN p_event.lease_owner = p_relay OR p_event.lease_expires_at <= p_now;
-    END IF;
-    RETURN p_event.state = 'pending' AND p_event.next_attempt_at <= p_now;
-END;
-$$;
-
-COMMENT ON FUNCTION _ledger_claimable(ledger, text, timestamptz) IS
-'Whether one ledger event is claimable by a relay now: pending and due, or leased to it, or its lease expired.';
-
--- One ledger event as a claim or acknowledgement reports it: kind, the
--- event, its lease with lease_remaining_ms measured at p_now (pass the clock
--- at the moment of answering, _clock_now()), and for an acknowledged event
--- lag_ms = delivered_at - created_at.
-CREATE FUNCTION _ledger_row(p_kind text, p_event ledger, p_now timestamptz)
-RETURNS ack_ledger_result
-LANGUAGE sql
-VOLATILE
-SET search_path FROM CURRENT
-AS $$
-    SELECT ROW(
-        p_kind, p_event.event_id, p_event.run_id, p_event.seq, p_event.type, p_event.payload,
-        p_event.delivery_key, p_event.created_at, p_event.batch_id IS NOT NULL,
-        p_event.lease_expires_at,
-        CASE
-            WHEN p_event.lease_expires_at IS NOT NULL
-                THEN floor(extract(EPOCH FROM p_event.lease_expires_at - p_now) * 1000)::bigint
-        END,
-        CASE
-            WHEN p_event.delivered_at IS NOT NULL
-                THEN floor(extract(EPOCH FROM p_event.delivered_at - p_event.created_at) * 1000)::bigint
-        END
-    )::ack_ledger_result;
-$$;
-
-COMMENT ON FUNCTION _ledger_row(text, ledger, timestamptz) IS
-'Formats one ledger event as a claim/ack row; lease_remaining_ms measured at p_now, lag_ms for acknowledged events.';
-
--- _acknowledge(): the one acknowledgement path, for the events a relay
--- delivered (ack_ledger) and the transport-only events a claim acknowledges
--- locally (_claim_lane, p_locally). Each event becomes delivered by p_relay
--- at p_now, loses its lease, and is tagged with p_call_id, the call that
--- acknowledged it (what a replay of that call looks up); a drop_on_delivery
--- run loses their payloads; runrelay_delivered is notified once, naming the
--- last event. Precondition: the caller holds the lane lock, and p_event_ids
--- are an unbroken prefix of one run lane's pending tail, in seq order.
--- Returns the acknowledged rows (in no particular order).
-CREATE FUNCTION _acknowledge(
-    p_run_id text,
-    p_event_ids bigint[],
-    p_relay text,
-    p_now timestamptz,
-    p_locally boolean,
-    p_call_id uuid
-)
-RETURNS SETOF ledger
-LANGUAGE plpgsql
-VOLATILE
-SET search_path FROM CURRENT
-AS $$
-DECLARE
-    v_drop boolean;
-BEGIN
-    IF coalesce(cardinality(p_event_ids), 0) = 0 THEN
-        RETURN;
-    END IF;
-    SELECT r.payload_retention = 'drop_on_delivery' INTO v_drop
-    FROM runs AS r WHERE r.run_id = p_run_id;
-    RETURN QUERY
-    UPDATE ledger AS l
-    SET state = 'delivered',
-        delivered_at = p_now,
-        delivered_by = p_relay,
-        acked_locally = p_locally,
-        lease_owner = NULL,
-        lease_expires_at = NULL,
-        call_id = p_call_id,
-        payload = CASE WHEN v_drop THEN NULL ELSE l.payload END
-    WHERE l.event_id = ANY(p_event_ids) AND l.run_id = p_run_id
-    RETURNING l.*;
-    PERFORM pg_notify('runrelay_delivered',
-        json_build_object('run_id', p_run_id, 'event_id', p_event_ids[cardinality(p_event_ids)])::text);
-END;
-$$;
-
-COMMENT ON FUNCTION _acknowledge(text, bigint[], text, timestamptz, boolean, uuid) IS
-'Marks a lane prefix delivered (by a relay, or locally if transport-only): retention, call tag, runrelay_delivered.';

@@ -166,3 +166,41 @@ $$;
 
 COMMENT ON FUNCTION _lease(integer) IS
 'A lease length in seconds clamped to 5..300 (null: 30), as an interval.';
+
+CREATE FUNCTION _check_lane(p_lane text)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    IF p_lane IS NULL OR p_lane NOT IN ('lifecycle', 'observability') THEN
+        PERFORM _invalid('lane', format('unknown lane %s', coalesce(p_lane, 'null')),
+            'Pass lifecycle or observability.');
+    END IF;
+END;
+$$;
+
+COMMENT ON FUNCTION _check_lane(text) IS
+'Validates a lane name: lifecycle or observability.';
+
+CREATE FUNCTION _check_event_ids(p_event_ids bigint[])
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    IF p_event_ids IS NULL OR array_ndims(p_event_ids) > 1 OR cardinality(p_event_ids) > 10000 THEN
+        PERFORM _invalid('event_ids', 'must be a one-dimensional array of at most 10000 event ids',
+            'Pass the event_id values a claim returned.');
+    END IF;
+    IF array_position(p_event_ids, NULL) IS NOT NULL THEN
+        PERFORM _invalid('event_ids', 'must not contain null',
+            'Pass the event_id values a claim returned.');
+    END IF;
+END;
+$$;
+
+COMMENT ON FUNCTION _check_event_ids(bigint[]) IS
+'Validates an event_ids argument: not null, no null element, at most 10000 ids.';

@@ -22,13 +22,16 @@
 -- writes nothing (no lease is extended, no claim-next runs).
 -- The events of event_ids this relay delivered (not acknowledged locally),
 -- as ack_ledger reports them, in seq order: a fresh call's and its replay's
--- delivered rows come from here alike.
+-- delivered rows come from here alike. PL/pgSQL, so the plan is cached (a SQL
+-- function with a SET clause is planned again on every call).
 CREATE FUNCTION _ack_ledger_delivered(p_relay text, p_run_id text, p_event_ids bigint[])
 RETURNS SETOF ack_ledger_result
-LANGUAGE sql
+LANGUAGE plpgsql
 VOLATILE
 SET search_path FROM CURRENT
 AS $$
+BEGIN
+    RETURN QUERY
     SELECT x.*
     FROM ledger AS l
     CROSS JOIN LATERAL _ledger_row('delivered', l, NULL) AS x
@@ -41,6 +44,7 @@ AS $$
         AND l.delivered_by = p_relay
         AND NOT l.acked_locally
     ORDER BY l.seq;
+END;
 $$;
 
 COMMENT ON FUNCTION _ack_ledger_delivered(text, text, bigint[]) IS

@@ -3,7 +3,7 @@
 -- expired leases, independent lanes, batch sizes, expected_head, discovery
 -- order, call_id replays and lease clamping.
 BEGIN;
-SELECT plan(43);
+SELECT plan(44);
 
 -- A fresh run: its head is run.queued (seq 1).
 SELECT runrelay.enqueue_run(run_id => 'r1', queue => 'q-r1');
@@ -269,6 +269,26 @@ SELECT is(
         WHERE lease_owner = 'x' AND run_id = 'l1'
     ), 1::bigint,
     'repeated claims of one head never lease more than that head'
+);
+
+-- claim_ledger's row type is ack_ledger's without its last column, lag_ms:
+-- the same names, types and order (two types only because PostgreSQL cannot
+-- derive one from the other; see 00_types.sql).
+SELECT results_eq(
+    $$SELECT c.attname, c.type
+      FROM (
+          SELECT a.attnum, a.attname::text, format_type(a.atttypid, a.atttypmod) AS type
+          FROM pg_attribute AS a
+          WHERE a.attrelid = 'runrelay.claim_ledger_result'::regclass AND a.attnum > 0 AND NOT a.attisdropped
+          UNION ALL
+          SELECT 10000, 'lag_ms', 'bigint'
+      ) AS c
+      ORDER BY c.attnum$$,
+    $$SELECT a.attname::text, format_type(a.atttypid, a.atttypmod)
+      FROM pg_attribute AS a
+      WHERE a.attrelid = 'runrelay.ack_ledger_result'::regclass AND a.attnum > 0 AND NOT a.attisdropped
+      ORDER BY a.attnum$$,
+    'claim_ledger_result is ack_ledger_result without its last column, lag_ms'
 );
 
 SELECT * FROM finish();

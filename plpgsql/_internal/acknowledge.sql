@@ -1,0 +1,49 @@
+-- _acknowledge(): the one acknowledgement path, for the events a relay
+-- delivered (ack_ledger) and the transport-only events a claim acknowledges
+-- locally (_claim_lane, p_locally). Each event becomes delivered by p_relay
+-- at p_now, loses its lease, and is tagged with p_call_id, the call that
+-- acknowledged it (what a replay of that call looks up); a drop_on_delivery
+-- run loses their payloads; runrelay_delivered is notified once, naming the
+-- last event. Precondition: the caller holds the lane lock, and p_event_ids
+-- are an unbroken prefix of one run lane's pending tail, in seq order.
+-- Returns the acknowledged rows (in no particular order).
+CREATE FUNCTION _acknowledge(
+    p_run_id text,
+    p_event_ids bigint[],
+    p_relay text,
+    p_now timestamptz,
+    p_locally boolean,
+    p_call_id uuid
+)
+RETURNS SETOF ledger
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_drop boolean;
+BEGIN
+    IF coalesce(cardinality(p_event_ids), 0) = 0 THEN
+        RETURN;
+    END IF;
+    SELECT r.payload_retention = 'drop_on_delivery' INTO v_drop
+    FROM runs AS r WHERE r.run_id = p_run_id;
+    RETURN QUERY
+    UPDATE ledger AS l
+    SET state = 'delivered',
+        delivered_at = p_now,
+        delivered_by = p_relay,
+        acked_locally = p_locally,
+        lease_owner = NULL,
+        lease_expires_at = NULL,
+        call_id = p_call_id,
+        payload = CASE WHEN v_drop THEN NULL ELSE l.payload END
+    WHERE l.event_id = ANY(p_event_ids) AND l.run_id = p_run_id
+    RETURNING l.*;
+    PERFORM pg_notify('runrelay_delivered',
+        json_build_object('run_id', p_run_id, 'event_id', p_event_ids[cardinality(p_event_ids)])::text);
+END;
+$$;
+
+COMMENT ON FUNCTION _acknowledge(text, bigint[], text, timestamptz, boolean, uuid) IS
+'Marks a lane prefix delivered (by a relay, or locally if transport-only): retention, call tag, runrelay_delivered.';
