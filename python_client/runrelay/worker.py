@@ -67,7 +67,6 @@ import time
 import traceback
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -86,8 +85,6 @@ from .maintenance import AsyncMaintenance, Maintenance
 from .types import ClaimedAttempt, CompletedItem, HeartbeatOutcome, SuspendOutcome
 
 log = logging.getLogger("runrelay.worker")
-# "Retry at once", independent of any clock skew between this host and the server.
-RETRY_NOW = datetime(1970, 1, 1, tzinfo=UTC)
 # A handler's traceback is stored in the attempt's error; the end of it (the
 # frames nearest the raise) is what matters, and a row should stay small.
 TRACEBACK_CHARS = 8000
@@ -177,7 +174,6 @@ class Job:
 
     attempt: ClaimedAttempt
     cancelled: threading.Event = field(default_factory=threading.Event)
-    lost: bool = False
     started: float = field(default_factory=time.monotonic)
     # Set once the run waits while the handler's on_waiting step runs: there
     # is no lease to heartbeat and nothing to hand back.
@@ -294,7 +290,6 @@ def heartbeat_seen(job: Job, outcome: HeartbeatOutcome) -> bool:
     """Apply a heartbeat's answer to the job; True if the job must stop."""
     if outcome is HeartbeatOutcome.OK:
         return False
-    job.lost = outcome is HeartbeatOutcome.FENCE_LOST
     job.cancelled.set()
     return True
 
@@ -648,22 +643,6 @@ def _log_batch(jobs: list[Job], results: list[CompletedItem], count: Callable[[s
         job = by_key.get((item.run_id, item.attempt))
         if job is not None:
             log_finished(job, item.outcome)
-
-
-def run_in_thread(worker: Worker, **kwargs: Any) -> tuple[threading.Thread, Future[None]]:
-    """Start `worker.run(**kwargs)` in a thread; the future carries its exception."""
-    future: Future[None] = Future()
-
-    def target() -> None:
-        try:
-            worker.run(**kwargs)
-            future.set_result(None)
-        except BaseException as exc:
-            future.set_exception(exc)
-
-    thread = threading.Thread(target=target, name=f"worker-{worker.name}", daemon=True)
-    thread.start()
-    return thread, future
 
 
 class AsyncWorker(_Signals):

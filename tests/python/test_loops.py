@@ -17,11 +17,11 @@ import psycopg
 import pytest
 from psycopg_pool import ConnectionPool
 
-from conftest import handed_back
+from conftest import handed_back, run_in_thread
 from runrelay import Client, LedgerEvent
 from runrelay.relay import Relay
 from runrelay.sinks import DeliveryError, JsonLinesSink, WebhookSink
-from runrelay.worker import Job, Retry, Snooze, Suspend, Worker, run_in_thread
+from runrelay.worker import Job, Retry, Snooze, Suspend, Worker
 
 Connect = Callable[..., psycopg.Connection]
 
