@@ -7,9 +7,11 @@ import json
 import logging
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -19,10 +21,18 @@ import pytest
 from psycopg_pool import ConnectionPool
 
 from conftest import handed_back, run_in_thread
-from runrelay import AsyncClient, Client, LedgerEvent
+from runrelay import AsyncClient, ClaimedAttempt, Client, LedgerEvent
 from runrelay.relay import Relay
 from runrelay.sinks import DeliveryError, JsonLinesSink, WebhookSink
-from runrelay.worker import AsyncWorker, Job, Retry, Snooze, Suspend, Worker
+from runrelay.worker import (
+    AsyncWorker,
+    Job,
+    Retry,
+    Snooze,
+    Suspend,
+    Worker,
+    claimed_job,
+)
 
 Connect = Callable[..., psycopg.Connection]
 
@@ -224,6 +234,24 @@ def test_relative_deadlines_follow_the_database_clock_not_the_hosts(
         assert status == ("queued" if kind in ("retry", "snooze") else "waiting"), (kind, row)
         assert claimed_at <= start <= written_at, (kind, row)
     assert renewed == {"beat": True}
+
+
+def test_a_job_keeps_the_reading_that_puts_the_database_clock_furthest_ahead() -> None:
+    """Every reading of the database clock arrives late, so a reading that
+    says less than the best one advanced to its arrival is ignored; the lease
+    length a reading is taken with is the one the server granted (5..300 s)."""
+    t0 = datetime(2030, 1, 1, tzinfo=UTC)
+    attempt = ClaimedAttempt("r", 1, uuid.uuid4(), "q", {}, None, t0 + timedelta(seconds=30))
+    job = claimed_job(attempt, 30)
+    start = job.started
+    assert job.clock == (t0, start)
+    job.saw_lease(t0 + timedelta(seconds=33), 30, start + 5)  # 3 s on, seen 5 s on
+    assert job.clock == (t0, start)
+    job.saw_lease(t0 + timedelta(seconds=40), 30, start + 5)  # 10 s on, seen 5 s on
+    assert job.clock == (t0 + timedelta(seconds=10), start + 5)
+    job.saw_lease(t0 + timedelta(seconds=320), 1000, start + 6)  # granted 300 s, not 1000
+    assert job.clock == (t0 + timedelta(seconds=20), start + 6)
+    assert Job(attempt).db_now().tzinfo is not None  # no reading: this host's clock
 
 
 def test_graceful_shutdown_releases_unfinished_work(db: psycopg.Connection, client: Client) -> None:
