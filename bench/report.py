@@ -3,7 +3,7 @@
 
 Ratios are taken repetition by repetition (the cases are interleaved, so
 repetition i of two systems ran minutes apart at most) and summarised as
-median [min–max] over repetitions. Targets are issue 7's, judged on medians.
+median [min–max] over repetitions. Targets (bounds in targets()) are judged on medians.
 The hand-written analysis lives in bench/notes.md and is included verbatim.
 """
 
@@ -149,7 +149,7 @@ def ratios(doc: Doc) -> list[tuple[str, str, str, dict[str, Any] | None]]:
 
 
 def targets(doc: Doc) -> list[dict[str, Any]]:
-    """Issue 7's targets: measured value, bound, verdict (met / missed / not measured)."""
+    """The performance targets: measured value, bound, verdict (met / missed / not measured)."""
     out: list[dict[str, Any]] = []
     skipped = doc.get("peers", {}).get("skipped", {})
 
@@ -260,7 +260,7 @@ def print_table(doc: Doc, console: Console) -> None:
         if r is not None:
             ratio_table.add_row(label, _spread(r) + "×")
     console.print(ratio_table)
-    target_table = Table(title="issue 7 targets")
+    target_table = Table(title="targets")
     for col in ("target", "bound", "measured", "verdict"):
         target_table.add_column(col)
     for t in targets(doc):
@@ -455,7 +455,7 @@ def markdown(doc: Doc, results_path: str, images: list[str]) -> str:
     rrows = [[label, _spread(r) + "×"] for label, _n, _d, r in ratios(doc) if r is not None]
     out.append(_md_table(["comparison", "ratio"], rrows) + "\n")
 
-    out.append("\n## Where we stand against each target (issue 7)\n")
+    out.append("\n## Where we stand against each target\n")
     trows = []
     for t in targets(doc):
         value = _spread(t["value"]) if t["value"] else f"— ({t['why']})"

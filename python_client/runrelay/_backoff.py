@@ -100,7 +100,6 @@ class Listener:
         self.channel = channel
         self.backoff = backoff or Backoff(base=0.2, cap=30.0)
         self.conn: psycopg.Connection[Any] | None = None
-        self.connects = 0
         self._retry_at = 0.0
 
     def _connect(self) -> None:
@@ -120,7 +119,6 @@ class Listener:
             )
             return
         self.conn = conn
-        self.connects += 1
         if self.backoff.failures:
             log.info("LISTEN %s connection is back", self.channel)
         self.backoff.reset()
@@ -171,7 +169,6 @@ class AsyncListener:
         self.channel = channel
         self.backoff = backoff or Backoff(base=0.2, cap=30.0)
         self.conn: psycopg.AsyncConnection[Any] | None = None
-        self.connects = 0
         self._retry_at = 0.0
 
     async def _connect(self) -> None:
@@ -191,7 +188,6 @@ class AsyncListener:
             )
             return
         self.conn = conn
-        self.connects += 1
         if self.backoff.failures:
             log.info("LISTEN %s connection is back", self.channel)
         self.backoff.reset()

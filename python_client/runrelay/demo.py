@@ -65,12 +65,9 @@ class Receiver:
     injected_errors: int = 0
     lost_replies: int = 0
     slow_replies: int = 0
-    requests: int = 0
 
     def accept(self, body: dict[str, Any]) -> int:
         rng = random.random()
-        with self.lock:
-            self.requests += 1
         if rng < self.fail_rate:
             with self.lock:
                 self.injected_errors += 1
@@ -445,8 +442,8 @@ def _summary(
     table.add_row("redeliveries deduplicated", str(receiver.duplicates))
     table.add_row("transport-only events acked locally", str(local_acks[0] if local_acks else 0))
     table.add_row(
-        "receiver 5xx injected / slow replies",
-        f"{receiver.injected_errors} / {receiver.slow_replies}",
+        "receiver 5xx injected / replies lost / slow replies",
+        f"{receiver.injected_errors} / {receiver.lost_replies} / {receiver.slow_replies}",
     )
     table.add_row(
         "lease renewals (slow deliveries)", str(sum(r.stats.get("renewals", 0) for r in relays))

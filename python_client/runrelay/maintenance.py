@@ -78,7 +78,6 @@ class _Duties:
             self.disabled.add("reap")
         if prune_after is None:
             self.disabled.add("prune")
-        self.rounds = 0
         self._signals = 0
         self._stop = self._new_event()
 
@@ -145,7 +144,6 @@ class Maintenance(_Duties):
             done["reaped"] = self._chunks("reap", self._reap, self.reap_batch)
         if "prune" not in self.disabled:
             done["pruned"] = self._chunks("prune", self._prune, self.prune_batch)
-        self.rounds += 1
         self._log_round(done)
         return done
 
@@ -217,7 +215,6 @@ class AsyncMaintenance(_Duties):
             done["reaped"] = await self._chunks("reap", self._reap, self.reap_batch)
         if "prune" not in self.disabled:
             done["pruned"] = await self._chunks("prune", self._prune, self.prune_batch)
-        self.rounds += 1
         self._log_round(done)
         return done
 

@@ -399,9 +399,7 @@ class JsonLinesSink:
         with self._lock:
             created = not self.path.exists()
             try:
-                fd = os.open(
-                    self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666
-                )
+                fd = os.open(self.path, _APPEND_FLAGS, 0o666)
             except FileNotFoundError as err:
                 raise DeliveryError(
                     f"{where}: directory {str(self.path.parent)!r} does not exist"

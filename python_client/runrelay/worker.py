@@ -49,6 +49,12 @@ repeated (fenced writes are replay-safe), the LISTEN connection reconnects —
 all with full-jitter backoff (runrelay._backoff); the loop never exits or
 busy-loops because the database is away.
 
+Time: every deadline a handler gives in seconds — Suspend.sleep, the
+timeout of Suspend.event / Suspend.detached, Retry(after=), Snooze(after=) —
+counts from the database clock, not this host's: the worker reads that clock
+off the leases the server grants (Job.db_now), so a host whose clock is off
+neither ends waits early nor holds them late.
+
 Delivery guarantee: at-least-once execution of handlers (a worker that dies
 after its handler's side effect but before the write sees the run retried),
 exactly-once state transitions.
@@ -67,7 +73,6 @@ import time
 import traceback
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -83,11 +88,15 @@ from ._backoff import (
 )
 from .client import Client
 from .maintenance import AsyncMaintenance, Maintenance
-from .types import ClaimedAttempt, CompletedItem, HeartbeatOutcome, SuspendOutcome
+from .types import (
+    ClaimedAttempt,
+    CompletedItem,
+    HeartbeatOutcome,
+    HeartbeatResult,
+    SuspendOutcome,
+)
 
 log = logging.getLogger("runrelay.worker")
-# "Retry at once", independent of any clock skew between this host and the server.
-RETRY_NOW = datetime(1970, 1, 1, tzinfo=UTC)
 # A handler's traceback is stored in the attempt's error; the end of it (the
 # frames nearest the raise) is what matters, and a row should stay small.
 TRACEBACK_CHARS = 8000
@@ -113,7 +122,13 @@ class Suspend(Exception):
     runs, the worker neither heartbeats nor hands back a waiting run, and if
     the worker dies during the step the run simply keeps waiting. A detached
     runner's wait cannot be failed this way (fail_waiting answers
-    `fence_lost`): its outcome is the runner's to push."""
+    `fence_lost`): its outcome is the runner's to push.
+
+    `wait` is written as given: an `until` / `timeout_at` in it is an absolute
+    time the server compares with its own clock. The `sleep`, `event` and
+    `detached` constructors take seconds instead and leave that key out of
+    `wait`; the worker adds it when it writes the suspension, counting from
+    the database clock (see `Job.db_now`)."""
 
     def __init__(
         self,
@@ -125,29 +140,43 @@ class Suspend(Exception):
         self.wait = wait
         self.final_events = list(final_events)
         self.on_waiting = on_waiting
+        # (key, seconds): the wait's deadline, `seconds` from the database
+        # clock when the suspension is written (see wait_from).
+        self._deadline: tuple[str, float] | None = None
+
+    def _due(self, key: str, seconds: float | None) -> Suspend:
+        if seconds is not None:
+            self._deadline = (key, seconds)
+        return self
 
     @classmethod
     def sleep(cls, seconds: float, on_waiting: Callable[[], Any] | None = None) -> Suspend:
-        until = datetime.now(UTC) + timedelta(seconds=seconds)
-        return cls({"kind": "sleep", "until": until.isoformat()}, on_waiting=on_waiting)
+        """Sleep `seconds` by the database clock."""
+        return cls({"kind": "sleep"}, on_waiting=on_waiting)._due("until", seconds)
 
     @classmethod
     def event(
         cls, name: str, timeout: float | None = None, on_waiting: Callable[[], Any] | None = None
     ) -> Suspend:
-        wait: dict[str, Any] = {"kind": "event", "name": name}
-        if timeout is not None:
-            wait["timeout_at"] = (datetime.now(UTC) + timedelta(seconds=timeout)).isoformat()
-        return cls(wait, on_waiting=on_waiting)
+        """Wait for signal `name`, at most `timeout` seconds by the database clock."""
+        wait = {"kind": "event", "name": name}
+        return cls(wait, on_waiting=on_waiting)._due("timeout_at", timeout)
 
     @classmethod
     def detached(
         cls, runner: str, timeout: float | None = None, on_waiting: Callable[[], Any] | None = None
     ) -> Suspend:
-        wait: dict[str, Any] = {"kind": "detached_runner", "runner": runner}
-        if timeout is not None:
-            wait["timeout_at"] = (datetime.now(UTC) + timedelta(seconds=timeout)).isoformat()
-        return cls(wait, on_waiting=on_waiting)
+        """Wait for detached runner `runner`, at most `timeout` seconds by the
+        database clock."""
+        wait = {"kind": "detached_runner", "runner": runner}
+        return cls(wait, on_waiting=on_waiting)._due("timeout_at", timeout)
+
+    def wait_from(self, now: datetime) -> dict[str, Any]:
+        """The wait to write when the database clock reads `now`."""
+        if self._deadline is None:
+            return self.wait
+        key, seconds = self._deadline
+        return {**self.wait, key: (now + timedelta(seconds=seconds)).isoformat()}
 
 
 class Retry(Exception):
@@ -177,11 +206,34 @@ class Job:
 
     attempt: ClaimedAttempt
     cancelled: threading.Event = field(default_factory=threading.Event)
-    lost: bool = False
     started: float = field(default_factory=time.monotonic)
     # Set once the run waits while the handler's on_waiting step runs: there
     # is no lease to heartbeat and nothing to hand back.
     suspended: bool = False
+    # The best reading of the database clock so far: (what it read, this
+    # host's monotonic time when the reading arrived). See db_now.
+    clock: tuple[datetime, float] | None = None
+
+    def saw_lease(self, expires_at: datetime, lease_seconds: int, at: float) -> None:
+        """Take a reading of the database clock from a lease the server just
+        granted: it expires `lease_seconds` (as the server clamps them) after
+        the server's clock read. The reply took time to arrive, so a reading
+        is only ever behind; the one that puts the clock furthest ahead wins."""
+        read = expires_at - timedelta(seconds=server_lease_seconds(lease_seconds))
+        if self.clock is None or read - self.clock[0] > timedelta(seconds=at - self.clock[1]):
+            self.clock = (read, at)
+
+    def db_now(self) -> datetime:
+        """The database clock now, without asking it: the best reading (the
+        claim's, then each heartbeat's) advanced by this host's monotonic
+        clock. It is behind by at most the time that reading's reply took —
+        milliseconds; after a claim replayed across an outage, until the next
+        heartbeat, by up to the outage. A Job with no reading (not built by a
+        worker) uses this host's clock."""
+        if self.clock is None:
+            return datetime.now(UTC)
+        read, at = self.clock
+        return read + timedelta(seconds=time.monotonic() - at)
 
     @property
     def run_id(self) -> str:
@@ -197,6 +249,20 @@ class Job:
 
 
 Handler = Callable[[Job], Any]
+
+
+def claimed_job(attempt: ClaimedAttempt, lease_seconds: int) -> Job:
+    """The Job for an attempt just claimed for `lease_seconds`, its database
+    clock read off the lease."""
+    job = Job(attempt)
+    job.saw_lease(attempt.lease_expires_at, lease_seconds, job.started)
+    return job
+
+
+def server_lease_seconds(lease_seconds: int) -> int:
+    """The lease the server grants for `lease_seconds`: clamped to 5..300
+    (docs/configuration.md)."""
+    return min(300, max(5, lease_seconds))
 
 
 def error_of(exc: BaseException) -> dict[str, str]:
@@ -232,15 +298,15 @@ def write_for(job: Job, outcome: Any) -> tuple[str, dict[str, Any]]:
     if isinstance(outcome, Suspend):
         return "suspend_attempt", {
             **fence,
-            "wait": outcome.wait,
+            "wait": outcome.wait_from(job.db_now()),
             "final_events": outcome.final_events,
         }
     if isinstance(outcome, Retry):
-        retry_at = datetime.now(UTC) + timedelta(seconds=outcome.after)
+        retry_at = job.db_now() + timedelta(seconds=outcome.after)
         error = {"type": "Retry", "message": str(outcome)}
         return "fail_attempt", {**fence, "error": error, "retry_at": retry_at}
     if isinstance(outcome, Snooze):
-        run_at = datetime.now(UTC) + timedelta(seconds=outcome.after)
+        run_at = job.db_now() + timedelta(seconds=outcome.after)
         return release_write(job, run_at, str(outcome), "Snooze")
     if isinstance(outcome, Exception):
         return "fail_attempt", {**fence, "error": error_of(outcome)}
@@ -290,11 +356,12 @@ def log_finished(job: Job, written: Any, failure: BaseException | None = None) -
         log.info("run finished", extra=extra)
 
 
-def heartbeat_seen(job: Job, outcome: HeartbeatOutcome) -> bool:
+def heartbeat_seen(job: Job, beat: HeartbeatResult, lease_seconds: int) -> bool:
     """Apply a heartbeat's answer to the job; True if the job must stop."""
-    if outcome is HeartbeatOutcome.OK:
+    if beat.outcome is HeartbeatOutcome.OK:
+        if beat.lease_expires_at is not None:
+            job.saw_lease(beat.lease_expires_at, lease_seconds, time.monotonic())
         return False
-    job.lost = outcome is HeartbeatOutcome.FENCE_LOST
     job.cancelled.set()
     return True
 
@@ -498,7 +565,7 @@ class Worker(_Signals):
         """One daemon thread per job (per batch with batch_size > 1): a
         handler that never returns cannot keep the process alive after
         shutdown handed its run back."""
-        jobs = [Job(a) for a in claimed]
+        jobs = [claimed_job(a, self.lease_seconds) for a in claimed]
         with self._lock:
             for job in jobs:
                 self._inflight[(job.run_id, job.attempt.attempt)] = job
@@ -608,7 +675,7 @@ class Worker(_Signals):
                 except Exception as exc:
                     log.warning("heartbeat for %s failed (%s)", job.run_id, first_line(exc))
                     continue
-                if heartbeat_seen(job, beat.outcome):
+                if heartbeat_seen(job, beat, self.lease_seconds):
                     self._count(f"heartbeat:{beat.outcome}")
 
     def _shutdown(self) -> None:
@@ -648,22 +715,6 @@ def _log_batch(jobs: list[Job], results: list[CompletedItem], count: Callable[[s
         job = by_key.get((item.run_id, item.attempt))
         if job is not None:
             log_finished(job, item.outcome)
-
-
-def run_in_thread(worker: Worker, **kwargs: Any) -> tuple[threading.Thread, Future[None]]:
-    """Start `worker.run(**kwargs)` in a thread; the future carries its exception."""
-    future: Future[None] = Future()
-
-    def target() -> None:
-        try:
-            worker.run(**kwargs)
-            future.set_result(None)
-        except BaseException as exc:
-            future.set_exception(exc)
-
-    thread = threading.Thread(target=target, name=f"worker-{worker.name}", daemon=True)
-    thread.start()
-    return thread, future
 
 
 class AsyncWorker(_Signals):
@@ -803,7 +854,7 @@ class AsyncWorker(_Signals):
             return claimed
 
     def _dispatch(self, claimed: list[ClaimedAttempt], tasks: set[asyncio.Task[None]]) -> None:
-        jobs = [Job(a) for a in claimed]
+        jobs = [claimed_job(a, self.lease_seconds) for a in claimed]
         for job in jobs:
             self._inflight[(job.run_id, job.attempt.attempt)] = job
         if self.batch_size > 1 and len(jobs) > 1:
@@ -904,7 +955,7 @@ class AsyncWorker(_Signals):
                 except Exception as exc:
                     log.warning("heartbeat for %s failed (%s)", job.run_id, first_line(exc))
                     continue
-                if heartbeat_seen(job, beat.outcome):
+                if heartbeat_seen(job, beat, self.lease_seconds):
                     self._count(f"heartbeat:{beat.outcome}")
 
     async def _shutdown(self, tasks: set[asyncio.Task[None]]) -> None:

@@ -11,7 +11,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from pathlib import Path
 
 import psycopg
@@ -19,6 +21,7 @@ import pytest
 from psycopg import sql
 
 from installed import Installed, build_wheel, install
+from runrelay.worker import Worker
 
 REPO = Path(__file__).resolve().parents[2]
 TABLES = (
@@ -155,3 +158,19 @@ def handed_back(db: psycopg.Connection, run_id: str) -> tuple[str, str, str]:
     ).fetchone()
     assert row is not None
     return row
+
+
+def run_in_thread(worker: Worker) -> tuple[threading.Thread, Future[None]]:
+    """Start `worker.run()` in a thread; the future carries its exception."""
+    future: Future[None] = Future()
+
+    def target() -> None:
+        try:
+            worker.run()
+            future.set_result(None)
+        except BaseException as exc:
+            future.set_exception(exc)
+
+    thread = threading.Thread(target=target, name=f"worker-{worker.name}", daemon=True)
+    thread.start()
+    return thread, future

@@ -18,7 +18,7 @@ signals, backend terminations and server crashes against a live server.
   the process died). An ``info`` call is repeated with the same arguments
   (linked by ``replay_of``) until it resolves; it is never counted as failed.
 * `Checker` — reads a history, the final database and a consumer's sink log
-  and reports violations of invariants I1-I10 (issue 6) plus coverage counters.
+  and reports violations of invariants I1-I10 (docs/guarantees.md) plus coverage counters.
 * Process tools — `spawn_worker` / `spawn_relay` run the product's loops in
   child processes (this file's ``__main__``), recording their histories to
   JSON-lines files, so tests can SIGKILL, SIGSTOP and SIGCONT them.

@@ -1,7 +1,7 @@
 """Real faults against a real server: nothing committed is lost, nothing is
 applied twice, nothing is delivered out of order, and no stale caller gets
 through. Each scenario records a history and ends with the offline checker
-(faults.Checker) reporting zero violations of invariants I1-I10 (issue 6).
+(faults.Checker) reporting zero violations of invariants I1-I10 (docs/guarantees.md).
 
 Bounded for `make test`; `make chaos DURATION=...` runs the same scenarios
 longer (RUNRELAY_CHAOS_SECONDS) with more connections and prints the figures.

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -17,11 +20,19 @@ import psycopg
 import pytest
 from psycopg_pool import ConnectionPool
 
-from conftest import handed_back
-from runrelay import Client, LedgerEvent
+from conftest import handed_back, run_in_thread
+from runrelay import AsyncClient, ClaimedAttempt, Client, LedgerEvent
 from runrelay.relay import Relay
 from runrelay.sinks import DeliveryError, JsonLinesSink, WebhookSink
-from runrelay.worker import Job, Retry, Snooze, Suspend, Worker, run_in_thread
+from runrelay.worker import (
+    AsyncWorker,
+    Job,
+    Retry,
+    Snooze,
+    Suspend,
+    Worker,
+    claimed_job,
+)
 
 Connect = Callable[..., psycopg.Connection]
 
@@ -127,6 +138,120 @@ def test_batched_worker_completes_with_one_call_per_batch(
     assert calls["complete_attempt"] == 0
     assert 4 <= calls["complete_attempts"] <= 40
     assert calls["complete_attempts"] < calls["claim_attempts"] + 1
+
+
+# A handler's relative deadline for each run, and where the run keeps it.
+DEADLINES = {
+    "sleep": "(r.wait ->> 'until')::timestamptz",
+    "event": "(r.wait ->> 'timeout_at')::timestamptz",
+    "detached": "(r.wait ->> 'timeout_at')::timestamptz",
+    "retry": "r.run_at",
+    "snooze": "r.run_at",
+    # Sleeps after a heartbeat renewed the lease: the heartbeat's reading.
+    "beat": "(r.wait ->> 'until')::timestamptz",
+}
+
+
+@pytest.mark.parametrize("flavor", ["sync", "async"])
+def test_relative_deadlines_follow_the_database_clock_not_the_hosts(
+    db: psycopg.Connection, db_url: str, flavor: str
+) -> None:
+    """Suspend.sleep/event/detached, Retry(after=) and Snooze(after=) count
+    their seconds from the database clock: the worker's sessions see it two
+    hours ahead of this host, and each deadline still lands `after` seconds
+    past the claim — between the claim's and the write's database time.
+    lease_seconds=1 is granted as 5 by the server; the worker must read the
+    clock off the lease it was granted, not the one it asked for."""
+    after = 600
+    renewed: dict[str, bool] = {}  # run_id -> a heartbeat's reading replaced the claim's
+
+    def outcome(job: Job) -> Any:
+        kind = job.payload["kind"]
+        if job.attempt.attempt > 1 or job.resume is not None:
+            return {"again": True}  # a deadline that has already passed ends here
+        if kind in ("sleep", "beat"):
+            return Suspend.sleep(after)
+        if kind == "event":
+            return Suspend.event("go", timeout=after)
+        if kind == "detached":
+            return Suspend.detached("runner", timeout=after)
+        if kind == "retry":
+            return Retry("later", after=after)
+        return Snooze(after=after)
+
+    def finish(job: Job) -> Any:
+        result = outcome(job)
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def handler(job: Job) -> Any:
+        if job.payload["kind"] == "beat":
+            claimed = job.clock
+            _wait_for(lambda: job.clock != claimed)
+            renewed[job.run_id] = True
+        return finish(job)
+
+    async def ahandler(job: Job) -> Any:
+        if job.payload["kind"] == "beat":
+            claimed = job.clock
+            while job.clock == claimed:
+                await asyncio.sleep(0.02)  # pytest's timeout bounds this
+            renewed[job.run_id] = True
+        return finish(job)
+
+    ahead = psycopg.conninfo.make_conninfo(db_url, options="-c runrelay.clock_offset=7200s")
+    for kind in DEADLINES:
+        db.execute(
+            "SELECT runrelay.enqueue_run(%s, payload => %s::jsonb, max_attempts => 3)",
+            (kind, json.dumps({"kind": kind})),
+        )
+    if flavor == "sync":
+        with Client(ahead) as client:
+            Worker(
+                client, handler, concurrency=6, lease_seconds=1, heartbeat_every=0.1,
+                poll_interval=0.05,
+            ).run(until_idle=0.3)  # fmt: skip
+    else:
+
+        async def main() -> None:
+            async with AsyncClient(ahead) as client:
+                await AsyncWorker(
+                    client, ahandler, concurrency=6, lease_seconds=1, heartbeat_every=0.1,
+                    poll_interval=0.05,
+                ).run(until_idle=0.3)  # fmt: skip
+
+        asyncio.run(main())
+    for kind, deadline in DEADLINES.items():
+        row = db.execute(
+            f"SELECT r.status, a.claimed_at, {deadline} - make_interval(secs => %s), r.updated_at"
+            " FROM runrelay.runs AS r JOIN runrelay.attempts AS a USING (run_id)"
+            " WHERE r.run_id = %s AND a.attempt = 1",
+            (after, kind),
+        ).fetchone()
+        assert row is not None
+        status, claimed_at, start, written_at = row
+        assert status == ("queued" if kind in ("retry", "snooze") else "waiting"), (kind, row)
+        assert claimed_at <= start <= written_at, (kind, row)
+    assert renewed == {"beat": True}
+
+
+def test_a_job_keeps_the_reading_that_puts_the_database_clock_furthest_ahead() -> None:
+    """Every reading of the database clock arrives late, so a reading that
+    says less than the best one advanced to its arrival is ignored; the lease
+    length a reading is taken with is the one the server granted (5..300 s)."""
+    t0 = datetime(2030, 1, 1, tzinfo=UTC)
+    attempt = ClaimedAttempt("r", 1, uuid.uuid4(), "q", {}, None, t0 + timedelta(seconds=30))
+    job = claimed_job(attempt, 30)
+    start = job.started
+    assert job.clock == (t0, start)
+    job.saw_lease(t0 + timedelta(seconds=33), 30, start + 5)  # 3 s on, seen 5 s on
+    assert job.clock == (t0, start)
+    job.saw_lease(t0 + timedelta(seconds=40), 30, start + 5)  # 10 s on, seen 5 s on
+    assert job.clock == (t0 + timedelta(seconds=10), start + 5)
+    job.saw_lease(t0 + timedelta(seconds=320), 1000, start + 6)  # granted 300 s, not 1000
+    assert job.clock == (t0 + timedelta(seconds=20), start + 6)
+    assert Job(attempt).db_now().tzinfo is not None  # no reading: this host's clock
 
 
 def test_graceful_shutdown_releases_unfinished_work(db: psycopg.Connection, client: Client) -> None:

@@ -16,12 +16,13 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from conftest import run_in_thread
 from faults import shifted, terminate_backend, wait_for
 from runrelay import Client
 from runrelay._backoff import Backoff, full_jitter, jittered
 from runrelay.maintenance import Maintenance
 from runrelay.relay import Relay
-from runrelay.worker import Job, Worker, run_in_thread
+from runrelay.worker import Job, Worker
 
 REPO = Path(__file__).resolve().parents[2]
 
