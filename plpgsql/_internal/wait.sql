@@ -4,6 +4,10 @@
 -- instead of comparing kind strings — so adding a kind is one row there (and,
 -- for the Python client, a constructor of runrelay.worker.Suspend).
 
+-- PL/pgSQL throughout, not SQL: a SQL function with a SET clause is never
+-- inlined and is planned again on every call (custody.sql); these run on
+-- every suspension, signal and wake.
+
 -- _wait_kinds(): the table of wait kinds, one row per kind.
 --   name_key          the field naming what is awaited (a string id), if any
 --   deadline_key      the field holding the moment the wait ends by itself
@@ -26,14 +30,16 @@ RETURNS TABLE (
     detached boolean,
     timeout_resume jsonb
 )
-LANGUAGE sql
+LANGUAGE plpgsql
 VOLATILE
 SET search_path FROM CURRENT
 AS $$
-    VALUES
+BEGIN
+    RETURN QUERY VALUES
     ('sleep', NULL, 'until', TRUE, FALSE, FALSE, '{"slept": true}'::jsonb),
     ('event', 'name', 'timeout_at', FALSE, TRUE, FALSE, '{"timed_out": true}'::jsonb),
-    ('detached_runner', 'runner', 'timeout_at', FALSE, FALSE, TRUE, '{"timed_out": true}'::jsonb)
+    ('detached_runner', 'runner', 'timeout_at', FALSE, FALSE, TRUE, '{"timed_out": true}'::jsonb);
+END;
 $$;
 
 COMMENT ON FUNCTION _wait_kinds() IS
@@ -51,13 +57,16 @@ CREATE FUNCTION _wait_kind(
     OUT detached boolean,
     OUT timeout_resume jsonb
 )
-LANGUAGE sql
+LANGUAGE plpgsql
 VOLATILE
 SET search_path FROM CURRENT
 AS $$
+BEGIN
     SELECT k.kind, k.name_key, k.deadline_key, k.deadline_required, k.signal_resumes, k.detached, k.timeout_resume
+    INTO kind, name_key, deadline_key, deadline_required, signal_resumes, detached, timeout_resume
     FROM _wait_kinds() AS k
     WHERE k.kind = p_wait ->> 'kind';
+END;
 $$;
 
 COMMENT ON FUNCTION _wait_kind(jsonb) IS
@@ -66,11 +75,13 @@ COMMENT ON FUNCTION _wait_kind(jsonb) IS
 -- _wait_detached(): the wait is a detached runner's (false for a null wait).
 CREATE FUNCTION _wait_detached(p_wait jsonb)
 RETURNS boolean
-LANGUAGE sql
+LANGUAGE plpgsql
 VOLATILE
 SET search_path FROM CURRENT
 AS $$
-    SELECT coalesce((_wait_kind(p_wait)).detached, FALSE);
+BEGIN
+    RETURN coalesce((_wait_kind(p_wait)).detached, FALSE);
+END;
 $$;
 
 COMMENT ON FUNCTION _wait_detached(jsonb) IS
@@ -80,12 +91,15 @@ COMMENT ON FUNCTION _wait_detached(jsonb) IS
 -- signal resumes it.
 CREATE FUNCTION _wait_signal_name(p_wait jsonb)
 RETURNS text
-LANGUAGE sql
+LANGUAGE plpgsql
 VOLATILE
 SET search_path FROM CURRENT
 AS $$
-    SELECT CASE WHEN k.signal_resumes THEN p_wait ->> k.name_key END
-    FROM _wait_kind(p_wait) AS k;
+DECLARE
+    v_kind record := _wait_kind(p_wait);
+BEGIN
+    RETURN CASE WHEN v_kind.signal_resumes THEN p_wait ->> v_kind.name_key END;
+END;
 $$;
 
 COMMENT ON FUNCTION _wait_signal_name(jsonb) IS
@@ -95,31 +109,17 @@ COMMENT ON FUNCTION _wait_signal_name(jsonb) IS
 -- never). See _wake_at for the deadline the scheduler applies.
 CREATE FUNCTION _wait_deadline(p_wait jsonb)
 RETURNS timestamptz
-LANGUAGE sql
+LANGUAGE plpgsql
 VOLATILE
 SET search_path FROM CURRENT
 AS $$
-    SELECT (p_wait ->> k.deadline_key)::timestamptz
-    FROM _wait_kind(p_wait) AS k;
+BEGIN
+    RETURN (p_wait ->> (_wait_kind(p_wait)).deadline_key)::timestamptz;
+END;
 $$;
 
 COMMENT ON FUNCTION _wait_deadline(jsonb) IS
 'The moment a wait ends by itself according to its own fields (until / timeout_at), NULL for never.';
-
--- _wait_timeout_resume(): what a wait that ended by its deadline resumes
--- with ({"slept": true} or {"timed_out": true}); _timeout_resume adds a
--- pushed runner terminal.
-CREATE FUNCTION _wait_timeout_resume(p_wait jsonb)
-RETURNS jsonb
-LANGUAGE sql
-VOLATILE
-SET search_path FROM CURRENT
-AS $$
-    SELECT (_wait_kind(p_wait)).timeout_resume;
-$$;
-
-COMMENT ON FUNCTION _wait_timeout_resume(jsonb) IS
-'The resume of a wait that ended by its deadline: {"slept": true} or {"timed_out": true}.';
 
 -- _wait_hint(): the HINT of a bad wait, every shape the table allows:
 -- 'Pass {"kind":"sleep","until":ts}, {"kind":"event","name":n,"timeout_at":ts?} or ...'.
@@ -273,21 +273,27 @@ COMMENT ON FUNCTION _suspension_in_force(runs, attempts) IS
 -- run's lock, which every writer of runner_result holds too.
 CREATE FUNCTION _timeout_resume(p_run runs)
 RETURNS jsonb
-LANGUAGE sql
+LANGUAGE plpgsql
 VOLATILE
 SET search_path FROM CURRENT
 AS $$
-    SELECT _wait_timeout_resume(p_run.wait) || CASE
-        WHEN _wait_detached(p_run.wait) THEN coalesce((
-            SELECT jsonb_build_object('runner_result', a.runner_result)
-            FROM attempts AS a
-            WHERE
-                a.run_id = p_run.run_id
-                AND a.attempt = p_run.attempt_count
-                AND a.runner_result_received_at IS NOT NULL
-        ), '{}'::jsonb)
-        ELSE '{}'::jsonb
-    END;
+DECLARE
+    v_kind record := _wait_kind(p_run.wait);
+    v_pushed jsonb;
+BEGIN
+    IF v_kind.detached THEN
+        SELECT a.runner_result INTO v_pushed
+        FROM attempts AS a
+        WHERE
+            a.run_id = p_run.run_id
+            AND a.attempt = p_run.attempt_count
+            AND a.runner_result_received_at IS NOT NULL;
+        IF FOUND THEN
+            RETURN v_kind.timeout_resume || jsonb_build_object('runner_result', v_pushed);
+        END IF;
+    END IF;
+    RETURN v_kind.timeout_resume;
+END;
 $$;
 
 COMMENT ON FUNCTION _timeout_resume(runs) IS
