@@ -77,7 +77,7 @@ def routines() -> dict[str, Routine]:
     known = set(found)
     table_names = tables()
     for routine in found.values():
-        head, _, rest = routine.body.partition("(")
+        rest = routine.body.partition("(")[2]
         for call in _CALL.findall(rest):
             if call in known and call != routine.name and call not in routine.calls:
                 routine.calls.append(call)

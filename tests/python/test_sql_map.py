@@ -14,7 +14,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from devtools import sqlmap
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,9 +50,7 @@ def test_the_map_says_what_a_function_calls_and_writes(name: str) -> None:
     routine = FOUND[name]
     assert f"`{routine.path}`" in entry, f"{name} is defined in {routine.path}"
     assert _listed(entry, "calls") == routine.calls, sqlmap.describe(name, FOUND)
-    assert set(_listed(entry, "writes")) == sqlmap.writes(name, FOUND), sqlmap.describe(
-        name, FOUND
-    )
+    assert set(_listed(entry, "writes")) == sqlmap.writes(name, FOUND), sqlmap.describe(name, FOUND)
     assert re.search(r"^- locks: \S", entry, flags=re.MULTILINE), f"{name}: say what it locks"
 
 
@@ -66,7 +63,7 @@ def test_every_helper_is_listed_under_the_file_that_defines_it() -> None:
     for path, defined in sorted(by_file.items()):
         assert path in files, f"plpgsql/README.md has no '#### `{path}`' section"
         listed = set(re.findall(r"^- `(\w+)`", files[path], flags=re.MULTILINE))
-        assert listed == defined, f"{path}: map lists {sorted(listed)}, file defines {sorted(defined)}"
+        assert listed == defined, f"{path}: the map lists {sorted(listed)}, not {sorted(defined)}"
 
 
 def test_every_file_and_test_the_map_names_exists() -> None:
