@@ -9,32 +9,9 @@ CREATE TYPE append_result AS (
     delivery_key text
 );
 
--- One ledger event as an acknowledgement reports it (ack_ledger): kind, the
--- event, its lease, and lag_ms (delivered_at - created_at) for an
--- acknowledged event. _ledger_row, the one formatting of a ledger event,
--- produces it, and so does _claim_lane, so that the local acks of a claim
--- carry their lag wherever they are reported.
-CREATE TYPE ack_ledger_result AS (
-    kind text,
-    event_id bigint,
-    run_id text,
-    seq bigint,
-    type text,
-    payload jsonb,
-    delivery_key text,
-    created_at timestamptz,
-    frozen boolean,
-    lease_expires_at timestamptz,
-    lease_remaining_ms bigint,
-    lag_ms bigint
-);
-
--- One ledger event as a claim returns it (claim_ledger): ack_ledger_result
--- without its last column, lag_ms (SPEC 3.3 gives claim_ledger no lag). Two
--- types because PostgreSQL cannot derive one composite type from another
--- (CREATE TYPE has no INHERITS, and a nested type would change the columns a
--- client reads), and claim_ledger's columns are public. 031_claim_ledger.sql
--- checks that these columns stay ack_ledger_result's first eleven.
+-- One ledger event as a claim returns it (claim_ledger): kind, the event and
+-- its lease. _ledger_row, the one formatting of a ledger event, produces an
+-- ack_ledger_result, of which this is the first eleven columns.
 CREATE TYPE claim_ledger_result AS (
     kind text,
     event_id bigint,
@@ -48,3 +25,28 @@ CREATE TYPE claim_ledger_result AS (
     lease_expires_at timestamptz,
     lease_remaining_ms bigint
 );
+
+-- One ledger event as an acknowledgement reports it (ack_ledger, and the
+-- local acks of a claim): claim_ledger_result's columns, then lag_ms
+-- (delivered_at - created_at) for an acknowledged event. Built from
+-- claim_ledger_result so that the two cannot drift: PostgreSQL has no CREATE
+-- TYPE ... INHERITS, and a nested type would change the columns a client
+-- reads (SPEC 3.3 gives claim_ledger no lag_ms, ack_ledger has it).
+DO $ack_type$
+BEGIN
+    EXECUTE (
+        SELECT format(
+            'CREATE TYPE ack_ledger_result AS (%s, lag_ms bigint)',
+            string_agg(
+                format('%I %s', a.attname, format_type(a.atttypid, a.atttypmod)),
+                ', ' ORDER BY a.attnum
+            )
+        )
+        FROM pg_catalog.pg_attribute AS a
+        WHERE
+            a.attrelid = 'claim_ledger_result'::regclass
+            AND a.attnum > 0
+            AND NOT a.attisdropped
+    );
+END
+$ack_type$;
