@@ -85,7 +85,9 @@ def test_runnable_is_inlined_into_the_claim_indexes(db: psycopg.Connection) -> N
             ),
         ):
             plan = "\n".join(r[0] for r in db.execute("EXPLAIN " + query).fetchall())
-            assert f"using {index} on runs" in plan, plan
+            # Either partial claim index proves the predicate was matched; which
+            # one the planner prefers depends on the statistics at hand.
+            assert any(f"using {i} on runs" in plan for i in CLAIM_INDEXES), (index, plan)
             assert "_runnable" not in plan, plan
 
 
