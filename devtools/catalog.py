@@ -166,12 +166,15 @@ def _viewdef(text: str) -> str:
     return " ".join(_QUALIFIER.sub("", text).split())
 
 
-_QUALIFIER = re.compile(r"(?<![\w$<>.])[a-z_][a-z0-9_$]*\.(?=[a-z_\"])")
+# Not inside a string literal: 'runrelay.clock_offset' is a setting's name.
+_QUALIFIER = re.compile(r"(?<![\w$<>.'])[a-z_][a-z0-9_$]*\.(?=[a-z_\"])")
 
 
 def _normaliser(schema: str, owner: str) -> Any:
     owner_re = re.compile(rf"(?<![\w$]){re.escape(owner.strip(chr(34)))}(?![\w$])")
-    schema_re = re.compile(rf"(?<![\w$]){re.escape(schema)}(?=[. ,]|$)")
+    # Not at the start of a string literal: a setting's name
+    # ('runrelay.clock_offset') does not follow the schema's.
+    schema_re = re.compile(rf"(?<![\w$']){re.escape(schema)}(?=[. ,]|$)")
 
     def norm(text: str) -> str:
         # Role names first: <schema>_worker must not become <owner>-anything.

@@ -124,8 +124,9 @@ def test_a_released_revision_whose_code_changed_is_refused(tmp_path: Path) -> No
 def test_freeze_refuses_a_released_revision(tmp_path: Path) -> None:
     frozen = _released_copy(tmp_path)
     head = codetree.revisions(frozen)[-1]
-    with (frozen / "RELEASED").open("a") as f:
-        f.write(f"{head} {'0' * 64} {'0' * 64}\n")
+    if head not in codetree.released(frozen):  # an open head: release it in the copy
+        with (frozen / "RELEASED").open("a") as f:
+            f.write(f"{head} {codetree.tree_sha256(codetree.assemble(head, frozen))} {'0' * 64}\n")
     before = (frozen / head / "code.patch").read_text()
     with pytest.raises(sqlsource.SourceError, match=f"revision {head} is released"):
         sqlsource.freeze(frozen=frozen)
