@@ -7,8 +7,8 @@ Create Date: ${create_date}
 
 from runrelay.migrations import support
 
-revision = ${repr(up_revision)}
-down_revision = ${repr(down_revision)}
+revision = "${up_revision}"
+down_revision = ${f'"{down_revision}"' if down_revision else None}
 branch_labels = None
 depends_on = None
 
