@@ -91,6 +91,19 @@ def tour(db: psycopg.Connection, n: int) -> None:
             max_attempts=1 if i == 5 else 3,  # f's failure is final
             concurrency_key=f"k{n}" if i >= 6 else None,
         )
+    # A bulk enqueue of 1000 runs on another queue: new runs, some keyed, and
+    # repeats of existing runs; every lookup is a probe.
+    bulk: list[dict[str, Any]] = [
+        {
+            "run_id": f"b{n}-{i}",
+            "queue": "bulk",
+            "concurrency_key": f"bk{n}-{i % 10}" if i % 3 == 0 else None,
+        }
+        for i in range(950)
+    ]
+    bulk += [{"run_id": f"done-{7 * i}", "queue": "q0"} for i in range(1, 51)]
+    rows = call(db, "enqueue_runs", items=bulk)
+    assert sum(r["created"] for r in rows) == 950, rows[:3]
     claims = call(db, "claim_attempts", worker="w", queues=[q], max_runs=3)
     claims += call(db, "claim_attempts", worker="w", queues=[q, "elsewhere"], max_runs=2)
     claims += call(db, "claim_attempts", worker="w", max_runs=2, call_id=uuid.uuid4())
