@@ -56,10 +56,18 @@ SELECT * FROM runrelay.enqueue_run('A-k0', queue => 'bq', concurrency_key => 'A-
 SELECT * FROM runrelay.enqueue_run('B-k0', queue => 'bq', concurrency_key => 'B-k');
 
 CREATE TEMP TABLE got_a AS
-SELECT row_number() OVER () AS n, substr(r.run_id, 2) AS run_id, r.status, r.created
+SELECT
+    row_number() OVER () AS n,
+    substr(r.run_id, 2) AS run_id,
+    r.status,
+    r.created
 FROM pg_temp.enqueue_one_by_one(replace((SELECT s.items FROM scenario AS s), '"P', '"A')::jsonb) AS r;
 CREATE TEMP TABLE got_b AS
-SELECT row_number() OVER () AS n, substr(r.run_id, 2) AS run_id, r.status, r.created
+SELECT
+    row_number() OVER () AS n,
+    substr(r.run_id, 2) AS run_id,
+    r.status,
+    r.created
 FROM runrelay.enqueue_runs(replace((SELECT s.items FROM scenario AS s), '"P', '"B')::jsonb) AS r;
 
 SELECT results_eq(
@@ -79,9 +87,16 @@ CREATE TEMP VIEW bulk_runs AS
 SELECT
     left(r.run_id, 1) AS side,
     substr(r.run_id, 2) AS run_id,
-    regexp_replace(r.queue, '^[AB]', 'P') AS queue, r.status, r.payload, r.priority, r.max_attempts, r.payload_retention, r.attempt_count,
+    regexp_replace(r.queue, '^[AB]', 'P') AS queue,
+    r.status,
+    r.payload,
+    r.priority,
+    r.max_attempts,
+    r.payload_retention,
+    r.attempt_count,
     -- run 6's run_at is the clock when its own statement ran: checked below.
-    CASE WHEN r.run_id !~ '6$' THEN r.run_at END AS run_at, r.ledger_seq,
+    CASE WHEN r.run_id !~ '6$' THEN r.run_at END AS run_at,
+    r.ledger_seq,
     replace(replace(r.concurrency_key, 'A-', ''), 'B-', '') AS concurrency_key,
     r.key_held,
     rank() OVER (PARTITION BY r.concurrency_key ORDER BY r.key_position) AS key_rank
@@ -104,12 +119,21 @@ SELECT results_eq(
     'keys: behind a live run every new run is held; a new key''s first item is its head, later items held, in item order'
 );
 SELECT is(
-    (SELECT payload FROM runrelay.runs WHERE run_id = 'B1'), '{"n": 1}'::jsonb,
+    (
+        SELECT payload FROM runrelay.runs
+        WHERE run_id = 'B1'
+    ), '{"n": 1}'::jsonb,
     'a repeat inside the call does not change the run its first item created (priority 3 kept)'
 );
 SELECT ok(
-    (SELECT run_at FROM runrelay.runs WHERE run_id = 'B6') > now() + interval '59 minutes'
-    AND (SELECT run_at FROM runrelay.runs WHERE run_id = 'B7') = now(),
+    (
+        SELECT run_at FROM runrelay.runs
+        WHERE run_id = 'B6'
+    ) > now() + interval '59 minutes'
+    AND (
+        SELECT run_at FROM runrelay.runs
+        WHERE run_id = 'B7'
+    ) = now(),
     'run_at: null is the database clock, missing is now(), as enqueue_run'
 );
 
@@ -117,7 +141,10 @@ CREATE TEMP VIEW bulk_events AS
 SELECT
     left(l.run_id, 1) AS side,
     substr(l.run_id, 2) AS run_id,
-    l.lane, l.seq, l.type, l.transport_only,
+    l.lane,
+    l.seq,
+    l.type,
+    l.transport_only,
     l.payload - 'concurrency_key' - CASE WHEN l.run_id ~ '6$' THEN 'run_at' ELSE '' END AS payload,
     replace(replace(l.payload ->> 'concurrency_key', 'A-', ''), 'B-', '') AS concurrency_key
 FROM runrelay.ledger AS l
@@ -131,7 +158,10 @@ SELECT results_eq(
     'run.queued events equal those of sequential enqueue_run calls'
 );
 SELECT is(
-    (SELECT count(*) FROM bulk_events WHERE side = 'B' AND run_id <> '-k0' AND type = 'run.queued'), 7::bigint,
+    (
+        SELECT count(*) FROM bulk_events
+        WHERE side = 'B' AND run_id <> '-k0' AND type = 'run.queued'
+    ), 7::bigint,
     'exactly one run.queued per created run, none for repeats or existing runs'
 );
 SELECT results_eq(
@@ -147,7 +177,10 @@ SELECT results_eq(
     $$VALUES (FALSE, 10::bigint)$$,
     'a repeat of the whole call answers created = false for every item'
 );
-SELECT is((SELECT count(*) FROM bulk_events WHERE side = 'B'), 8::bigint, 'a repeat of the whole call emits nothing');
+SELECT is((
+    SELECT count(*) FROM bulk_events
+    WHERE side = 'B'
+), 8::bigint, 'a repeat of the whole call emits nothing');
 
 -- Repeated run_ids in one call: the first item decides, as sequential calls.
 SELECT results_eq(
@@ -164,13 +197,20 @@ SELECT throws_ok(
     $$SELECT * FROM runrelay.enqueue_runs('[{"run_id": "d3"}, {"run_id": "d3", "queue": "other"}]')$$,
     '22023', NULL, 'a run_id repeated on another queue raises'
 );
-SELECT is((SELECT count(*) FROM runrelay.runs WHERE run_id IN ('d2', 'd3')), 0::bigint,
-    'a call whose repeated run_id conflicts creates nothing, not even the first item');
+SELECT is(
+    (
+        SELECT count(*) FROM runrelay.runs
+        WHERE run_id IN ('d2', 'd3')
+    ), 0::bigint,
+    'a call whose repeated run_id conflicts creates nothing, not even the first item'
+);
 
 -- Conflicting with an existing run: the whole call changes nothing.
 CREATE TEMP TABLE before AS
-SELECT (SELECT count(*) FROM runrelay.runs) AS runs, (SELECT count(*) FROM runrelay.ledger) AS events,
-       (SELECT last_value FROM runrelay.runs_key_position_seq) AS positions;
+SELECT
+    (SELECT count(*) FROM runrelay.runs) AS runs,
+    (SELECT count(*) FROM runrelay.ledger) AS events,
+    (SELECT last_value FROM runrelay.runs_key_position_seq) AS positions;
 SELECT throws_ok(
     $$SELECT * FROM runrelay.enqueue_runs('[{"run_id": "c1", "concurrency_key": "ck"}, {"run_id": "B1", "queue": "bq"}]')$$,
     '22023', 'runrelay: invalid items[1].run_id: run B1 already exists with a different queue or payload',
@@ -182,42 +222,69 @@ SELECT throws_ok($$SELECT * FROM runrelay.enqueue_runs(NULL)$$, '22023', NULL, '
 SELECT throws_ok($$SELECT * FROM runrelay.enqueue_runs('{"run_id": "x"}')$$, '22023', NULL, 'items not an array');
 SELECT throws_ok($$SELECT * FROM runrelay.enqueue_runs('[]')$$, '22023', NULL, 'no items');
 SELECT throws_ok(
-    $$SELECT * FROM runrelay.enqueue_runs((SELECT jsonb_agg(jsonb_build_object('run_id', 'big' || g)) FROM generate_series(1, 10001) AS g))$$,
+    $$SELECT * FROM runrelay.enqueue_runs(
+        (SELECT jsonb_agg(jsonb_build_object('run_id', 'big' || g)) FROM generate_series(1, 10001) AS g))$$,
     '22023', NULL, 'more than 10000 items'
 );
-SELECT throws_ok($$SELECT * FROM runrelay.enqueue_runs('[{"run_id": "x1"}, 7]')$$,
-    '22023', 'runrelay: invalid items[1]: must be a JSON object (got number)', 'an item not an object');
-SELECT throws_ok($$SELECT * FROM runrelay.enqueue_runs('[{"run_id": "x1", "lane": "a"}]')$$,
-    '22023', 'runrelay: invalid items[0].lane: is not a parameter of enqueue_run', 'an unknown key');
-SELECT throws_ok($$SELECT * FROM runrelay.enqueue_runs('[{"queue": "q"}]')$$,
-    '22023', 'runrelay: invalid items[0].run_id: must not be null', 'a missing run_id');
-SELECT throws_ok($$SELECT * FROM runrelay.enqueue_runs('[{"run_id": 5}]')$$,
-    '22023', 'runrelay: invalid items[0].run_id: must be a JSON string (got number)', 'a run_id not a string');
-SELECT throws_ok($$SELECT * FROM runrelay.enqueue_runs('[{"run_id": "x1"}, {"run_id": "x2", "queue": " "}]')$$,
-    '22023', NULL, 'a blank queue');
-SELECT throws_ok($$SELECT * FROM runrelay.enqueue_runs('[{"run_id": "x1", "payload": null}]')$$,
-    '22023', 'runrelay: invalid items[0].payload: must not be null', 'a null payload');
-SELECT throws_ok($$SELECT * FROM runrelay.enqueue_runs('[{"run_id": "x1", "run_at": "soon"}]')$$,
-    '22023', NULL, 'a run_at that is not a timestamp');
-SELECT throws_ok($$SELECT * FROM runrelay.enqueue_runs('[{"run_id": "x1", "run_at": "infinity"}]')$$,
-    '22023', 'runrelay: invalid items[0].run_at: must be finite (got infinity)', 'an infinite run_at');
-SELECT throws_ok($$SELECT * FROM runrelay.enqueue_runs('[{"run_id": "x1", "priority": 1.5}]')$$,
-    '22023', NULL, 'a priority that is not an integer');
-SELECT throws_ok($$SELECT * FROM runrelay.enqueue_runs('[{"run_id": "x1", "priority": 2000000}]')$$,
+SELECT throws_ok(
+    $$SELECT * FROM runrelay.enqueue_runs('[{"run_id": "x1"}, 7]')$$,
+    '22023', 'runrelay: invalid items[1]: must be a JSON object (got number)', 'an item not an object'
+);
+SELECT throws_ok(
+    $$SELECT * FROM runrelay.enqueue_runs('[{"run_id": "x1", "lane": "a"}]')$$,
+    '22023', 'runrelay: invalid items[0].lane: is not a parameter of enqueue_run', 'an unknown key'
+);
+SELECT throws_ok(
+    $$SELECT * FROM runrelay.enqueue_runs('[{"queue": "q"}]')$$,
+    '22023', 'runrelay: invalid items[0].run_id: must not be null', 'a missing run_id'
+);
+SELECT throws_ok(
+    $$SELECT * FROM runrelay.enqueue_runs('[{"run_id": 5}]')$$,
+    '22023', 'runrelay: invalid items[0].run_id: must be a JSON string (got number)', 'a run_id not a string'
+);
+SELECT throws_ok(
+    $$SELECT * FROM runrelay.enqueue_runs('[{"run_id": "x1"}, {"run_id": "x2", "queue": " "}]')$$,
+    '22023', NULL, 'a blank queue'
+);
+SELECT throws_ok(
+    $$SELECT * FROM runrelay.enqueue_runs('[{"run_id": "x1", "payload": null}]')$$,
+    '22023', 'runrelay: invalid items[0].payload: must not be null', 'a null payload'
+);
+SELECT throws_ok(
+    $$SELECT * FROM runrelay.enqueue_runs('[{"run_id": "x1", "run_at": "soon"}]')$$,
+    '22023', NULL, 'a run_at that is not a timestamp'
+);
+SELECT throws_ok(
+    $$SELECT * FROM runrelay.enqueue_runs('[{"run_id": "x1", "run_at": "infinity"}]')$$,
+    '22023', 'runrelay: invalid items[0].run_at: must be finite (got infinity)', 'an infinite run_at'
+);
+SELECT throws_ok(
+    $$SELECT * FROM runrelay.enqueue_runs('[{"run_id": "x1", "priority": 1.5}]')$$,
+    '22023', NULL, 'a priority that is not an integer'
+);
+SELECT throws_ok(
+    $$SELECT * FROM runrelay.enqueue_runs('[{"run_id": "x1", "priority": 2000000}]')$$,
     '22023', 'runrelay: invalid items[0].priority: must be between -1000000 and 1000000 (got 2000000)',
-    'a priority out of range');
-SELECT throws_ok($$SELECT * FROM runrelay.enqueue_runs('[{"run_id": "x1"}, {"run_id": "x2", "max_attempts": 0}]')$$,
-    '22023', 'runrelay: invalid items[1].max_attempts: must be between 1 and 1000 (got 0)', 'max_attempts 0');
-SELECT throws_ok($$SELECT * FROM runrelay.enqueue_runs('[{"run_id": "x1", "payload_retention": "forever"}]')$$,
-    '22023', NULL, 'an unknown payload_retention');
+    'a priority out of range'
+);
+SELECT throws_ok(
+    $$SELECT * FROM runrelay.enqueue_runs('[{"run_id": "x1"}, {"run_id": "x2", "max_attempts": 0}]')$$,
+    '22023', 'runrelay: invalid items[1].max_attempts: must be between 1 and 1000 (got 0)', 'max_attempts 0'
+);
+SELECT throws_ok(
+    $$SELECT * FROM runrelay.enqueue_runs('[{"run_id": "x1", "payload_retention": "forever"}]')$$,
+    '22023', NULL, 'an unknown payload_retention'
+);
 SELECT throws_ok(
     $$SELECT * FROM runrelay.enqueue_runs(jsonb_build_array(jsonb_build_object('run_id', 'x1', 'concurrency_key', repeat('k', 201))))$$,
-    '22023', NULL, 'a concurrency_key over 200 characters');
+    '22023', NULL, 'a concurrency_key over 200 characters'
+);
 UPDATE runrelay.settings SET max_payload_bytes = 1024;
 SELECT throws_ok(
     $$SELECT * FROM runrelay.enqueue_runs(jsonb_build_array(
         jsonb_build_object('run_id', 'x1'), jsonb_build_object('run_id', 'x2', 'payload', jsonb_build_object('pad', repeat('x', 2000)))))$$,
-    '54000', NULL, 'a payload over settings.max_payload_bytes raises 54000, as enqueue_run');
+    '54000', NULL, 'a payload over settings.max_payload_bytes raises 54000, as enqueue_run'
+);
 SELECT results_eq(
     $$SELECT (SELECT count(*) FROM runrelay.runs), (SELECT count(*) FROM runrelay.ledger),
              (SELECT last_value FROM runrelay.runs_key_position_seq)$$,
