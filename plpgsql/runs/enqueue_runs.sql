@@ -51,14 +51,14 @@ DECLARE
     v_max_attempts integer;
     v_retention text;
     v_key text;
-    v_run_ids text[] := '{}';
-    v_queues text[] := '{}';
-    v_payloads jsonb[] := '{}';
-    v_run_ats timestamptz[] := '{}';
-    v_priorities integer[] := '{}';
-    v_max_attempts_all integer[] := '{}';
-    v_retentions text[] := '{}';
-    v_keys text[] := '{}';
+    v_run_ids text[] := '{}'::text[];
+    v_queues text[] := '{}'::text[];
+    v_payloads jsonb[] := '{}'::jsonb[];
+    v_run_ats timestamptz[] := '{}'::timestamptz[];
+    v_priorities integer[] := '{}'::integer[];
+    v_max_attempts_all integer[] := '{}'::integer[];
+    v_retentions text[] := '{}'::text[];
+    v_keys text[] := '{}'::text[];
     v_now timestamptz;
 BEGIN
     PERFORM _require_read_committed();
