@@ -93,7 +93,7 @@ def tour(db: psycopg.Connection, n: int) -> None:
         )
     # A small bulk enqueue, due in 2100 so that the claims below never take
     # it (test_a_bulk_enqueue_of_1000_runs_is_index_probes has the big one).
-    call(db, "enqueue_runs", items=bulk_items(n, 10) + [{"run_id": "done-7", "queue": "q0"}])
+    call(db, "enqueue_runs", items=[*bulk_items(n, 10), {"run_id": "done-7", "queue": "q0"}])
     claims = call(db, "claim_attempts", worker="w", queues=[q], max_runs=3)
     claims += call(db, "claim_attempts", worker="w", queues=[q, "elsewhere"], max_runs=2)
     claims += call(db, "claim_attempts", worker="w", max_runs=2, call_id=uuid.uuid4())
@@ -217,9 +217,8 @@ def test_a_bulk_enqueue_of_1000_runs_is_index_probes(
     plans()
     bad: list[str] = []
     for n in range(8):
-        items = bulk_items(n, 950) + [
-            {"run_id": f"done-{7 * i + n}", "queue": f"q{n % 7}"} for i in range(1, 51)
-        ]
+        repeats = [{"run_id": f"done-{7 * i + n}", "queue": f"q{n % 7}"} for i in range(1, 51)]
+        items = [*bulk_items(n, 950), *repeats]
         rows = call(db, "enqueue_runs", items=items)
         assert [r["created"] for r in rows] == [True] * 950 + [False] * 50
         captured = plans()
