@@ -319,6 +319,7 @@ def _calls(now: Any) -> dict[str, tuple[tuple[Any, ...], dict[str, Any]]]:
         "complete_attempts": (([{"run_id": "rt", "attempt": 1, "lease_token": token}],), {}),
         "fail_attempt": ((*fence, {"e": 1}), {}),
         "suspend_attempt": ((*fence, {"kind": "event", "name": "n"}), {}),
+        "release_attempt": (fence, {}),
         "prepare_waiting_failure": (fence, {}),
         "record_runner_terminal": (("missing", 1, {}), {}),
         "claim_detached_terminal": (fence, {}),
