@@ -33,6 +33,7 @@ BEGIN
             ('signal_run', 'producer'),
             ('cancel_run', 'producer'),
             ('claim_attempts', 'worker'),
+            ('settle_and_claim', 'worker'),
             ('heartbeat', 'worker'),
             ('complete_attempt', 'worker'),
             ('complete_attempts', 'worker'),

@@ -151,6 +151,56 @@ $$;
 COMMENT ON FUNCTION _check_token(integer, uuid) IS
 'Validates the (attempt, lease_token) pair a fenced write presents.';
 
+-- A reason (cancel_run, release_attempt, a release in settle_and_claim):
+-- null, or at most 2000 characters.
+CREATE FUNCTION _check_reason(p_parameter text, p_reason text)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    IF length(p_reason) > 2000 THEN
+        PERFORM _invalid(p_parameter, format('is %s characters; at most 2000', length(p_reason)),
+            'Pass a reason of at most 2000 characters, or null.');
+    END IF;
+END;
+$$;
+
+COMMENT ON FUNCTION _check_reason(text, text) IS
+'Validates a reason: null, or at most 2000 characters.';
+
+-- A claim's queue list (claim_attempts, settle_and_claim): null for every
+-- queue, else 1 to 100 queue names; returns them without duplicates.
+CREATE FUNCTION _check_queues(p_queues text[])
+RETURNS text[]
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_queue text;
+    v_queues text[];
+BEGIN
+    IF p_queues IS NULL THEN
+        RETURN NULL;
+    END IF;
+    IF cardinality(p_queues) NOT BETWEEN 1 AND 100 OR array_ndims(p_queues) > 1 THEN
+        PERFORM _invalid('queues',
+            'must be a one-dimensional array of 1 to 100 queue names, or null for every queue',
+            'Pass null to claim from every queue, or a non-empty array of queue names.');
+    END IF;
+    FOREACH v_queue IN ARRAY p_queues LOOP
+        PERFORM _check_id('queues', v_queue);
+    END LOOP;
+    SELECT array_agg(DISTINCT q.name) INTO v_queues FROM unnest(p_queues) AS q (name);
+    RETURN v_queues;
+END;
+$$;
+
+COMMENT ON FUNCTION _check_queues(text[]) IS
+'Validates a claim''s queue list (null, or 1 to 100 queue names) and returns it without duplicates.';
+
 -- Lease lengths are clamped, not rejected (SPEC §5): null means the default.
 -- PL/pgSQL rather than SQL for the reason given at _key_lock_id.
 CREATE FUNCTION _lease(p_seconds integer)

@@ -41,10 +41,7 @@ DECLARE
 BEGIN
     PERFORM _require_read_committed();
     PERFORM _check_id('run_id', cancel_run.run_id);
-    IF length(cancel_run.reason) > 2000 THEN
-        PERFORM _invalid('reason', format('is %s characters; at most 2000', length(cancel_run.reason)),
-            'Pass a reason of at most 2000 characters, or null.');
-    END IF;
+    PERFORM _check_reason('reason', cancel_run.reason);
     PERFORM _check_call_id(cancel_run.call_id);
 
     IF cancel_run.call_id IS NOT NULL THEN

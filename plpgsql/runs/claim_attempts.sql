@@ -46,7 +46,6 @@ DECLARE
     v_now timestamptz;
     v_lease interval := _lease(claim_attempts.lease_seconds);
     v_queues text[];
-    v_queue text;
     v_run runs;
     v_run_id text;
     v_run_ids text[];
@@ -58,18 +57,7 @@ BEGIN
     PERFORM _require_read_committed();
     PERFORM _check_id('worker', claim_attempts.worker);
     PERFORM _check_int('max_runs', claim_attempts.max_runs, 1, 1000);
-    IF claim_attempts.queues IS NOT NULL THEN
-        IF cardinality(claim_attempts.queues) NOT BETWEEN 1 AND 100
-            OR array_ndims(claim_attempts.queues) > 1 THEN
-            PERFORM _invalid('queues',
-                'must be a one-dimensional array of 1 to 100 queue names, or null for every queue',
-                'Pass null to claim from every queue, or a non-empty array of queue names.');
-        END IF;
-        FOREACH v_queue IN ARRAY claim_attempts.queues LOOP
-            PERFORM _check_id('queues', v_queue);
-        END LOOP;
-        SELECT array_agg(DISTINCT q.name) INTO v_queues FROM unnest(claim_attempts.queues) AS q (name);
-    END IF;
+    v_queues := _check_queues(claim_attempts.queues);
 
     IF claim_attempts.call_id IS NOT NULL AND EXISTS (
         SELECT 1 FROM attempts AS a WHERE a.call_id = claim_attempts.call_id

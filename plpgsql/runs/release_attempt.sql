@@ -45,10 +45,7 @@ BEGIN
     PERFORM _check_id('run_id', release_attempt.run_id);
     PERFORM _check_token(release_attempt.attempt, release_attempt.lease_token);
     PERFORM _check_time('run_at', release_attempt.run_at);
-    IF length(release_attempt.reason) > 2000 THEN
-        PERFORM _invalid('reason', format('is %s characters; at most 2000', length(release_attempt.reason)),
-            'Pass a reason of at most 2000 characters, or null.');
-    END IF;
+    PERFORM _check_reason('reason', release_attempt.reason);
 
     v_run := _lock_run(release_attempt.run_id);
     v_attempt := _lock_attempt(release_attempt.run_id, release_attempt.attempt);
