@@ -26,6 +26,16 @@ returns early — its write will answer `cancelled` and change nothing. With
 `batch_size > 1` the worker claims several runs per round trip and completes
 the successful ones with one complete_attempts call.
 
+Round trips (fused=True, the default): a job's write and the claim of the
+run that takes its slot are one settle_and_claim call — one round trip and
+one commit per job (per batch with batch_size > 1) while there is work; the
+thread or task that ran the job runs what the call claimed. claim_attempts
+is only the loop's own: it fills free slots at the start and polls (or waits
+for a NOTIFY) once a call claimed nothing. A stopping worker settles with
+max_runs 0; runs a call claimed as the worker stopped are handed back at
+once. A Suspend with on_waiting is written on its own (see fusable). With
+fused=False every write and every claim is its own call, as above.
+
 Maintenance (on by default): each worker also calls reap_expired every
 lease_seconds/2 (at least 1 s, at most 30 s; override with
 `maintenance_interval`), jittered ±50%, so the runs of a peer that was
@@ -43,9 +53,10 @@ Logging: one line per finished job on logger ``runrelay.worker`` — message
 and duration_ms as extras; WARNING with the traceback when the handler raised
 an unexpected exception, INFO otherwise.
 
-Database outages: claims are replayed with the same call_id after a
-connection error (an exact replay if the lost claim committed), writes are
-repeated (fenced writes are replay-safe), the LISTEN connection reconnects —
+Database outages: claims and settle_and_claim calls are replayed with the
+same call_id (and the same items) after a connection error (an exact replay
+if the lost call committed), writes are repeated (fenced writes are
+replay-safe), the LISTEN connection reconnects —
 all with full-jitter backoff (runrelay._backoff); the loop never exits or
 busy-loops because the database is away.
 
