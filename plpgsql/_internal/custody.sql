@@ -44,6 +44,11 @@
 --                    woken in run_id COLLATE "C" order); lanes as an appender.
 --   complete_attempts  keys (_lock_keys), runs in run_id COLLATE "C" order,
 --                    then per item its attempt; lanes as an appender.
+--   settle_and_claim  with several items: keys (_lock_keys), runs in run_id
+--                    COLLATE "C" order, taken ahead; then each item's own
+--                    function (re-takes them without waiting, then its
+--                    attempt), completions together by complete_attempts;
+--                    then claim_attempts, which only skips or tries.
 --   reap_expired     one run at a time, each by _try_lock_run (SKIP LOCKED).
 --   cancel_run       one run, SKIP LOCKED; its attempts ascending.
 --   fail_ledger, renew_ledger_lease, release_ledger, requeue_ledger_event

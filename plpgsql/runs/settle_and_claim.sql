@@ -206,6 +206,11 @@ BEGIN
             coalesce(nullif(v_detail_hint, ''), v_hint));
     END;
 
+    -- A lone completion costs less by complete_attempt than by the batch path.
+    IF jsonb_array_length(v_plain) = 1 THEN
+        v_ops := array_replace(v_ops, 'plain', 'complete');
+        v_plain := '[]'::jsonb;
+    END IF;
     IF cardinality(v_run_ids) > 1 AND EXISTS (SELECT 1 FROM unnest(v_ops) AS o (op) WHERE o.op <> 'plain') THEN
         PERFORM _lock_keys(v_run_ids);
         PERFORM 1 FROM runs AS r
@@ -229,7 +234,7 @@ BEGIN
             WHEN 'complete' THEN
                 v_outcomes[v_i] := complete_attempt(
                     v_run_ids[v_i], v_attempts[v_i], (v_item ->> 'lease_token')::uuid,
-                    coalesce(v_item -> 'result', '{}'::jsonb), v_item -> 'final_events');
+                    coalesce(v_item -> 'result', '{}'::jsonb), coalesce(v_item -> 'final_events', '[]'::jsonb));
             WHEN 'fail' THEN
                 v_outcomes[v_i] := fail_attempt(
                     v_run_ids[v_i], v_attempts[v_i], (v_item ->> 'lease_token')::uuid,

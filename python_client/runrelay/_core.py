@@ -12,6 +12,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from psycopg import sql
@@ -126,6 +127,18 @@ OPERATIONS: dict[str, Operation] = {
                 ("call_id", "uuid"),
             ),
             _each(t.ClaimedAttempt),
+        ),
+        Operation(
+            "settle_and_claim",
+            (
+                ("items", "jsonb"),
+                ("worker", "text"),
+                ("queues", "text[]"),
+                ("max_runs", "integer"),
+                ("lease_seconds", "integer"),
+                ("call_id", "uuid"),
+            ),
+            _each(t.SettleAndClaimRow, kind=t.SettleKind, outcome=t.SettleOutcome),
         ),
         Operation(
             "heartbeat",
@@ -290,5 +303,25 @@ def complete_items(items: Sequence[Any]) -> list[dict[str, Any]]:
         row = {"run_id": item.run_id, "attempt": item.attempt, "lease_token": str(item.lease_token)}
         if result is not None:
             row["result"] = result
+        out.append(row)
+    return out
+
+
+def settle_items(items: Sequence[Any]) -> list[dict[str, Any]]:
+    """settle_and_claim items from dicts ({run_id, attempt, lease_token, op?,
+    ...}: uuids and datetimes become JSON strings), ClaimedAttempt objects or
+    (ClaimedAttempt, result) pairs (completions)."""
+    out: list[dict[str, Any]] = []
+    for item in items:
+        if not isinstance(item, dict):
+            out.extend(complete_items([item]))
+            continue
+        row = {}
+        for key, value in item.items():
+            if isinstance(value, uuid.UUID):
+                value = str(value)
+            elif isinstance(value, datetime):
+                value = value.isoformat()
+            row[key] = value
         out.append(row)
     return out

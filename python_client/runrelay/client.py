@@ -50,6 +50,7 @@ from .types import (
     RenewedLease,
     RunnerTerminal,
     RunnerTerminalOutcome,
+    SettleAndClaimRow,
     SignalOutcome,
     SuspendOutcome,
     WaitingFailureOutcome,
@@ -307,6 +308,35 @@ class _Methods:
             "call_id": call_id,
         }
         return _Call("claim_attempts", values, conn)
+
+    @_operation
+    def settle_and_claim(
+        self,
+        items: Sequence[Any],
+        worker: str,
+        queues: Sequence[str] | None = None,
+        max_runs: int = 1,
+        lease_seconds: int = 30,
+        call_id: uuid.UUID | None = None,
+        *,
+        conn: Any = None,
+    ) -> _Call[list[SettleAndClaimRow]]:
+        """Settle attempts and claim the next runs in one round trip and one
+        transaction -> list[SettleAndClaimRow]: a SETTLED row per item, in item
+        order, then a CLAIMED row per claimed run (``row.claim`` is its
+        ClaimedAttempt). Items are dicts ``{run_id, attempt, lease_token, op?,
+        ...}`` (op complete, fail, suspend or release, with that function's
+        fields), ClaimedAttempt objects or (ClaimedAttempt, result) pairs.
+        After a lost reply, repeat the call with the same call_id."""
+        values = {
+            "items": _core.settle_items(items),
+            "worker": worker,
+            "queues": None if queues is None else list(queues),
+            "max_runs": max_runs,
+            "lease_seconds": lease_seconds,
+            "call_id": call_id,
+        }
+        return _Call("settle_and_claim", values, conn)
 
     @_operation
     def heartbeat(

@@ -58,6 +58,24 @@ class ReleaseOutcome(enum.StrEnum):
     FENCE_LOST = "fence_lost"
 
 
+class SettleKind(enum.StrEnum):
+    SETTLED = "settled"
+    CLAIMED = "claimed"
+
+
+class SettleOutcome(enum.StrEnum):
+    """A settle_and_claim item's outcome: what the function of its op answers."""
+
+    COMPLETED = "completed"
+    RETRY_SCHEDULED = "retry_scheduled"
+    FAILED = "failed"
+    WAITING = "waiting"
+    RESUMED = "resumed"
+    RELEASED = "released"
+    CANCELLED = "cancelled"
+    FENCE_LOST = "fence_lost"
+
+
 class PrepareOutcome(enum.StrEnum):
     PREPARED = "prepared"
     FENCE_LOST = "fence_lost"
@@ -163,6 +181,40 @@ class CompletedItem:
     run_id: str
     attempt: int
     outcome: CompleteOutcome
+
+
+@dataclass(frozen=True, slots=True)
+class SettleAndClaimRow:
+    """One row of settle_and_claim: a settled item (kind SETTLED: run_id,
+    attempt, outcome) or a claimed run (kind CLAIMED: claim_attempts'
+    columns, outcome None)."""
+
+    kind: SettleKind
+    run_id: str
+    attempt: int
+    outcome: SettleOutcome | None
+    lease_token: uuid.UUID | None
+    queue: str | None
+    payload: JSON
+    resume: JSON
+    lease_expires_at: datetime | None
+
+    @property
+    def claim(self) -> ClaimedAttempt | None:
+        """A claimed row as claim_attempts returns it; None for a settled row."""
+        if self.kind != SettleKind.CLAIMED:
+            return None
+        assert self.lease_token is not None and self.queue is not None
+        assert self.lease_expires_at is not None
+        return ClaimedAttempt(
+            self.run_id,
+            self.attempt,
+            self.lease_token,
+            self.queue,
+            self.payload,
+            self.resume,
+            self.lease_expires_at,
+        )
 
 
 @dataclass(frozen=True, slots=True)

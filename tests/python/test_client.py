@@ -62,6 +62,9 @@ from runrelay import (
     RunrelayError,
     RunStatus,
     SchemaMissing,
+    SettleAndClaimRow,
+    SettleKind,
+    SettleOutcome,
     SignalOutcome,
     StatementTimeout,
     SuspendOutcome,
@@ -458,6 +461,57 @@ def test_complete_attempts_accepts_claims_pairs_and_dicts(
         assert run_row(db, c4.run_id)["status"] == "running"
 
     drive(scenario)
+
+
+def test_settle_and_claim_settles_every_op_then_claims_in_one_call(
+    drive: Callable[..., None], db: psycopg.Connection
+) -> None:
+    later = db_now(db) + timedelta(hours=1)
+
+    async def scenario(api: Api) -> None:
+        for run_id in ("s1", "s2", "s3", "s4", "s5"):
+            await api.enqueue_run(run_id, queue="sq", payload={"id": run_id})
+        c1, c2, c3, c4, c5 = await api.claim_attempts("w1", queues=["sq"], max_runs=5)
+        await api.enqueue_run("s6", queue="sq", payload={"id": "s6"})
+        items = [
+            (c1, {"r": 1}),
+            {**c2.fence, "op": "fail", "error": {"e": 2}, "retry_at": later},
+            {**c3.fence, "op": "suspend", "wait": {"kind": "event", "name": "go"}},
+            {**c4.fence, "op": "release", "run_at": later, "reason": "snooze"},
+            {**c5.fence, "lease_token": uuid.uuid4()},
+        ]
+        call_id = uuid.uuid4()
+        rows = await api.settle_and_claim(items, "w1", queues=["sq"], max_runs=2, call_id=call_id)
+        assert all(type(r) is SettleAndClaimRow for r in rows)
+        assert [(r.kind, r.run_id, r.attempt, r.outcome) for r in rows] == [
+            (SettleKind.SETTLED, "s1", 1, SettleOutcome.COMPLETED),
+            (SettleKind.SETTLED, "s2", 1, SettleOutcome.RETRY_SCHEDULED),
+            (SettleKind.SETTLED, "s3", 1, SettleOutcome.WAITING),
+            (SettleKind.SETTLED, "s4", 1, SettleOutcome.RELEASED),
+            (SettleKind.SETTLED, "s5", 1, SettleOutcome.FENCE_LOST),
+            (SettleKind.CLAIMED, "s6", 1, None),
+        ]
+        assert all(r.claim is None for r in rows[:5])
+        claim = rows[5].claim
+        assert type(claim) is ClaimedAttempt
+        assert (claim.queue, claim.payload) == ("sq", {"id": "s6"})
+        # The call committed; its reply is lost: the same call with the same
+        # call_id answers exactly the same and writes nothing.
+        before = table_checksum(db)
+        again = await api.settle_and_claim(items, "w1", queues=["sq"], max_runs=2, call_id=call_id)
+        assert again == rows
+        assert table_checksum(db) == before
+        # A settle-only call with the claimed run.
+        (done,) = await api.settle_and_claim([claim], "w1", max_runs=0)
+        assert (done.run_id, done.outcome) == ("s6", SettleOutcome.COMPLETED)
+
+    drive(scenario)
+    assert run_row(db, "s1")["result"] == {"r": 1}
+    assert run_row(db, "s2")["run_at"] == later
+    assert run_row(db, "s3")["status"] == "waiting"
+    assert (run_row(db, "s4")["status"], run_row(db, "s4")["run_at"]) == ("queued", later)
+    assert run_row(db, "s5")["status"] == "running"
+    assert events(db, "s6") == ["run.queued", "run.started", "run.completed"]
 
 
 def test_fail_attempt_retries_then_fails(
@@ -1087,6 +1141,10 @@ def round_trip_calls(now: datetime) -> dict[str, tuple[tuple[Any, ...], dict[str
         "heartbeat": (fence, {}),
         "complete_attempt": (fence, {}),
         "complete_attempts": (([{"run_id": "rt", "attempt": 1, "lease_token": TOKEN}],), {}),
+        "settle_and_claim": (
+            ([{"run_id": "rt", "attempt": 1, "lease_token": TOKEN}], "w1"),
+            {"queues": ["empty"]},
+        ),
         "fail_attempt": ((*fence, {"e": 1}), {}),
         "suspend_attempt": ((*fence, {"kind": "event", "name": "n"}), {}),
         "release_attempt": (fence, {"reason": "shutdown"}),
@@ -1284,6 +1342,7 @@ def test_every_method_returns_its_declared_type(
         await call("heartbeat", **a.fence)
         await call("prepare_waiting_failure", **a.fence)
         await call("complete_attempts", [b])
+        await call("settle_and_claim", [b], "w1", max_runs=0)  # b's recorded outcome
         await call("fail_attempt", **c.fence, error={"e": 1})
 
         await call("suspend_attempt", **d.fence, wait=detached)

@@ -89,6 +89,25 @@ def _tour(db: psycopg.Connection, plans: Callable[[], list[str]], i: int) -> dic
         lease_token=run["lease_token"],
     )
     take("complete_attempt")
+    pair = call(db, "claim_attempts", worker="w", queues=["tour"], max_runs=2)
+    plans()
+    fences = [
+        {"run_id": r["run_id"], "attempt": r["attempt"], "lease_token": str(r["lease_token"])}
+        for r in pair
+    ]
+    items = [
+        fences[0],
+        {**fences[1], "op": "fail", "error": {}, "retry_at": "2100-01-01T00:00:00Z"},
+    ]
+    rows = call(db, "settle_and_claim", items=items, worker="w", queues=["tour"], max_runs=1)
+    take("settle_and_claim")
+    claimed = [
+        {"run_id": r["run_id"], "attempt": r["attempt"], "lease_token": str(r["lease_token"])}
+        for r in rows
+        if r["kind"] == "claimed"
+    ]
+    call(db, "settle_and_claim", items=claimed, worker="w", queues=["tour"], max_runs=1)
+    take("settle_and_claim")
     call(db, "append_events", run_id=f"base-{i}", events=[{"type": "t", "payload": {}}])
     take("append_events")
     events = call(db, "claim_ledger", relay="r", max_events=5)

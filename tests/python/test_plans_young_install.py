@@ -131,6 +131,48 @@ def tour(db: psycopg.Connection, n: int) -> None:
         assert scalar(db, "cancel_run", run_id=queued, reason="stop") == "cancelled"
     call(db, "reap_expired")
 
+    # settle_and_claim on a queue of its own: a claim with no items; plain,
+    # failed and suspended items locked ahead together; a keyed completion
+    # with final events whose promoted successor the same call claims; a
+    # release that settles only.
+    sq = "tour-s"
+    s_ids = [f"s{n}-{i}" for i in range(5)]
+    for i, run_id in enumerate(s_ids):
+        call(
+            db, "enqueue_run", run_id=run_id, queue=sq, concurrency_key=f"sk{n}" if i >= 3 else None
+        )
+
+    def item(row: dict[str, Any], **fields: Any) -> dict[str, Any]:
+        fence = {"run_id": row["run_id"], "attempt": row["attempt"]}
+        return {**fence, "lease_token": str(row["lease_token"]), **fields}
+
+    later = "2100-01-01T00:00:00Z"
+    got = {
+        r["run_id"]: r
+        for r in call(db, "settle_and_claim", items=[], worker="w", queues=[sq], max_runs=3)
+    }
+    assert sorted(got) == s_ids[:3], sorted(got)
+    items = [
+        item(got[s_ids[0]], result={"ok": 1}),
+        item(got[s_ids[1]], op="fail", error={"e": 1}, retry_at=later),
+        item(got[s_ids[2]], op="suspend", wait={"kind": "event", "name": "go"}),
+    ]
+    rows = call(db, "settle_and_claim", items=items, worker="w", queues=[sq], call_id=uuid.uuid4())
+    assert [r["outcome"] for r in rows] == ["completed", "retry_scheduled", "waiting", None], rows
+    final = [{"type": "done", "delivery_key": f"dk-{s_ids[3]}"}]
+    rows = call(
+        db, "settle_and_claim", items=[item(rows[3], final_events=final)], worker="w", queues=[sq]
+    )
+    assert [(r["kind"], r["run_id"]) for r in rows] == [
+        ("settled", s_ids[3]),
+        ("claimed", s_ids[4]),
+    ]
+    release = [item(rows[1], op="release", run_at=later, reason="later")]
+    rows = call(db, "settle_and_claim", items=release, worker="w", queues=[sq], max_runs=0)
+    assert [r["outcome"] for r in rows] == ["released"], rows
+    for left in (s_ids[1], s_ids[2], s_ids[4]):
+        assert scalar(db, "cancel_run", run_id=left, reason="stop") == "cancelled"
+
     call(db, "append_events", run_id=a, events=[{"type": "obs", "lane": "observability"}] * 3)
     rows = call(db, "claim_ledger", relay="r", run_id=a, batch=True, max_events=10)
     assert rows

@@ -37,6 +37,7 @@ GRANTS: dict[str, frozenset[str]] = {
     "worker": frozenset(
         {
             "claim_attempts",
+            "settle_and_claim",
             "heartbeat",
             "complete_attempt",
             "complete_attempts",
@@ -105,6 +106,10 @@ def _allowed_calls() -> dict[str, tuple[dict[str, Any], Callable[[list[tuple[Any
         "signal_run": ({"run_id": "sec-absent", "name": "go"}, first_is("not_found")),
         "cancel_run": ({"run_id": "sec-absent"}, first_is("not_found")),
         "claim_attempts": ({"worker": "w", "queues": ["sec-empty"]}, empty),
+        "settle_and_claim": (
+            {"items": [fenced], "worker": "w", "queues": ["sec-empty"]},
+            lambda rows: rows == [("settled", "sec-seed", 1, "fence_lost", *[None] * 5)],
+        ),
         "heartbeat": (fenced, lambda rows: rows == [("fence_lost", None)]),
         "complete_attempt": (fenced, first_is("fence_lost")),
         "complete_attempts": (
