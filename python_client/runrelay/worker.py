@@ -105,6 +105,7 @@ from .types import (
     CompletedItem,
     HeartbeatOutcome,
     HeartbeatResult,
+    SettleAndClaimRow,
     SuspendOutcome,
 )
 
@@ -366,27 +367,18 @@ def fusable(outcome: Any) -> bool:
 
 
 def settled_and_claimed(
-    reply: Any,
+    reply: Sequence[SettleAndClaimRow],
 ) -> tuple[dict[tuple[str, int], str], list[ClaimedAttempt]]:
     """A settle_and_claim reply as (each settled item's outcome by (run_id,
     attempt), the attempts claimed)."""
     settled: dict[tuple[str, int], str] = {}
     claimed: list[ClaimedAttempt] = []
     for row in reply:
-        if row.kind == "settled":
-            settled[(row.run_id, row.attempt)] = str(row.outcome)
+        claim = row.claim
+        if claim is not None:
+            claimed.append(claim)
         else:
-            claimed.append(
-                ClaimedAttempt(
-                    row.run_id,
-                    row.attempt,
-                    row.lease_token,
-                    row.queue,
-                    row.payload,
-                    row.resume,
-                    row.lease_expires_at,
-                )
-            )
+            settled[(row.run_id, row.attempt)] = str(row.outcome)
     return settled, claimed
 
 
