@@ -329,6 +329,10 @@ def _calls(now: Any) -> dict[str, tuple[tuple[Any, ...], dict[str, Any]]]:
         "signal_run": (("missing", "go"), {}),
         "cancel_run": (("missing",), {}),
         "claim_attempts": (("w1",), {"queues": ["empty"]}),
+        "settle_and_claim": (
+            ([{"run_id": "rt", "attempt": 1, "lease_token": token}], "w1"),
+            {"queues": ["empty"]},
+        ),
         "heartbeat": (fence, {}),
         "complete_attempt": (fence, {}),
         "complete_attempts": (([{"run_id": "rt", "attempt": 1, "lease_token": token}],), {}),
