@@ -2,6 +2,8 @@
 
 * `select1`   — a bare `SELECT 1` round trip (1, 4, 16 connections);
 * `insert`    — one `INSERT` of a job row (the floor under any enqueue);
+* `insert100` — one plain `INSERT … SELECT` of 100 job rows (the floor under
+  a bulk enqueue of 100);
 * `claim_ack` — a minimal job table claimed with one
   `UPDATE … WHERE id = (SELECT … FOR UPDATE SKIP LOCKED) RETURNING` and acked
   with a second `UPDATE` (two round trips, two commits per job);
@@ -99,6 +101,19 @@ def insert(conn: psycopg.Connection[Any], index: int) -> Callable[[Recorder], in
     return step
 
 
+def insert_many(size: int) -> Factory:
+    def factory(conn: psycopg.Connection[Any], index: int) -> Callable[[Recorder], int | None]:
+        query = "INSERT INTO jobs (payload) SELECT '{}' FROM generate_series(1, %s)"
+
+        def step(rec: Recorder) -> int | None:
+            rec.timed(f"insert{size}", conn.execute, query, [size])
+            return size
+
+        return step
+
+    return factory
+
+
 def claim_ack(conn: psycopg.Connection[Any], index: int) -> Callable[[Recorder], int | None]:
     def step(rec: Recorder) -> int | None:
         row = rec.timed("claim", conn.execute, CLAIM_ONE).fetchone()
@@ -141,6 +156,9 @@ def cases(url: str, plan: Any) -> list[Case]:
         out.append(Case(f"floor.select1.c{w}", "floor", "select1", w, url, empty, select1, "ops/s"))
     for w in plan.enqueue_workers:
         out.append(Case(f"floor.insert.w{w}", "floor", "enqueue", w, url, empty, insert))
+        out.append(
+            Case(f"floor.insert100.w{w}", "floor", "enqueue100", w, url, empty, insert_many(100))
+        )
     for w in plan.workers:
         out.append(Case(f"floor.claim_ack.w{w}", "floor", "single", w, url, single, claim_ack))
         out.append(Case(f"floor.fused.w{w}", "floor", "fused", w, url, single, fused))

@@ -114,6 +114,16 @@ def ratios(doc: Doc) -> list[tuple[str, str, str, dict[str, Any] | None]]:
                 f"floor.insert.w{w}",
             ),
             (
+                f"bulk enqueue of 100, {w} workers: runrelay enqueue_runs / floor INSERT of 100",
+                f"runrelay.enqueue100.w{w}",
+                f"floor.insert100.w{w}",
+            ),
+            (
+                f"enqueue, {w} workers: runrelay enqueue_runs of 100 / enqueue_run",
+                f"runrelay.enqueue100.w{w}",
+                f"runrelay.enqueue.w{w}",
+            ),
+            (
                 f"enqueue, {w} workers: runrelay / Procrastinate defer",
                 f"runrelay.enqueue.w{w}",
                 f"procrastinate.enqueue.w{w}",

@@ -1,6 +1,7 @@
 """runrelay on the floor's workloads, through the real client (`runrelay.Client`).
 
 * `enqueue` — `enqueue_run` (a run row + its run.queued event);
+* `enqueue100` — `enqueue_runs` of 100 runs in one call;
 * `single`  — `claim_attempts(max_runs => 1)` + `complete_attempt`: a no-op
   handler; per job it also writes the attempt row and two lifecycle events
   (run.started, run.completed) with their ledger lane;
@@ -34,7 +35,7 @@ from psycopg import pq
 
 from bench._load import Case, Factory, Recorder
 from runrelay import Client, _core
-from runrelay.types import LedgerKind
+from runrelay.types import EnqueueItem, LedgerKind
 from runrelay.worker import settled_and_claimed
 
 TABLES = ", ".join(
@@ -122,6 +123,23 @@ def enqueue(conn: psycopg.Connection[Any], index: int) -> Callable[[Recorder], i
         return 1
 
     return step
+
+
+def enqueue_bulk(size: int) -> Factory:
+    def factory(conn: psycopg.Connection[Any], index: int) -> Callable[[Recorder], int | None]:
+        client = Client(conn)
+        tag = uuid.uuid4().hex[:8]
+        counter = itertools.count()
+
+        def step(rec: Recorder) -> int | None:
+            n = next(counter)
+            items = [EnqueueItem(f"b-{tag}-{n}-{i}", payload={"n": 1}) for i in range(size)]
+            rec.timed("enqueue_runs", client.enqueue_runs, items)
+            return size
+
+        return step
+
+    return factory
 
 
 def single(conn: psycopg.Connection[Any], index: int) -> Callable[[Recorder], int | None]:
@@ -229,6 +247,17 @@ def cases(url: str, plan: Any) -> list[Case]:
     out: list[Case] = []
     for w in plan.enqueue_workers:
         out.append(Case(f"runrelay.enqueue.w{w}", "runrelay", "enqueue", w, url, empty, enqueue))
+        out.append(
+            Case(
+                f"runrelay.enqueue100.w{w}",
+                "runrelay",
+                "enqueue100",
+                w,
+                url,
+                empty,
+                enqueue_bulk(100),
+            )
+        )
     for w in plan.workers:
         out.append(Case(f"runrelay.single.w{w}", "runrelay", "single", w, url, single_load, single))
         out.append(
@@ -325,6 +354,7 @@ def _calls(now: Any) -> dict[str, tuple[tuple[Any, ...], dict[str, Any]]]:
     return {
         "get_schema_version": ((), {}),
         "enqueue_run": (("rt",), {"payload": {"k": 1}}),
+        "enqueue_runs": (([EnqueueItem("rt", payload={"k": 1})],), {}),
         "append_events": (("rt", [{"type": "x", "lane": "observability"}]), {}),
         "signal_run": (("missing", "go"), {}),
         "cancel_run": (("missing",), {}),
@@ -338,6 +368,7 @@ def _calls(now: Any) -> dict[str, tuple[tuple[Any, ...], dict[str, Any]]]:
         "complete_attempts": (([{"run_id": "rt", "attempt": 1, "lease_token": token}],), {}),
         "fail_attempt": ((*fence, {"e": 1}), {}),
         "suspend_attempt": ((*fence, {"kind": "event", "name": "n"}), {}),
+        "release_attempt": (fence, {}),
         "prepare_waiting_failure": (fence, {}),
         "record_runner_terminal": (("missing", 1, {}), {}),
         "claim_detached_terminal": (fence, {}),

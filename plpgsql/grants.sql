@@ -29,6 +29,7 @@ BEGIN
             ('get_schema_version', 'relay'),
             ('get_schema_version', 'admin'),
             ('enqueue_run', 'producer'),
+            ('enqueue_runs', 'producer'),
             ('append_events', 'producer'),
             ('signal_run', 'producer'),
             ('cancel_run', 'producer'),

@@ -50,3 +50,11 @@ BEGIN
     );
 END
 $ack_type$;
+
+-- One enqueued run: what enqueue_runs returns for each item, and _enqueue
+-- (enqueue_run's own enqueue_run_result has the same columns).
+CREATE TYPE enqueue_runs_result AS (
+    run_id text,
+    status text,
+    created boolean
+);

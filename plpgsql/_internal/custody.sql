@@ -49,6 +49,10 @@
 --                    function (re-takes them without waiting, then its
 --                    attempt), completions together by complete_attempts;
 --                    then claim_attempts, which only skips or tries.
+--   enqueue_runs     keys (_lock_concurrency_keys), then inserts its new runs
+--                    in run_id COLLATE "C" order (an insert that meets a
+--                    concurrent insert of the same run_id waits for it);
+--                    lanes as an appender.
 --   reap_expired     one run at a time, each by _try_lock_run (SKIP LOCKED).
 --   cancel_run       one run, SKIP LOCKED; its attempts ascending.
 --   fail_ledger, renew_ledger_lease, release_ledger, requeue_ledger_event
@@ -81,14 +85,34 @@ LANGUAGE plpgsql
 VOLATILE
 SET search_path FROM CURRENT
 AS $$
+BEGIN
+    -- concurrency_key never changes after enqueue, so reading it unlocked is safe.
+    PERFORM _lock_concurrency_keys(ARRAY(
+        SELECT r.concurrency_key
+        FROM runs AS r
+        WHERE r.run_id = ANY(p_run_ids) AND r.concurrency_key IS NOT NULL
+    ));
+END;
+$$;
+
+COMMENT ON FUNCTION _lock_keys(text[]) IS
+'Takes the concurrency-key locks of the given runs in lock-id order (custody step 1).';
+
+-- The key locks themselves, by key name (enqueue_runs names the keys of
+-- runs that do not exist yet): each distinct key once, ascending by lock id.
+CREATE FUNCTION _lock_concurrency_keys(p_keys text[])
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
 DECLARE
     v_lock_id bigint;
 BEGIN
-    -- concurrency_key never changes after enqueue, so reading it unlocked is safe.
     FOR v_lock_id IN
-        SELECT DISTINCT _key_lock_id(r.concurrency_key) AS lock_id
-        FROM runs AS r
-        WHERE r.run_id = ANY(p_run_ids) AND r.concurrency_key IS NOT NULL
+        SELECT DISTINCT _key_lock_id(k.concurrency_key) AS lock_id
+        FROM unnest(p_keys) AS k (concurrency_key)
+        WHERE k.concurrency_key IS NOT NULL
         ORDER BY lock_id
     LOOP
         PERFORM pg_advisory_xact_lock(v_lock_id);
@@ -96,8 +120,8 @@ BEGIN
 END;
 $$;
 
-COMMENT ON FUNCTION _lock_keys(text[]) IS
-'Takes the concurrency-key locks of the given runs in lock-id order (custody step 1).';
+COMMENT ON FUNCTION _lock_concurrency_keys(text[]) IS
+'Takes the advisory locks of the given concurrency keys, each once, in lock-id order (custody step 1).';
 
 -- The key lock of one run (custody step 1): one primary-key seek; nothing
 -- to lock for a run without a key.

@@ -254,3 +254,58 @@ $$;
 
 COMMENT ON FUNCTION _check_event_ids(bigint[]) IS
 'Validates an event_ids argument: not null, no null element, at most 10000 ids.';
+
+-- The arguments of one enqueue (enqueue_run's, or one item of enqueue_runs),
+-- each checked by the helpers above. p_prefix goes before every parameter
+-- name: '' for enqueue_run, 'items[3].' for an item of enqueue_runs.
+CREATE FUNCTION _check_enqueue(
+    p_prefix text,
+    p_run_id text,
+    p_queue text,
+    p_payload jsonb,
+    p_run_at timestamptz,
+    p_priority integer,
+    p_max_attempts integer,
+    p_payload_retention text,
+    p_concurrency_key text
+)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    PERFORM _check_id(p_prefix || 'run_id', p_run_id);
+    PERFORM _check_id(p_prefix || 'queue', p_queue);
+    PERFORM _check_json(p_prefix || 'payload', p_payload);
+    PERFORM _check_time(p_prefix || 'run_at', p_run_at);
+    PERFORM _check_int(p_prefix || 'priority', p_priority, -1000000, 1000000);
+    PERFORM _check_int(p_prefix || 'max_attempts', p_max_attempts, 1, 1000);
+    IF p_payload_retention IS NULL OR p_payload_retention NOT IN ('keep', 'drop_on_delivery') THEN
+        PERFORM _invalid(p_prefix || 'payload_retention',
+            format('must be keep or drop_on_delivery (got %s)', coalesce(p_payload_retention, 'null')),
+            'Pass keep or drop_on_delivery.');
+    END IF;
+    PERFORM _check_id(p_prefix || 'concurrency_key', p_concurrency_key, TRUE);
+END;
+$$;
+
+COMMENT ON FUNCTION _check_enqueue(text, text, text, jsonb, timestamptz, integer, integer, text, text) IS
+'Validates the arguments of one enqueue (enqueue_run, or an item of enqueue_runs), naming the parameter.';
+
+-- An enqueue of an existing run_id with another queue or payload.
+CREATE FUNCTION _enqueue_conflict(p_parameter text, p_run_id text)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    PERFORM _invalid(p_parameter,
+        format('run %s already exists with a different queue or payload', p_run_id),
+        'Repeat an enqueue with the same queue and payload, or choose a new run_id.');
+END;
+$$;
+
+COMMENT ON FUNCTION _enqueue_conflict(text, text) IS
+'Raises 22023: the run_id names an existing run with another queue or payload.';

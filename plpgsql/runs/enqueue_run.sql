@@ -40,19 +40,8 @@ DECLARE
     v_inserted text;
 BEGIN
     PERFORM _require_read_committed();
-    PERFORM _check_id('run_id', enqueue_run.run_id);
-    PERFORM _check_id('queue', enqueue_run.queue);
-    PERFORM _check_json('payload', enqueue_run.payload);
-    PERFORM _check_time('run_at', enqueue_run.run_at);
-    PERFORM _check_int('priority', enqueue_run.priority, -1000000, 1000000);
-    PERFORM _check_int('max_attempts', enqueue_run.max_attempts, 1, 1000);
-    IF enqueue_run.payload_retention IS NULL
-        OR enqueue_run.payload_retention NOT IN ('keep', 'drop_on_delivery') THEN
-        PERFORM _invalid('payload_retention',
-            format('must be keep or drop_on_delivery (got %s)', coalesce(enqueue_run.payload_retention, 'null')),
-            'Pass keep or drop_on_delivery.');
-    END IF;
-    PERFORM _check_id('concurrency_key', enqueue_run.concurrency_key, TRUE);
+    PERFORM _check_enqueue('', enqueue_run.run_id, enqueue_run.queue, enqueue_run.payload, enqueue_run.run_at,
+        enqueue_run.priority, enqueue_run.max_attempts, enqueue_run.payload_retention, enqueue_run.concurrency_key);
 
     v_now := _now();
     v_run_at := coalesce(enqueue_run.run_at, v_now);
@@ -101,11 +90,7 @@ BEGIN
 
     IF v_existing.queue IS DISTINCT FROM enqueue_run.queue
         OR v_existing.payload IS DISTINCT FROM enqueue_run.payload THEN
-        RAISE EXCEPTION 'runrelay: invalid run_id: run % already exists with a different queue or payload',
-            enqueue_run.run_id
-            USING ERRCODE = 'invalid_parameter_value',
-                  COLUMN = 'run_id',
-                  HINT = 'Repeat an enqueue with the same queue and payload, or choose a new run_id.';
+        PERFORM _enqueue_conflict('run_id', enqueue_run.run_id);
     END IF;
     RETURN QUERY SELECT v_existing.run_id, v_existing.status, FALSE;
     PERFORM _restore_lock_wait(v_caller_lock_timeout);

@@ -10,7 +10,7 @@ the server resolves the function without guessing.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -99,6 +99,11 @@ OPERATIONS: dict[str, Operation] = {
                 ("concurrency_key", "text"),
             ),
             _one(t.EnqueueResult, status=t.RunStatus),
+        ),
+        Operation(
+            "enqueue_runs",
+            (("items", "jsonb"),),
+            _each(t.EnqueueResult, status=t.RunStatus),
         ),
         Operation(
             "append_events",
@@ -324,4 +329,27 @@ def settle_items(items: Sequence[Any]) -> list[dict[str, Any]]:
                 value = value.isoformat()
             row[key] = value
         out.append(row)
+    return out
+
+
+def enqueue_items(items: Sequence[t.EnqueueItem | Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """enqueue_runs items from EnqueueItem objects or mappings of enqueue_run's
+    keyword arguments, every argument sent as enqueue_run sends it (payload
+    None is {}, run_at None is the database clock)."""
+    out: list[dict[str, Any]] = []
+    for item in items:
+        if not isinstance(item, t.EnqueueItem):
+            item = t.EnqueueItem(**item)
+        out.append(
+            {
+                "run_id": item.run_id,
+                "queue": item.queue,
+                "payload": {} if item.payload is None else item.payload,
+                "run_at": None if item.run_at is None else item.run_at.isoformat(),
+                "priority": item.priority,
+                "max_attempts": item.max_attempts,
+                "payload_retention": item.payload_retention,
+                "concurrency_key": item.concurrency_key,
+            }
+        )
     return out

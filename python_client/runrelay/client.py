@@ -22,7 +22,7 @@ import inspect
 import threading
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, contextmanager
 from datetime import datetime
 from types import MethodType
@@ -39,6 +39,7 @@ from .types import (
     ClaimedAttempt,
     CompletedItem,
     CompleteOutcome,
+    EnqueueItem,
     EnqueueResult,
     FailOutcome,
     HeartbeatResult,
@@ -236,6 +237,15 @@ class _Methods:
             },
             conn,
         )
+
+    @_operation
+    def enqueue_runs(
+        self, items: Sequence[EnqueueItem | Mapping[str, Any]], *, conn: Any = None
+    ) -> _Call[list[EnqueueResult]]:
+        """Enqueue many runs in one round trip -> list[EnqueueResult], one per
+        item in order. Items are `EnqueueItem`s or mappings of enqueue_run's
+        keyword arguments; each is decided as enqueue_run would decide it."""
+        return _Call("enqueue_runs", {"items": _core.enqueue_items(items)}, conn)
 
     @_operation
     def append_events(

@@ -141,6 +141,21 @@ class Lane(enum.StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class EnqueueItem:
+    """One run for `Client.enqueue_runs`: enqueue_run's keyword arguments,
+    with its defaults (``payload=None`` is ``{}``, ``run_at=None`` is now)."""
+
+    run_id: str
+    queue: str = "default"
+    payload: Any = None
+    run_at: datetime | None = None
+    priority: int = 0
+    max_attempts: int = 3
+    payload_retention: str = "keep"
+    concurrency_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class EnqueueResult:
     run_id: str
     status: RunStatus

@@ -1,4 +1,4 @@
--- Fixtures of 026_settle_and_claim.sql (loaded once, after helpers.sql):
+-- Fixtures of 027_settle_and_claim.sql (loaded once, after helpers.sql):
 -- build a case's state under two prefixes, call settle_and_claim on one and
 -- the separate calls on the other, and compare answers and rows normalised.
 

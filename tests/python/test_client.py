@@ -40,6 +40,7 @@ from runrelay import (
     Client,
     CompletedItem,
     CompleteOutcome,
+    EnqueueItem,
     EnqueueResult,
     FailOutcome,
     HeartbeatOutcome,
@@ -310,6 +311,70 @@ def test_enqueue_run_creates_then_returns_the_existing_run(
     assert (defaults["max_attempts"], defaults["payload_retention"]) == (3, "keep")
     assert defaults["run_at"] <= db_now(db)
     assert events(db, "r1") == ["run.queued"]
+
+
+def test_enqueue_runs_answers_each_item_as_enqueue_run_in_one_round_trip(
+    drive: Callable[..., None], db: psycopg.Connection, db_url: str
+) -> None:
+    run_at = db_now(db) + timedelta(hours=1)
+
+    async def scenario(api: Api) -> None:
+        await api.enqueue_run("old", queue="mail", payload={"n": 0})
+        rows = await api.enqueue_runs(
+            [
+                EnqueueItem(
+                    "b1",
+                    queue="mail",
+                    payload={"to": "a@example.com"},
+                    run_at=run_at,
+                    priority=7,
+                    max_attempts=4,
+                    payload_retention="drop_on_delivery",
+                    concurrency_key="customer-1",
+                ),
+                {"run_id": "b2", "concurrency_key": "customer-1"},
+                EnqueueItem("old", queue="mail", payload={"n": 0}),
+                EnqueueItem("b3"),
+                EnqueueItem("b1", queue="mail", payload={"to": "a@example.com"}),
+            ]
+        )
+        assert [type(r) for r in rows] == [EnqueueResult] * 5
+        assert rows == [
+            EnqueueResult("b1", RunStatus.QUEUED, True),
+            EnqueueResult("b2", RunStatus.QUEUED, True),
+            EnqueueResult("old", RunStatus.QUEUED, False),
+            EnqueueResult("b3", RunStatus.QUEUED, True),
+            EnqueueResult("b1", RunStatus.QUEUED, False),
+        ]
+        with pytest.raises(InvalidArgument) as bad:
+            await api.enqueue_runs([EnqueueItem("b4"), EnqueueItem("b5", max_attempts=0)])
+        assert bad.value.parameter == "items[1].max_attempts"
+
+    drive(scenario)
+    row = run_row(db, "b1")
+    assert (row["queue"], row["payload"], row["run_at"], row["priority"]) == (
+        "mail",
+        {"to": "a@example.com"},
+        run_at,
+        7,
+    )
+    assert (row["max_attempts"], row["payload_retention"], row["concurrency_key"]) == (
+        4,
+        "drop_on_delivery",
+        "customer-1",
+    )
+    assert run_row(db, "b2")["key_held"] is True
+    defaults = run_row(db, "b3")
+    assert (defaults["queue"], defaults["payload"], defaults["priority"]) == ("default", {}, 0)
+    assert (defaults["max_attempts"], defaults["payload_retention"]) == (3, "keep")
+    assert defaults["run_at"] <= db_now(db)
+    assert events(db, "b1") == ["run.queued"]
+    assert db.execute(
+        "SELECT count(*) FROM runrelay.runs WHERE run_id IN ('b4', 'b5')"
+    ).fetchone() == (0,)
+    with psycopg.connect(db_url, autocommit=True) as conn, traced(conn) as out:
+        Client(conn).enqueue_runs([EnqueueItem(f"rt-{i}") for i in range(100)])
+    assert frontend_round_trips(out[0]) == 1
 
 
 def test_append_events_returns_typed_rows_in_seq_order(
@@ -1134,6 +1199,7 @@ def round_trip_calls(now: datetime) -> dict[str, tuple[tuple[Any, ...], dict[str
     return {
         "get_schema_version": ((), {}),
         "enqueue_run": (("rt",), {"payload": {"k": 1}}),
+        "enqueue_runs": (([EnqueueItem("rt", payload={"k": 1}), {"run_id": "rt2"}],), {}),
         "append_events": (("rt", [{"type": "x", "lane": "observability"}]), {}),
         "signal_run": (("missing", "go"), {}),
         "cancel_run": (("missing",), {}),
@@ -1333,6 +1399,7 @@ def test_every_method_returns_its_declared_type(
         await call("enqueue_run", "c", max_attempts=1)
         await call("enqueue_run", "d")
         await call("enqueue_run", "e")
+        await call("enqueue_runs", [EnqueueItem("e"), EnqueueItem("f", queue="other")])
         await call("append_events", "a", [{"type": "note", "lane": "observability"}])
         await call("signal_run", "a", "early")
         await call("cancel_run", "missing")

@@ -62,6 +62,16 @@ CASES: list[tuple[str, str, Callable[[dict[str, Any]], dict[str, Any]]]] = [
     ("heartbeat", RUN_ROW, lambda c: fenced(c)),
     ("complete_attempt", RUN_ROW, lambda c: {**fenced(c), "result": {"ok": 1}}),
     ("complete_attempts", RUN_ROW, lambda c: {"items": [_item(c)]}),
+    (
+        "settle_and_claim",
+        RUN_ROW,
+        lambda c: {
+            "items": [
+                {**fenced(c), "lease_token": str(c["lease_token"]), "op": "fail", "error": {}}
+            ],
+            "worker": "w1",
+        },
+    ),
     ("fail_attempt", RUN_ROW, lambda c: {**fenced(c), "error": {"e": 1}}),
     ("release_attempt", RUN_ROW, lambda c: fenced(c)),
     ("prepare_waiting_failure", RUN_ROW, lambda c: fenced(c)),
@@ -165,6 +175,8 @@ def test_the_callers_lock_timeout_is_unchanged_after_every_outcome(
     (claim,) = checked("claim_attempts", worker="w1")
     checked("complete_attempts", items=[_item(claim)])
     checked("complete_attempt", **fenced(claim), result={})  # replay
+    checked("settle_and_claim", items=[_item(claim)], worker="w1")  # replay, then a claim
+    checked("settle_and_claim", items=[], worker="w1", max_runs=0)
     claimed = checked("claim_ledger", relay="R", run_id="a", max_events=1)
     ids = [r["event_id"] for r in claimed]
     checked("renew_ledger_lease", relay="R", event_ids=ids)

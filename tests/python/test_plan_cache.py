@@ -71,6 +71,9 @@ def _tour(db: psycopg.Connection, plans: Callable[[], list[str]], i: int) -> dic
     plans()
     call(db, "enqueue_run", run_id=f"tour-{i}", queue="tour", payload={})
     take("enqueue_run")
+    bulk = [{"run_id": f"tour-{i}-bulk-{j}", "queue": "bulk"} for j in range(20)]
+    call(db, "enqueue_runs", items=[*bulk, {"run_id": f"tour-{i}", "queue": "tour"}])
+    take("enqueue_runs")
     rows = call(db, "claim_attempts", worker="w", queues=["tour"], max_runs=3)
     take("claim_attempts")
     items = [

@@ -91,6 +91,9 @@ def tour(db: psycopg.Connection, n: int) -> None:
             max_attempts=1 if i == 5 else 3,  # f's failure is final
             concurrency_key=f"k{n}" if i >= 6 else None,
         )
+    # A small bulk enqueue, due in 2100 so that the claims below never take
+    # it (test_a_bulk_enqueue_of_1000_runs_is_index_probes has the big one).
+    call(db, "enqueue_runs", items=[*bulk_items(n, 10), {"run_id": "done-7", "queue": "q0"}])
     claims = call(db, "claim_attempts", worker="w", queues=[q], max_runs=3)
     claims += call(db, "claim_attempts", worker="w", queues=[q, "elsewhere"], max_runs=2)
     claims += call(db, "claim_attempts", worker="w", max_runs=2, call_id=uuid.uuid4())
@@ -193,6 +196,19 @@ def tour(db: psycopg.Connection, n: int) -> None:
     scalar(db, "prune", delivered_before="2000-01-01T00:00:00Z", max_rows=10)
 
 
+def bulk_items(n: int, count: int) -> list[dict[str, Any]]:
+    """enqueue_runs items: new runs, every third keyed (ten keys), due in 2100."""
+    return [
+        {
+            "run_id": f"b{n}-{i}",
+            "queue": "bulk",
+            "run_at": "2100-01-01T00:00:00Z",
+            "concurrency_key": f"bk{n}-{i % 10}" if i % 3 == 0 else None,
+        }
+        for i in range(count)
+    ]
+
+
 def walks(plans: list[str]) -> list[str]:
     bad = []
     for plan in plans:
@@ -225,3 +241,29 @@ def test_no_function_walks_a_big_table_on_a_young_install(
         bad += walks(captured)
     assert not bad, "\n\n".join(bad[:5])
     assert seen > 8 * 60, seen  # the tour's nested statements were all captured
+
+
+@pytest.mark.parametrize("statistics", ["none", "stale"])
+def test_a_bulk_enqueue_of_1000_runs_is_index_probes(
+    db: psycopg.Connection, plans: Callable[[], list[str]], statistics: str
+) -> None:
+    """enqueue_runs of 1000 items (950 new runs, a third of them keyed, and 50
+    repeats of finished runs) on the young install: each lookup is a probe,
+    whatever the statistics, past PL/pgSQL's switch to generic plans."""
+    db.execute("SET auto_explain.log_min_duration = -1")
+    prefill(db)
+    if statistics == "stale":
+        db.execute("ANALYZE " + ", ".join(f"runrelay.{table}" for table in BIG))
+    db.execute("SET auto_explain.log_min_duration = 0")
+    db.execute("SET auto_explain.log_analyze = on")
+    plans()
+    bad: list[str] = []
+    for n in range(8):
+        repeats = [{"run_id": f"done-{7 * i + n}", "queue": f"q{n % 7}"} for i in range(1, 51)]
+        items = [*bulk_items(n, 950), *repeats]
+        rows = call(db, "enqueue_runs", items=items)
+        assert [r["created"] for r in rows] == [True] * 950 + [False] * 50
+        captured = plans()
+        assert any("INSERT INTO runs" in plan for plan in captured)
+        bad += walks(captured)
+    assert not bad, "\n\n".join(bad[:5])

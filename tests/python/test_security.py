@@ -32,7 +32,14 @@ ROLE_SUFFIXES = ("producer", "worker", "relay", "admin")
 # SPEC §5: each role gets exactly the functions of its SPEC section.
 GRANTS: dict[str, frozenset[str]] = {
     "producer": frozenset(
-        {"enqueue_run", "append_events", "signal_run", "cancel_run", "get_schema_version"}
+        {
+            "enqueue_run",
+            "enqueue_runs",
+            "append_events",
+            "signal_run",
+            "cancel_run",
+            "get_schema_version",
+        }
     ),
     "worker": frozenset(
         {
@@ -83,7 +90,7 @@ SHADOW_TOKEN = "00000000-0000-0000-0000-00000000beef"
 def _allowed_calls() -> dict[str, tuple[dict[str, Any], Callable[[list[tuple[Any, ...]]], bool]]]:
     """A valid call of every API function on a schema holding run `sec-seed`,
     and what its answer must look like. All are harmless (no live attempt is
-    touched) except enqueue_run and append_events, which really write."""
+    touched) except enqueue_run, enqueue_runs and append_events, which really write."""
     far = "2000-01-01T00:00:00Z"
 
     def first_is(value: Any) -> Callable[[list[tuple[Any, ...]]], bool]:
@@ -98,6 +105,15 @@ def _allowed_calls() -> dict[str, tuple[dict[str, Any], Callable[[list[tuple[Any
         "enqueue_run": (
             {"run_id": "sec-new", "queue": "sec-q"},
             lambda rows: rows == [("sec-new", "queued", True)],
+        ),
+        "enqueue_runs": (
+            {
+                "items": [
+                    {"run_id": "sec-new-1", "queue": "sec-q"},
+                    {"run_id": "sec-seed", "queue": "sec-q"},
+                ]
+            },
+            lambda rows: rows == [("sec-new-1", "queued", True), ("sec-seed", "queued", False)],
         ),
         "append_events": (
             {"run_id": "sec-seed", "events": [{"type": "sec.event"}]},

@@ -1,0 +1,169 @@
+-- enqueue_runs(): enqueue_run for many runs in one call, set-based.
+--
+-- items: an array of 1 to 10000 objects whose keys are enqueue_run's
+-- parameters, {run_id, queue?, payload?, run_at?, priority?, max_attempts?,
+-- payload_retention?, concurrency_key?}, with enqueue_run's defaults for a
+-- missing key; a key set to JSON null is that parameter passed as NULL
+-- (enqueue_run's rules then apply: run_at null is now, concurrency_key null
+-- is no key, anything else null is invalid). One result row per item, in
+-- item order: (run_id, status, created), as enqueue_run answers.
+--
+-- Each item is decided as enqueue_run decides it and the items as
+-- sequential enqueue_run calls in item order would be (_enqueue): idempotent
+-- on run_id; a run_id repeated in the array is a repeat of its first item
+-- (created = false), or 22023 if its queue or payload differs; the new runs
+-- of one concurrency key are serial in item order. Any invalid item, or an
+-- item that names an existing run with another queue or payload, raises
+-- 22023 naming items[i].<parameter> (i counts from 0) and the call changes
+-- nothing. Emits run.queued per created run; notifies runrelay_runs once per
+-- queue with a runnable new run.
+--
+-- Locks: the advisory locks of every new run's concurrency key, ascending by
+-- lock id, before anything is written (custody step 1); the new rows are
+-- inserted in run_id COLLATE "C" order. Concurrent calls with overlapping
+-- keys or run_ids therefore never deadlock. A replay of the whole call is
+-- safe: it answers created = false for every item and writes nothing.
+CREATE FUNCTION enqueue_runs(items jsonb)
+RETURNS SETOF enqueue_runs_result
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_caller_lock_timeout text := _bound_lock_wait();
+    v_hint constant text := 'Pass an array of 1 to 10000 objects with enqueue_run''s parameters as keys: '
+        'run_id, queue, payload, run_at, priority, max_attempts, payload_retention, concurrency_key.';
+    v_parameters constant text[] := ARRAY[
+        'run_id', 'queue', 'payload', 'run_at', 'priority', 'max_attempts', 'payload_retention', 'concurrency_key'
+    ];
+    v_count integer;
+    v_item jsonb;
+    v_index integer;
+    v_at text;
+    v_name text;
+    v_casting boolean := FALSE;
+    v_run_id text;
+    v_queue text;
+    v_payload jsonb;
+    v_run_at timestamptz;
+    v_priority integer;
+    v_max_attempts integer;
+    v_retention text;
+    v_key text;
+    v_run_ids text[] := '{}'::text[];
+    v_queues text[] := '{}'::text[];
+    v_payloads jsonb[] := '{}'::jsonb[];
+    v_run_ats timestamptz[] := '{}'::timestamptz[];
+    v_priorities integer[] := '{}'::integer[];
+    v_max_attempts_all integer[] := '{}'::integer[];
+    v_retentions text[] := '{}'::text[];
+    v_keys text[] := '{}'::text[];
+    v_now timestamptz;
+BEGIN
+    PERFORM _require_read_committed();
+    IF enqueue_runs.items IS NULL OR jsonb_typeof(enqueue_runs.items) <> 'array' THEN
+        PERFORM _invalid('items',
+            format('must be a JSON array (got %s)', coalesce(jsonb_typeof(enqueue_runs.items), 'null')), v_hint);
+    END IF;
+    v_count := jsonb_array_length(enqueue_runs.items);
+    IF v_count < 1 OR v_count > 10000 THEN
+        PERFORM _invalid('items', format('must have 1 to 10000 items (got %s)', v_count), v_hint);
+    END IF;
+    v_now := _now();
+
+    BEGIN
+        FOR v_item, v_index IN
+            SELECT e.value, e.n - 1
+            FROM jsonb_array_elements(enqueue_runs.items) WITH ORDINALITY AS e (value, n)
+        LOOP
+            v_at := 'items[' || v_index || ']';
+            -- The shape of an item: an object of known keys, each a JSON
+            -- value of its parameter's type (or null). One expression on the
+            -- common path; which key is wrong is worked out only on failure.
+            IF jsonb_typeof(v_item) IS DISTINCT FROM 'object'
+                OR (v_item - v_parameters) <> '{}'::jsonb
+                OR jsonb_typeof(v_item -> 'run_id') NOT IN ('string', 'null')
+                OR jsonb_typeof(v_item -> 'queue') NOT IN ('string', 'null')
+                OR jsonb_typeof(v_item -> 'run_at') NOT IN ('string', 'null')
+                OR jsonb_typeof(v_item -> 'payload_retention') NOT IN ('string', 'null')
+                OR jsonb_typeof(v_item -> 'concurrency_key') NOT IN ('string', 'null')
+                OR (jsonb_typeof(v_item -> 'priority') = 'number'
+                    AND (v_item ->> 'priority') !~ '^-?[0-9]{1,9}$')
+                OR jsonb_typeof(v_item -> 'priority') NOT IN ('number', 'null')
+                OR (jsonb_typeof(v_item -> 'max_attempts') = 'number'
+                    AND (v_item ->> 'max_attempts') !~ '^-?[0-9]{1,9}$')
+                OR jsonb_typeof(v_item -> 'max_attempts') NOT IN ('number', 'null') THEN
+                IF jsonb_typeof(v_item) IS DISTINCT FROM 'object' THEN
+                    PERFORM _invalid(v_at, format('must be a JSON object (got %s)', jsonb_typeof(v_item)), v_hint);
+                END IF;
+                SELECT min(k.name) INTO v_name FROM jsonb_object_keys(v_item - v_parameters) AS k (name);
+                IF v_name IS NOT NULL THEN
+                    PERFORM _invalid(v_at || '.' || v_name, 'is not a parameter of enqueue_run', v_hint);
+                END IF;
+                SELECT min(p.name) INTO v_name
+                FROM unnest(ARRAY['priority', 'max_attempts']) AS p (name)
+                WHERE jsonb_typeof(v_item -> p.name) NOT IN ('number', 'null');
+                IF v_name IS NOT NULL THEN
+                    PERFORM _invalid(v_at || '.' || v_name,
+                        format('must be a JSON integer (got %s)', jsonb_typeof(v_item -> v_name)),
+                        'Pass an integer.');
+                END IF;
+                SELECT min(p.name) INTO v_name
+                FROM unnest(ARRAY['priority', 'max_attempts']) AS p (name)
+                WHERE jsonb_typeof(v_item -> p.name) = 'number' AND (v_item ->> p.name) !~ '^-?[0-9]{1,9}$';
+                IF v_name IS NOT NULL THEN
+                    PERFORM _invalid(v_at || '.' || v_name,
+                        format('must be an integer of at most 9 digits (got %s)', v_item ->> v_name),
+                        'Pass an integer.');
+                END IF;
+                SELECT min(p.name) INTO v_name
+                FROM unnest(v_parameters) AS p (name)
+                WHERE jsonb_typeof(v_item -> p.name) NOT IN ('string', 'null');
+                PERFORM _invalid(v_at || '.' || v_name,
+                    format('must be a JSON string (got %s)', jsonb_typeof(v_item -> v_name)), v_hint);
+            END IF;
+
+            v_run_id := v_item ->> 'run_id';
+            v_queue := CASE WHEN v_item ? 'queue' THEN v_item ->> 'queue' ELSE 'default' END;
+            v_payload := CASE WHEN v_item ? 'payload' THEN nullif(v_item -> 'payload', 'null') ELSE '{}' END;
+            v_casting := TRUE;
+            -- enqueue_run's defaults: a missing run_at is now(), a null one the database clock.
+            v_run_at := CASE WHEN v_item ? 'run_at' THEN coalesce((v_item ->> 'run_at')::timestamptz, v_now) ELSE now() END;
+            v_casting := FALSE;
+            v_priority := CASE WHEN v_item ? 'priority' THEN (v_item ->> 'priority')::integer ELSE 0 END;
+            v_max_attempts := CASE WHEN v_item ? 'max_attempts' THEN (v_item ->> 'max_attempts')::integer ELSE 3 END;
+            v_retention := CASE WHEN v_item ? 'payload_retention' THEN v_item ->> 'payload_retention' ELSE 'keep' END;
+            v_key := v_item ->> 'concurrency_key';
+            PERFORM _check_enqueue(v_at || '.', v_run_id, v_queue, v_payload, v_run_at, v_priority,
+                v_max_attempts, v_retention, v_key);
+
+            v_run_ids := v_run_ids || v_run_id;
+            v_queues := v_queues || v_queue;
+            v_payloads := v_payloads || v_payload;
+            v_run_ats := v_run_ats || v_run_at;
+            v_priorities := v_priorities || v_priority;
+            v_max_attempts_all := v_max_attempts_all || v_max_attempts;
+            v_retentions := v_retentions || v_retention;
+            v_keys := v_keys || v_key;
+        END LOOP;
+    EXCEPTION
+        WHEN data_exception THEN
+            -- Only the run_at cast is caught here; every other error passes on.
+            IF NOT v_casting THEN
+                RAISE;
+            END IF;
+            PERFORM _invalid(v_at || '.run_at', format('is not a timestamp (%s)', SQLERRM),
+                'Pass a timestamp with time zone in ISO 8601, e.g. 2030-01-01T00:00:00Z.');
+    END;
+
+    RETURN QUERY
+    SELECT * FROM _enqueue(
+        v_run_ids, v_queues, v_payloads, v_run_ats, v_priorities, v_max_attempts_all, v_retentions, v_keys, TRUE
+    );
+    PERFORM _restore_lock_wait(v_caller_lock_timeout);
+END;
+$$;
+
+COMMENT ON FUNCTION enqueue_runs(jsonb) IS
+'Enqueues many runs in one call, each item decided as enqueue_run would decide it, one result row per item in order.';
