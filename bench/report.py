@@ -144,6 +144,21 @@ def ratios(doc: Doc) -> list[tuple[str, str, str, dict[str, Any] | None]]:
         )  # type: ignore[arg-type]
     rows += [
         (
+            "default Worker path (fused), 1 job per call, 4 workers / Procrastinate single",
+            "runrelay.fused.w4",
+            "procrastinate.single.w4",
+        ),
+        (
+            "default Worker path (fused), 1 job per call, 4 workers / two-statement floor",
+            "runrelay.fused.w4",
+            "floor.claim_ack.w4",
+        ),
+        (
+            "batch 10 (fused), 4 workers / PgQueuer batch 10",
+            "runrelay.fused_batch10.w4",
+            "pgqueuer.batch10.w4",
+        ),
+        (
             "ledger, 1 relay: batch 100 / PgQ batches of 100",
             "ledger.batch100.r1",
             "pgq.batch100.r1",
@@ -306,6 +321,7 @@ def plot(doc: Doc, folder: Path) -> list[str]:
                 ("floor: UPDATE…SKIP LOCKED + UPDATE", "floor.claim_ack"),
                 ("floor: fused in one function", "floor.fused"),
                 ("runrelay claim_attempts + complete_attempt", "runrelay.single"),
+                ("runrelay settle_and_claim (Worker default)", "runrelay.fused"),
                 ("Procrastinate fetch_job + finish_job", "procrastinate.single"),
                 ("PgQueuer, batch 1", "pgqueuer.single"),
             ],
@@ -315,6 +331,7 @@ def plot(doc: Doc, folder: Path) -> list[str]:
             [
                 ("floor: batch claim + ANY(ids) ack", "floor.batch10"),
                 ("runrelay max_runs=10 + complete_attempts", "runrelay.batch10"),
+                ("runrelay settle_and_claim of 10 (Worker default)", "runrelay.fused_batch10"),
                 ("PgQueuer dequeue + log_job, batch 10", "pgqueuer.batch10"),
             ],
         ),
@@ -457,6 +474,8 @@ def markdown(doc: Doc, results_path: str, images: list[str]) -> str:
     out.append(
         "\nKeys: `floor.*` the floor; `*.w4` 4 workers, `*.c16` 16 connections, `*.r4` 4 relays. "
         "`single` = one job per claim; `batch10` = 10 jobs per claim and one ack of 10; "
+        "`fused` / `fused_batch10` = the Worker's default path, one `settle_and_claim` per "
+        "step that completes the runs held and claims the next 1 / 10; "
         "`ledger.head` = head-only delivery (ack + claim-next of 1), `ledger.batch100` = frozen "
         "batches of 100; `hot_*` = one run with all the events.\n"
     )

@@ -6,6 +6,9 @@
   handler; per job it also writes the attempt row and two lifecycle events
   (run.started, run.completed) with their ledger lane;
 * `batch10` — `claim_attempts(max_runs => 10)` + `complete_attempts` of 10;
+* `fused` / `fused_batch10` — the Worker's default path: one `claim_attempts`
+  to start, then per step one `settle_and_claim` that completes the runs held
+  and claims the next 1 (or 10) in the same round trip;
 * ledger delivery — relays running the steady-state loop: `claim_ledger`
   discovers a run, then `ack_ledger(claim_next => n)` acknowledges and claims
   the successor prefix in the same round trip, head-only (n = 1) or frozen
@@ -33,6 +36,7 @@ from psycopg import pq
 from bench._load import Case, Factory, Recorder
 from runrelay import Client, _core
 from runrelay.types import EnqueueItem, LedgerKind
+from runrelay.worker import settled_and_claimed
 
 TABLES = ", ".join(
     f"runrelay.{t}"
@@ -170,6 +174,35 @@ def batched(size: int) -> Factory:
     return factory
 
 
+def fused(size: int) -> Factory:
+    """The Worker's fused loop, minus the handler: settle the held runs and
+    claim the next `size` in one settle_and_claim call."""
+
+    def factory(conn: psycopg.Connection[Any], index: int) -> Callable[[Recorder], int | None]:
+        client = Client(conn)
+        worker = f"w{index}"
+        held: list[Any] = []
+
+        def step(rec: Recorder) -> int | None:
+            nonlocal held
+            if not held:
+                held = rec.timed("claim_attempts", client.claim_attempts, worker, max_runs=size)
+                return 0 if held else None
+            items = [
+                {"run_id": a.run_id, "attempt": a.attempt, "lease_token": str(a.lease_token)}
+                for a in held
+            ]
+            reply = rec.timed(
+                "settle_and_claim", client.settle_and_claim, items, worker, max_runs=size
+            )
+            settled, held = settled_and_claimed(reply)
+            return len(settled)
+
+        return step
+
+    return factory
+
+
 def relay(batch: int) -> Factory:
     """The Relay loop's steady state, minus the sink: discover, then ack + claim-next."""
     as_batch = batch > 1
@@ -229,6 +262,18 @@ def cases(url: str, plan: Any) -> list[Case]:
         out.append(Case(f"runrelay.single.w{w}", "runrelay", "single", w, url, single_load, single))
         out.append(
             Case(f"runrelay.batch10.w{w}", "runrelay", "batch10", w, url, batch_load, batched(10))
+        )
+        out.append(Case(f"runrelay.fused.w{w}", "runrelay", "fused", w, url, single_load, fused(1)))
+        out.append(
+            Case(
+                f"runrelay.fused_batch10.w{w}",
+                "runrelay",
+                "fused_batch10",
+                w,
+                url,
+                batch_load,
+                fused(10),
+            )
         )
     for w in plan.relays:
         out.append(
@@ -314,6 +359,10 @@ def _calls(now: Any) -> dict[str, tuple[tuple[Any, ...], dict[str, Any]]]:
         "signal_run": (("missing", "go"), {}),
         "cancel_run": (("missing",), {}),
         "claim_attempts": (("w1",), {"queues": ["empty"]}),
+        "settle_and_claim": (
+            ([{"run_id": "rt", "attempt": 1, "lease_token": token}], "w1"),
+            {"queues": ["empty"]},
+        ),
         "heartbeat": (fence, {}),
         "complete_attempt": (fence, {}),
         "complete_attempts": (([{"run_id": "rt", "attempt": 1, "lease_token": token}],), {}),

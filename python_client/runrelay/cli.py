@@ -191,6 +191,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         "listen_dsn": _listen_url(args, url),
         "shutdown_grace": args.shutdown_grace,
         "maintenance": args.maintenance,
+        "fused": args.fused,
     }
     if args.use_async:
         return asyncio.run(_run_async_worker(args, url, handler, options))
@@ -410,6 +411,13 @@ def build_parser() -> argparse.ArgumentParser:
         dest="maintenance",
         action="store_false",
         help="do not reap expired leases from this worker (run `runrelay maintain` instead)",
+    )
+    p.add_argument(
+        "--no-fused",
+        dest="fused",
+        action="store_false",
+        help="write each outcome and claim the next run in two calls (complete_attempt, then "
+        "claim_attempts) instead of one settle_and_claim",
     )
     p.add_argument(
         "--async",

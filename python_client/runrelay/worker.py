@@ -26,6 +26,16 @@ returns early — its write will answer `cancelled` and change nothing. With
 `batch_size > 1` the worker claims several runs per round trip and completes
 the successful ones with one complete_attempts call.
 
+Round trips (fused=True, the default): a job's write and the claim of the
+run that takes its slot are one settle_and_claim call — one round trip and
+one commit per job (per batch with batch_size > 1) while there is work; the
+thread or task that ran the job runs what the call claimed. claim_attempts
+is only the loop's own: it fills free slots at the start and polls (or waits
+for a NOTIFY) once a call claimed nothing. A stopping worker settles with
+max_runs 0; runs a call claimed as the worker stopped are handed back at
+once. A Suspend with on_waiting is written on its own (see fusable). With
+fused=False every write and every claim is its own call, as above.
+
 Maintenance (on by default): each worker also calls reap_expired every
 lease_seconds/2 (at least 1 s, at most 30 s; override with
 `maintenance_interval`), jittered ±50%, so the runs of a peer that was
@@ -43,9 +53,10 @@ Logging: one line per finished job on logger ``runrelay.worker`` — message
 and duration_ms as extras; WARNING with the traceback when the handler raised
 an unexpected exception, INFO otherwise.
 
-Database outages: claims are replayed with the same call_id after a
-connection error (an exact replay if the lost claim committed), writes are
-repeated (fenced writes are replay-safe), the LISTEN connection reconnects —
+Database outages: claims and settle_and_claim calls are replayed with the
+same call_id (and the same items) after a connection error (an exact replay
+if the lost call committed), writes are repeated (fenced writes are
+replay-safe), the LISTEN connection reconnects —
 all with full-jitter backoff (runrelay._backoff); the loop never exits or
 busy-loops because the database is away.
 
@@ -63,6 +74,7 @@ exactly-once state transitions.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import os
@@ -72,7 +84,7 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -93,6 +105,7 @@ from .types import (
     CompletedItem,
     HeartbeatOutcome,
     HeartbeatResult,
+    SettleAndClaimRow,
     SuspendOutcome,
 )
 
@@ -101,6 +114,11 @@ log = logging.getLogger("runrelay.worker")
 # frames nearest the raise) is what matters, and a row should stay small.
 TRACEBACK_CHARS = 8000
 MESSAGE_CHARS = 2000
+# A settle_and_claim call is replayed after connection errors until it
+# resolves; once the worker stops, at most this many times, and shutdown
+# waits at most SETTLE_WAIT seconds for calls in flight.
+SETTLE_TRIES = 6
+SETTLE_WAIT = 20.0
 
 
 class Suspend(Exception):
@@ -313,6 +331,57 @@ def write_for(job: Job, outcome: Any) -> tuple[str, dict[str, Any]]:
     return "complete_attempt", {**fence, "result": {} if outcome is None else outcome}
 
 
+# The settle_and_claim item op of each write write_for and release_write name.
+SETTLE_OPS = {
+    "complete_attempt": "complete",
+    "fail_attempt": "fail",
+    "suspend_attempt": "suspend",
+    "release_attempt": "release",
+}
+
+
+def settle_item(method: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The settle_and_claim item for one write of write_for or release_write:
+    the same fence and arguments, as JSON (an absent key is the SQL default)."""
+    item: dict[str, Any] = {"op": SETTLE_OPS[method]}
+    for key, value in kwargs.items():
+        if value is None or (key == "final_events" and not value):
+            continue
+        if isinstance(value, uuid.UUID):
+            value = str(value)
+        elif isinstance(value, datetime):
+            value = value.isoformat()
+        item[key] = value
+    return item
+
+
+def fusable(outcome: Any) -> bool:
+    """Whether the write of a handler's outcome goes into the fused
+    settle_and_claim call: every outcome but a Suspend with an on_waiting
+    step. That step must run once suspend_attempt answered `waiting`, and
+    if it raises, the run is failed through the waiting-failure protocol
+    (two calls, the second a *protected* fail_attempt that settle_and_claim's
+    `fail` item is not) - so the suspension is written on its own, the step
+    runs, and the slot is given back to the claim loop afterwards."""
+    return not (isinstance(outcome, Suspend) and outcome.on_waiting is not None)
+
+
+def settled_and_claimed(
+    reply: Sequence[SettleAndClaimRow],
+) -> tuple[dict[tuple[str, int], str], list[ClaimedAttempt]]:
+    """A settle_and_claim reply as (each settled item's outcome by (run_id,
+    attempt), the attempts claimed)."""
+    settled: dict[tuple[str, int], str] = {}
+    claimed: list[ClaimedAttempt] = []
+    for row in reply:
+        claim = row.claim
+        if claim is not None:
+            claimed.append(claim)
+        else:
+            settled[(row.run_id, row.attempt)] = str(row.outcome)
+    return settled, claimed
+
+
 def waits_for_step(outcome: Any, written: Any) -> Suspend | None:
     """The Suspend whose on_waiting step must run now: the handler asked for
     one and suspend_attempt answered waiting."""
@@ -426,6 +495,7 @@ class Worker(_Signals):
         shutdown_grace: float = 10.0,
         maintenance: bool = True,
         maintenance_interval: float | None = None,
+        fused: bool = True,
     ) -> None:
         super().__init__()
         self.client = client
@@ -439,6 +509,7 @@ class Worker(_Signals):
         self.poll_interval = poll_interval
         self.listen_dsn = listen_dsn
         self.shutdown_grace = shutdown_grace
+        self.fused = fused
         interval = maintenance_interval or default_maintenance_interval(lease_seconds)
         self.maintenance = (
             Maintenance(client, interval=interval, prune_after=None) if maintenance else None
@@ -448,6 +519,10 @@ class Worker(_Signals):
         self._beats_done = threading.Event()
         self._inflight: dict[tuple[str, int], Job] = {}
         self._lock = threading.Lock()
+        # Jobs whose outcome a settle_and_claim call in flight is writing:
+        # shutdown does not hand them back, and waits for their calls.
+        self._settling: set[tuple[str, int]] = set()
+        self._settled = threading.Condition(self._lock)
         self._slots = threading.Semaphore(self.concurrency)
         self.stats: dict[str, int] = {}
 
@@ -569,7 +644,9 @@ class Worker(_Signals):
         with self._lock:
             for job in jobs:
                 self._inflight[(job.run_id, job.attempt.attempt)] = job
-        if self.batch_size > 1 and len(jobs) > 1:
+        if self.fused:
+            self._spawn_work(jobs)
+        elif self.batch_size > 1 and len(jobs) > 1:
             self._spawn(self._run_batch, jobs)
         else:
             for job in jobs:
@@ -577,6 +654,150 @@ class Worker(_Signals):
 
     def _spawn(self, target: Callable[[Any], None], arg: Any) -> None:
         threading.Thread(target=target, args=(arg,), name=f"{self.name}-run", daemon=True).start()
+
+    # -- the fused path: settle and claim the next in one call ---------------
+    def _spawn_work(self, jobs: list[Job]) -> None:
+        """Threads for jobs in flight (one per job, one per batch with
+        batch_size > 1), each holding one slot per job."""
+        if self.batch_size > 1:
+            self._spawn(self._work, jobs)
+        else:
+            for job in jobs:
+                self._spawn(self._work, [job])
+
+    def _work(self, jobs: list[Job]) -> None:
+        """Run handlers, then write their outcomes and claim the runs for
+        the slots they free in one settle_and_claim call; go on with what it
+        claimed, in this thread, until a call claims nothing."""
+        while jobs:
+            outcomes = [self._call_handler(job) for job in jobs]
+            jobs = self._settle(jobs, outcomes)
+
+    def _settle(self, jobs: list[Job], outcomes: list[Any]) -> list[Job]:
+        """Write the jobs' outcomes and claim as many runs as they held
+        slots (none once the worker stops) in one call; returns the claimed
+        jobs this thread runs next. The jobs leave _inflight, and the slots
+        nothing was claimed for are given back."""
+        held = len(jobs)
+        fused: list[tuple[Job, Any, str, dict[str, Any]]] = []
+        for job, outcome in zip(jobs, outcomes, strict=True):
+            if not fusable(outcome):
+                try:
+                    self._write_outcome(job, outcome)
+                except Exception:
+                    log.exception("writing the outcome of run %s failed", job.run_id)
+                    self._count("write_errors")
+                continue
+            method, kwargs = write_for(job, outcome)
+            fused.append((job, outcome, method, settle_item(method, kwargs)))
+        if not fused:
+            self._finish_all(jobs, held, [])
+            return []
+        if self._stop.is_set():
+            want = 0
+        else:
+            want = held + self._extra_slots(held)
+            held = want
+        keys = [(j.run_id, j.attempt.attempt) for j in jobs]
+        with self._lock:
+            self._settling.update(keys)
+        try:
+            try:
+                settled, claimed = self._settle_call([item for *_, item in fused], want)
+            finally:
+                with self._settled:
+                    self._settling.difference_update(keys)
+                    self._settled.notify_all()
+        except Exception:
+            log.exception("settling %d runs failed", len(fused))
+            self._count("write_errors")
+            self._finish_all(jobs, held, [])
+            return []
+        for job, outcome, method, _item in fused:
+            written = settled.get((job.run_id, job.attempt.attempt), "missing")
+            self._count(f"{method.split('_')[0]}:{written}")
+            log_finished(job, written, unexpected(outcome))
+        nxt = [claimed_job(a, self.lease_seconds) for a in claimed]
+        self._count("claimed", len(nxt))
+        self._finish_all(jobs, held - len(nxt), nxt)
+        if nxt and self._stop.is_set():
+            # Claimed as the worker stopped: a stopping worker starts nothing.
+            self._hand_back(nxt)
+            self._finish_all(nxt, len(nxt), [])
+            return []
+        if self.batch_size > 1 or len(nxt) <= 1:
+            return nxt
+        for job in nxt[1:]:
+            self._spawn(self._work, [job])
+        return nxt[:1]
+
+    def _extra_slots(self, held: int) -> int:
+        """With batch_size > 1, free slots taken (without waiting) to claim
+        a whole batch into."""
+        taken = 0
+        while held + taken < self.batch_size and self._slots.acquire(blocking=False):
+            taken += 1
+        return taken
+
+    def _finish_all(self, done: list[Job], free: int, nxt: list[Job]) -> None:
+        """`done` leave _inflight as `nxt` enter it (in one step, so shutdown
+        never sees it empty in between); `free` slots are given back."""
+        with self._lock:
+            for job in nxt:
+                self._inflight[(job.run_id, job.attempt.attempt)] = job
+            for job in done:
+                self._inflight.pop((job.run_id, job.attempt.attempt), None)
+        self._release_slots(free)
+
+    def _settle_call(
+        self, items: list[dict[str, Any]], max_runs: int
+    ) -> tuple[dict[tuple[str, int], str], list[ClaimedAttempt]]:
+        """One settle_and_claim call, replayed with the same call_id after a
+        connection error (the settlements are fenced writes, the claim is
+        named by the call_id: a replay answers what the lost call did), with
+        backoff, until it resolves; once the worker stops, at most
+        SETTLE_TRIES times."""
+        call_id = uuid.uuid4()
+        backoff = Backoff(base=0.1, cap=2.0)
+        failures = 0
+        while True:
+            try:
+                reply = self.client.settle_and_claim(
+                    items,
+                    self.name,
+                    self.queues,
+                    max_runs=max_runs,
+                    lease_seconds=self.lease_seconds,
+                    call_id=call_id,
+                )
+            except CONNECTION_ERRORS as exc:
+                failures += 1
+                self._count("settle_errors")
+                if failures >= SETTLE_TRIES and self._stop.is_set():
+                    raise
+                delay = backoff.next()
+                log.warning(
+                    "settle-and-claim failed (%s); replaying call %s in %.1fs",
+                    first_line(exc),
+                    call_id,
+                    delay,
+                )
+                time.sleep(delay)
+                continue
+            return settled_and_claimed(reply)
+
+    def _hand_back(self, jobs: list[Job]) -> None:
+        """Release runs this stopping worker will not run."""
+        for job in jobs:
+            job.cancelled.set()
+            method, kwargs = release_write(job, None, f"{self.name} stopped")
+            try:
+                written = self._write(method, kwargs, tries=3)
+            except Exception:
+                log.warning("could not hand back run %s", job.run_id, exc_info=True)
+                continue
+            self._count("released_on_shutdown")
+            log_finished(job, written)
 
     def _finish(self, job: Job) -> None:
         with self._lock:
@@ -694,18 +915,18 @@ class Worker(_Signals):
                 break
             self._abort.wait(min(0.05, left))
         with self._lock:
-            # A suspended job's run waits durably: nothing to hand back.
-            leftovers = [j for j in self._inflight.values() if not j.suspended]
-        for job in leftovers:
-            job.cancelled.set()
-            method, kwargs = release_write(job, None, f"{self.name} stopped")
-            try:
-                written = self._write(method, kwargs, tries=3)
-            except Exception:
-                log.warning("could not hand back run %s", job.run_id, exc_info=True)
-                continue
-            self._count("released_on_shutdown")
-            log_finished(job, written)
+            # A suspended job's run waits durably: nothing to hand back; a
+            # settling job's outcome is being written.
+            leftovers = [
+                j
+                for key, j in self._inflight.items()
+                if not j.suspended and key not in self._settling
+            ]
+        self._hand_back(leftovers)
+        # A settle_and_claim call in flight hands back what it claims; wait
+        # for it (a stopping worker's call gives up after SETTLE_TRIES).
+        with self._settled:
+            self._settled.wait_for(lambda: not self._settling, timeout=SETTLE_WAIT)
 
 
 def _log_batch(jobs: list[Job], results: list[CompletedItem], count: Callable[[str], None]) -> None:
@@ -739,6 +960,7 @@ class AsyncWorker(_Signals):
         shutdown_grace: float = 10.0,
         maintenance: bool = True,
         maintenance_interval: float | None = None,
+        fused: bool = True,
     ) -> None:
         super().__init__()
         self.client = client
@@ -752,6 +974,7 @@ class AsyncWorker(_Signals):
         self.poll_interval = poll_interval
         self.listen_dsn = listen_dsn
         self.shutdown_grace = shutdown_grace
+        self.fused = fused
         interval = maintenance_interval or default_maintenance_interval(lease_seconds)
         self.maintenance = (
             AsyncMaintenance(client, interval=interval, prune_after=None) if maintenance else None
@@ -759,6 +982,14 @@ class AsyncWorker(_Signals):
         self._stop = asyncio.Event()
         self._abort = asyncio.Event()
         self._inflight: dict[tuple[str, int], Job] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        # Slots a claim in flight may fill (the main loop's, or a fused
+        # call's beyond the slots its jobs hold).
+        self._reserved = 0
+        # As Worker._settling; _unsettled is set when it is empty.
+        self._settling: set[tuple[str, int]] = set()
+        self._unsettled = asyncio.Event()
+        self._unsettled.set()
         self.stats: dict[str, int] = {}
 
     def stop(self) -> None:
@@ -782,17 +1013,22 @@ class AsyncWorker(_Signals):
         """Claim and run work until stop() (or, with until_idle, until nothing
         was claimable for that many seconds)."""
         listener = AsyncListener(self.listen_dsn, "runrelay_runs") if self.listen_dsn else None
-        tasks: set[asyncio.Task[None]] = set()
+        tasks = self._tasks
         beat = asyncio.create_task(self._heartbeats())
         upkeep = asyncio.create_task(self.maintenance.run()) if self.maintenance else None
         idle_since = time.monotonic()
         try:
             while not self._stop.is_set():
-                free = self.concurrency - len(self._inflight)
+                free = self.concurrency - len(self._inflight) - self._reserved
                 if free <= 0:
                     await self._wait_any(tasks, self.poll_interval)
                     continue
-                claimed = await self._claim(min(free, self.batch_size))
+                n = min(free, self.batch_size)
+                self._reserved += n
+                try:
+                    claimed = await self._claim(n)
+                finally:
+                    self._reserved -= n
                 if claimed:
                     idle_since = time.monotonic()
                     self._dispatch(claimed, tasks)
@@ -857,14 +1093,145 @@ class AsyncWorker(_Signals):
         jobs = [claimed_job(a, self.lease_seconds) for a in claimed]
         for job in jobs:
             self._inflight[(job.run_id, job.attempt.attempt)] = job
-        if self.batch_size > 1 and len(jobs) > 1:
+        if self.fused and self.batch_size > 1:
+            coros = [self._work(jobs)]
+        elif self.fused:
+            coros = [self._work([job]) for job in jobs]
+        elif self.batch_size > 1 and len(jobs) > 1:
             coros = [self._run_batch(jobs)]
         else:
             coros = [self._run_one(job) for job in jobs]
         for coro in coros:
-            task = asyncio.create_task(coro)
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
+            self._start(coro)
+
+    def _start(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- the fused path (as Worker's) -----------------------------------------
+    async def _work(self, jobs: list[Job]) -> None:
+        """As Worker._work; a batch's handlers run concurrently."""
+        try:
+            while jobs:
+                if len(jobs) == 1:
+                    outcomes = [await self._call_handler(jobs[0])]
+                else:
+                    outcomes = list(await asyncio.gather(*(self._call_handler(j) for j in jobs)))
+                jobs = await self._settle(jobs, outcomes)
+        finally:
+            self._drop(jobs)  # a task cancelled at shutdown
+
+    def _drop(self, jobs: list[Job]) -> None:
+        for job in jobs:
+            self._inflight.pop((job.run_id, job.attempt.attempt), None)
+
+    async def _settle(self, jobs: list[Job], outcomes: list[Any]) -> list[Job]:
+        """As Worker._settle: a job's slot is its place in _inflight, and a
+        batch claims into free slots too (reserved while the call is out)."""
+        fused: list[tuple[Job, Any, str, dict[str, Any]]] = []
+        for job, outcome in zip(jobs, outcomes, strict=True):
+            if not fusable(outcome):
+                try:
+                    await self._write_outcome(job, outcome)
+                except Exception:
+                    log.exception("writing the outcome of run %s failed", job.run_id)
+                    self._count("write_errors")
+                continue
+            method, kwargs = write_for(job, outcome)
+            fused.append((job, outcome, method, settle_item(method, kwargs)))
+        if not fused:
+            self._drop(jobs)
+            return []
+        extra = 0
+        if self._stop.is_set():
+            want = 0
+        else:
+            if self.batch_size > 1:
+                free = self.concurrency - len(self._inflight) - self._reserved
+                extra = max(0, min(free, self.batch_size - len(jobs)))
+            want = len(jobs) + extra
+        keys = [(j.run_id, j.attempt.attempt) for j in jobs]
+        self._reserved += extra
+        self._settling.update(keys)
+        self._unsettled.clear()
+        try:
+            try:
+                settled, claimed = await self._settle_call([item for *_, item in fused], want)
+            finally:
+                self._reserved -= extra
+                self._settling.difference_update(keys)
+                if not self._settling:
+                    self._unsettled.set()
+        except Exception:
+            log.exception("settling %d runs failed", len(fused))
+            self._count("write_errors")
+            self._drop(jobs)
+            return []
+        for job, outcome, method, _item in fused:
+            written = settled.get((job.run_id, job.attempt.attempt), "missing")
+            self._count(f"{method.split('_')[0]}:{written}")
+            log_finished(job, written, unexpected(outcome))
+        nxt = [claimed_job(a, self.lease_seconds) for a in claimed]
+        self._count("claimed", len(nxt))
+        for job in nxt:
+            self._inflight[(job.run_id, job.attempt.attempt)] = job
+        self._drop(jobs)
+        if nxt and self._stop.is_set():
+            await self._hand_back(nxt)  # a stopping worker starts nothing
+            self._drop(nxt)
+            return []
+        if self.batch_size > 1 or len(nxt) <= 1:
+            return nxt
+        for job in nxt[1:]:
+            self._start(self._work([job]))
+        return nxt[:1]
+
+    async def _settle_call(
+        self, items: list[dict[str, Any]], max_runs: int
+    ) -> tuple[dict[tuple[str, int], str], list[ClaimedAttempt]]:
+        """As Worker._settle_call."""
+        call_id = uuid.uuid4()
+        backoff = Backoff(base=0.1, cap=2.0)
+        failures = 0
+        while True:
+            try:
+                reply = await self.client.settle_and_claim(
+                    items,
+                    self.name,
+                    self.queues,
+                    max_runs=max_runs,
+                    lease_seconds=self.lease_seconds,
+                    call_id=call_id,
+                )
+            except CONNECTION_ERRORS as exc:
+                failures += 1
+                self._count("settle_errors")
+                if failures >= SETTLE_TRIES and self._stop.is_set():
+                    raise
+                delay = backoff.next()
+                log.warning(
+                    "settle-and-claim failed (%s); replaying call %s in %.1fs",
+                    first_line(exc),
+                    call_id,
+                    delay,
+                )
+                await asyncio.sleep(delay)
+                continue
+            return settled_and_claimed(reply)
+
+    async def _hand_back(self, jobs: list[Job]) -> None:
+        """As Worker._hand_back."""
+        for job in jobs:
+            job.cancelled.set()
+            method, kwargs = release_write(job, None, f"{self.name} stopped")
+            try:
+                written = await self._write(method, kwargs, tries=3)
+            except Exception:
+                log.warning("could not hand back run %s", job.run_id, exc_info=True)
+                continue
+            self._count("released_on_shutdown")
+            log_finished(job, written)
 
     async def _call_handler(self, job: Job) -> Any:
         try:
@@ -980,17 +1347,19 @@ class AsyncWorker(_Signals):
                 )
         finally:
             aborted.cancel()
-        # A suspended job's run waits durably: nothing to hand back.
-        for job in [j for j in self._inflight.values() if not j.suspended]:
-            job.cancelled.set()
-            method, kwargs = release_write(job, None, f"{self.name} stopped")
-            try:
-                written = await self._write(method, kwargs, tries=3)
-            except Exception:
-                log.warning("could not hand back run %s", job.run_id, exc_info=True)
-                continue
-            self._count("released_on_shutdown")
-            log_finished(job, written)
+        # A suspended job's run waits durably: nothing to hand back; a
+        # settling job's outcome is being written.
+        await self._hand_back(
+            [
+                j
+                for key, j in self._inflight.items()
+                if not j.suspended and key not in self._settling
+            ]
+        )
+        # A settle_and_claim call in flight hands back what it claims; wait
+        # for it before cancelling the tasks still running handlers.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._unsettled.wait(), SETTLE_WAIT)
         pending = list(tasks)
         for task in pending:
             task.cancel()

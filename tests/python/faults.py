@@ -790,6 +790,7 @@ def chaos_mode() -> bool:
 # =============================================================================
 EXACT = {
     "claim_attempts",
+    "settle_and_claim",
     "complete_attempt",
     "complete_attempts",
     "fail_attempt",
@@ -806,6 +807,20 @@ EXACT = {
 VOLATILE_COLUMNS = {"lease_remaining_ms", "lease_expires_at"}
 ALLOWED_FAILURES = {"55P03", "57014"}
 TERMINAL = ("completed", "failed", "cancelled")
+
+
+def settled_items(c: dict[str, Any]) -> Iterator[tuple[dict[str, Any], str]]:
+    """A settle_and_claim call's (item, outcome) pairs: its settled rows come
+    in item order."""
+    rows = [r for r in c["result"] if r["kind"] == "settled"]
+    yield from zip(c["args"]["items"], (r["outcome"] for r in rows), strict=False)
+
+
+def claimed_rows(c: dict[str, Any]) -> list[dict[str, Any]]:
+    """The attempts a claim_attempts or settle_and_claim call opened."""
+    if c["fn"] == "claim_attempts":
+        return list(c["result"])
+    return [r for r in c["result"] if r["kind"] == "claimed"]
 
 
 def _masked(raw: dict[str, Any], function: str) -> list[tuple[Any, ...]]:
@@ -888,23 +903,28 @@ class Checker:
         # invoked after that may extend or complete the earlier one.
         claimed: dict[tuple[str, int], float] = {}
         for c in self.ok:
-            if c["fn"] == "claim_attempts":
-                for row in c["result"]:
+            if c["fn"] in ("claim_attempts", "settle_and_claim"):
+                for row in claimed_rows(c):
                     key = (row["run_id"], row["attempt"])
                     claimed[key] = min(claimed.get(key, c["w1"]), c["w1"])
         for c in self.ok:
-            if c["fn"] not in ("heartbeat", "complete_attempt"):
+            if c["fn"] == "settle_and_claim":
+                writes = [
+                    (item, outcome == "completed")
+                    for item, outcome in settled_items(c)
+                    if item.get("op", "complete") == "complete"
+                ]
+            elif c["fn"] == "heartbeat":
+                writes = [(c["args"], c["result"]["outcome"] == "ok")]
+            elif c["fn"] == "complete_attempt":
+                writes = [(c["args"], c["result"] == "completed")]
+            else:
                 continue
-            args = c["args"]
-            live = (
-                c["result"]["outcome"] == "ok"
-                if c["fn"] == "heartbeat"
-                else c["result"] == "completed"
-            )
-            later = claimed.get((args["run_id"], args["attempt"] + 1))
-            if live and later is not None and c["w0"] > later:
-                self.bad("I2", f"{c['fn']} of {args['run_id']}#{args['attempt']} succeeded"
-                         f" after attempt {args['attempt'] + 1} was claimed")  # fmt: skip
+            for args, live in writes:
+                later = claimed.get((args["run_id"], args["attempt"] + 1))
+                if live and later is not None and c["w0"] > later:
+                    self.bad("I2", f"{c['fn']} of {args['run_id']}#{args['attempt']} succeeded"
+                             f" after attempt {args['attempt'] + 1} was claimed")  # fmt: skip
 
     # I3 ---------------------------------------------------------------------
     def i3_ledger_order(self) -> None:
@@ -1138,6 +1158,11 @@ class Checker:
                 and runs.get(args["run_id"]) != "completed"
             ):
                 self.bad("I6", f"{args['run_id']} completed, now {runs.get(args['run_id'])}")
+            elif fn == "settle_and_claim":
+                for item, outcome in settled_items(c):
+                    if outcome == "completed" and runs.get(item["run_id"]) != "completed":
+                        self.bad("I6", f"{item['run_id']} completed (settle_and_claim), "
+                                 f"now {runs.get(item['run_id'])}")  # fmt: skip
 
     # I7 ---------------------------------------------------------------------
     def i7_terminal_final(self) -> None:
@@ -1177,6 +1202,10 @@ class Checker:
                     yield row["run_id"], row["outcome"]
         elif fn == "heartbeat" and result["outcome"] == "cancelled":
             yield args["run_id"], "cancelled"
+        elif fn == "settle_and_claim":
+            for item, outcome in settled_items(c):
+                if outcome in ("completed", "failed", "cancelled"):
+                    yield item["run_id"], outcome
 
     # I8 ---------------------------------------------------------------------
     def i8_cancel_vs_complete(self) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from conftest import handed_back
 from runrelay import AsyncClient, Client
@@ -253,8 +254,9 @@ def test_async_worker_replays_a_claim_whose_reply_was_lost(
     assert _status(db, "once") == "completed"
 
 
+@pytest.mark.parametrize("fused", [True, False])
 def test_async_batched_worker_completes_with_one_call_per_batch(
-    db: psycopg.Connection, db_url: str
+    db: psycopg.Connection, db_url: str, fused: bool
 ) -> None:
     calls: dict[str, int] = {}
 
@@ -274,14 +276,19 @@ def test_async_batched_worker_completes_with_one_call_per_batch(
             for i in range(30):
                 await client.enqueue_run(f"b{i}", payload={"boom": i == 7}, max_attempts=1)
             worker = AsyncWorker(client, handler, concurrency=10, batch_size=5,
-                                 poll_interval=0.05, maintenance=False)  # fmt: skip
+                                 poll_interval=0.05, maintenance=False, fused=fused)  # fmt: skip
             await worker.run(until_idle=0.5)
 
     asyncio.run(main())
     statuses = dict(db.execute("SELECT run_id, status FROM runrelay.runs").fetchall())
     assert statuses == {f"b{i}": "failed" if i == 7 else "completed" for i in range(30)}
     assert calls.get("complete_attempt", 0) == 0
-    assert 6 <= calls["complete_attempts"] <= calls["claim_attempts"]
+    if fused:  # each batch settled, and the next one claimed, in one call
+        assert calls.get("complete_attempts", 0) == calls.get("fail_attempt", 0) == 0
+        assert 6 <= calls["settle_and_claim"] <= 30
+    else:
+        assert calls.get("settle_and_claim", 0) == 0
+        assert 6 <= calls["complete_attempts"] <= calls["claim_attempts"]
     (error,) = db.execute("SELECT error FROM runrelay.runs WHERE run_id = 'b7'").fetchone()
     assert error["type"] == "ValueError" and "boom" in error["traceback"]
 

@@ -123,3 +123,11 @@ def test_usage_errors_are_one_line_and_exit_2(args: list[str], message: str) -> 
     assert out.returncode == EXIT_USAGE, out.stderr
     assert message in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_worker_is_fused_unless_no_fused() -> None:
+    """`runrelay worker` writes each outcome and claims the next run in one
+    settle_and_claim call; --no-fused keeps the two-call path."""
+    parser = build_parser()
+    assert parser.parse_args(["worker", "m:f"]).fused is True
+    assert parser.parse_args(["worker", "m:f", "--no-fused"]).fused is False

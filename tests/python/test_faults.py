@@ -481,8 +481,16 @@ def test_paused_worker_resumes_fenced_and_changes_nothing(
 
     def stale_writes_seen() -> bool:
         calls, _ = load_history([paused.history])
+        # The Worker writes its completion with settle_and_claim (fused, the
+        # default) or complete_attempt (fused=False).
+        settled = [
+            row["outcome"]
+            for result in _outcomes(calls, "settle_and_claim", "paused")
+            for row in result
+            if row["kind"] == "settled"
+        ]
         return "fence_lost" in str(_outcomes(calls, "heartbeat", "paused")) and (
-            "fence_lost" in _outcomes(calls, "complete_attempt", "paused")
+            "fence_lost" in [*_outcomes(calls, "complete_attempt", "paused"), *settled]
         )
 
     wait_for(stale_writes_seen, 60, "the paused worker's stale writes")

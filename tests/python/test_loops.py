@@ -125,17 +125,28 @@ def test_worker_stops_a_cancelled_handler_through_its_heartbeat(
     assert worker.stats.get("complete:cancelled") == 1
 
 
+@pytest.mark.parametrize("fused", [True, False])
 def test_batched_worker_completes_with_one_call_per_batch(
-    db: psycopg.Connection, client: Client, calls: Counter[str]
+    db: psycopg.Connection, client: Client, calls: Counter[str], fused: bool
 ) -> None:
     for i in range(40):
         client.enqueue_run(f"b{i}")
     worker = Worker(
-        client, lambda job: {"i": job.run_id}, concurrency=10, batch_size=10, poll_interval=0.05
+        client,
+        lambda job: {"i": job.run_id},
+        concurrency=10,
+        batch_size=10,
+        poll_interval=0.05,
+        fused=fused,
     )
     worker.run(until_idle=0.5)
     assert set(_statuses(db).values()) == {"completed"}
     assert calls["complete_attempt"] == 0
+    if fused:  # each batch settled, and the next one claimed, in one call
+        assert calls["complete_attempts"] == 0
+        assert 4 <= calls["settle_and_claim"] <= 40
+        return
+    assert calls["settle_and_claim"] == 0
     assert 4 <= calls["complete_attempts"] <= 40
     assert calls["complete_attempts"] < calls["claim_attempts"] + 1
 
