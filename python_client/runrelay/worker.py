@@ -565,6 +565,11 @@ class Worker(_Signals):
                 free = self._free_slots()
                 if free == 0:
                     continue
+                if self._stop.is_set():
+                    # stop() came while this loop waited for a slot: the slot
+                    # may be one a stopping worker's hand-back just freed.
+                    self._release_slots(free)
+                    break
                 claimed = self._claim(free)
                 if claimed:
                     idle_since = time.monotonic()
