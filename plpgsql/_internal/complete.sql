@@ -1,53 +1,144 @@
--- _complete(): the decision behind complete_attempt and complete_attempts.
--- Precondition: the caller validated the input and holds the run's key lock;
--- this takes the run row and attempt row locks.
+-- _complete(): the one routine that completes runs. complete_attempt is a
+-- one-item use of it, complete_attempts (and settle_and_claim, through
+-- them) a batch, so the fence, the cancel marker, final_events and the
+-- terminal write of a completion are decided and written here only.
+--
+-- The items are parallel arrays, one item per run, validated by the caller
+-- (final_events normalised, results not null) and given in the lock order,
+-- run_id COLLATE "C". Arrays, not a jsonb list or a set-returning function:
+-- a single completion pays for neither parsing nor a tuplestore.
+-- Precondition: the caller holds the key locks of the items (custody step 1).
+--
+-- Steps, each one statement for the whole batch:
+--   1. lock the run rows, in the given order, waiting (the caller bounds the
+--      wait). Attempt rows are written only under their run's row lock, so
+--      with the runs held they cannot change: the UPDATE of step 4 locks them
+--      without waiting, and no step locks them ahead;
+--   2. decide every item in a fresh snapshot: the fence (_fence_of: fence_lost,
+--      cancelled, or a replay's recorded outcome) and whether a cancel marker
+--      is pending;
+--   3. one item at a time, only where needed: a pending marker is applied
+--      (cancelled); final_events are appended ahead of run.completed;
+--   4. the items that passed are completed together: one statement for
+--      their attempts, one for their runs, one lifecycle write of
+--      run.completed, then the end-of-run bookkeeping (_ended).
+-- Each row is reached by a primary-key probe (LATERAL ... LIMIT 1), so the
+-- plans are probes whatever the statistics say: joined by key against the
+-- item list, a young install's plan could read the whole table.
+-- Answers each item's outcome, in the order given.
 CREATE FUNCTION _complete(
-    p_run_id text, p_attempt integer, p_lease_token uuid, p_result jsonb, p_events jsonb
+    p_run_ids text[],
+    p_attempts integer[],
+    p_tokens uuid[],
+    p_results jsonb[],
+    p_events jsonb[]
 )
-RETURNS text
+RETURNS text[]
 LANGUAGE plpgsql
 VOLATILE
 SET search_path FROM CURRENT
 AS $$
 DECLARE
+    v_outcomes text[];
+    v_marked boolean[];
     v_run runs;
-    v_attempt attempts;
-    v_outcome text;
-    v_now timestamptz := _now();
-    v_seq bigint;
+    v_ids text[] := '{}'::text[];
+    v_attempts integer[] := '{}'::integer[];
+    v_results jsonb[] := '{}'::jsonb[];
+    v_seqs bigint[];
+    v_payloads jsonb[];
+    v_keys text[];
+    v_now timestamptz;
 BEGIN
-    SELECT r.* INTO v_run FROM runs AS r WHERE r.run_id = p_run_id FOR NO KEY UPDATE;
-    v_attempt := _lock_attempt(p_run_id, p_attempt);
-    v_outcome := _fence(v_run, v_attempt, p_lease_token, 'complete');
-    IF v_outcome IS NOT NULL THEN
-        RETURN v_outcome;
+    PERFORM 1
+    FROM generate_subscripts(p_run_ids, 1) AS g (i)
+    CROSS JOIN LATERAL (
+        SELECT 1 FROM runs AS r WHERE r.run_id = p_run_ids[g.i] LIMIT 1 FOR NO KEY UPDATE
+    ) AS r
+    ORDER BY g.i;
+
+    SELECT
+        array_agg(_fence_of(
+            r.run_id, r.attempt_count, a.attempt, a.lease_token, a.status, a.outcome_op, a.outcome,
+            p_tokens[g.i], 'complete'
+        ) ORDER BY g.i),
+        -- A probe per item (NOT EXISTS may become a hash anti join over
+        -- every pending marker).
+        array_agg((SELECT TRUE FROM cancellations AS c WHERE c.run_id = p_run_ids[g.i]) IS NOT NULL ORDER BY g.i)
+    INTO v_outcomes, v_marked
+    FROM generate_subscripts(p_run_ids, 1) AS g (i)
+    LEFT JOIN LATERAL (
+        SELECT r.run_id, r.attempt_count FROM runs AS r WHERE r.run_id = p_run_ids[g.i] LIMIT 1
+    ) AS r ON TRUE
+    LEFT JOIN LATERAL (
+        SELECT a.attempt, a.lease_token, a.status, a.outcome_op, a.outcome
+        FROM attempts AS a
+        WHERE a.run_id = p_run_ids[g.i] AND a.attempt = p_attempts[g.i]
+        LIMIT 1
+    ) AS a ON TRUE;
+
+    FOR v_i IN 1 .. cardinality(p_run_ids) LOOP
+        IF v_outcomes[v_i] IS NULL AND v_marked[v_i] THEN
+            SELECT r.* INTO v_run FROM runs AS r WHERE r.run_id = p_run_ids[v_i];
+            IF _apply_marker(v_run, 'complete', p_attempts[v_i]) THEN
+                v_outcomes[v_i] := 'cancelled';
+            END IF;
+        END IF;
+        IF v_outcomes[v_i] IS NULL THEN
+            IF jsonb_array_length(p_events[v_i]) > 0 THEN
+                PERFORM _check_keys_unused('final_events', p_events[v_i]);
+                PERFORM _append(p_run_ids[v_i], p_events[v_i]);
+            END IF;
+            v_ids := v_ids || p_run_ids[v_i];
+            v_attempts := v_attempts || p_attempts[v_i];
+            v_results := v_results || p_results[v_i];
+            v_outcomes[v_i] := 'completed';
+        END IF;
+    END LOOP;
+    IF cardinality(v_ids) = 0 THEN
+        RETURN v_outcomes;
     END IF;
-    IF _apply_marker(v_run, 'complete', p_attempt) THEN
-        RETURN 'cancelled';
-    END IF;
-    IF jsonb_array_length(p_events) > 0 THEN
-        PERFORM _check_keys_unused('final_events', p_events);
-        PERFORM _append(p_run_id, p_events);
-    END IF;
+
+    -- Updated by ctid, found by a primary-key probe: the rows cannot move
+    -- meanwhile (the runs are locked; attempts change only under them).
+    v_now := _now();
     UPDATE attempts AS a
     SET status = 'completed', finished_at = v_now, outcome = 'completed', outcome_op = 'complete'
-    WHERE a.run_id = p_run_id AND a.attempt = p_attempt;
-    UPDATE runs AS r
-    SET status = 'completed',
-        result = p_result,
-        wait = NULL,
-        wake_at = NULL,
-        finished_at = v_now,
-        updated_at = v_now,
-        ledger_seq = r.ledger_seq + 1
-    WHERE r.run_id = p_run_id
-    RETURNING r.ledger_seq INTO v_seq;
-    PERFORM _emit(p_run_id, 'run.completed',
-        jsonb_build_object('attempt', p_attempt, 'result', p_result), FALSE, v_seq);
-    PERFORM _ended(p_run_id, 'completed', v_run.concurrency_key);
-    RETURN 'completed';
+    FROM generate_subscripts(v_ids, 1) AS g (i)
+    CROSS JOIN LATERAL (
+        SELECT t.ctid AS tid FROM attempts AS t
+        WHERE t.run_id = v_ids[g.i] AND t.attempt = v_attempts[g.i]
+        LIMIT 1
+    ) AS x
+    WHERE a.ctid = x.tid;
+    WITH runs_done AS (
+        UPDATE runs AS r
+        SET status = 'completed',
+            result = v_results[g.i],
+            wait = NULL,
+            wake_at = NULL,
+            finished_at = v_now,
+            updated_at = v_now,
+            ledger_seq = r.ledger_seq + 1
+        FROM generate_subscripts(v_ids, 1) AS g (i)
+        CROSS JOIN LATERAL (
+            SELECT t.ctid AS tid FROM runs AS t WHERE t.run_id = v_ids[g.i] LIMIT 1
+        ) AS x
+        WHERE r.ctid = x.tid
+        RETURNING g.i, r.ledger_seq AS seq, r.concurrency_key
+    )
+    SELECT
+        array_agg(d.seq ORDER BY d.i),
+        array_agg(jsonb_build_object('attempt', v_attempts[d.i], 'result', v_results[d.i]) ORDER BY d.i),
+        array_agg(d.concurrency_key ORDER BY d.i)
+    INTO v_seqs, v_payloads, v_keys
+    FROM runs_done AS d;
+
+    PERFORM _emit_lifecycle(v_ids, v_seqs, 'run.completed', v_payloads);
+    PERFORM _ended(v_ids, 'completed', v_keys);
+    RETURN v_outcomes;
 END;
 $$;
 
-COMMENT ON FUNCTION _complete(text, integer, uuid, jsonb, jsonb) IS
-'Fences and completes one attempt (caller holds the key lock and validated the input).';
+COMMENT ON FUNCTION _complete(text[], integer[], uuid[], jsonb[], jsonb[]) IS
+'Fences and completes attempts, one item per run in lock order: completed, cancelled (a marker won), fence_lost or a replay''s outcome.';

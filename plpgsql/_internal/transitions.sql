@@ -40,24 +40,45 @@ $$;
 COMMENT ON FUNCTION _promote_key(text) IS
 'Makes the oldest live run of a concurrency key claimable (caller holds the key lock).';
 
--- Bookkeeping when a run reaches a terminal status.
-CREATE FUNCTION _ended(p_run_id text, p_status text, p_key text)
+-- Bookkeeping when runs reach a terminal status (p_status), for each of
+-- p_run_ids with its concurrency key (p_keys[i], NULL for none): its cancel
+-- marker is dropped (one that committed after the run's fence lost to the
+-- ending), runrelay_terminal is notified, and each distinct key's next run
+-- is promoted, in lock-id order (the caller holds those key locks).
+CREATE FUNCTION _ended(p_run_ids text[], p_status text, p_keys text[])
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
 SET search_path FROM CURRENT
 AS $$
+DECLARE
+    v_key text;
 BEGIN
-    DELETE FROM cancellations AS c WHERE c.run_id = p_run_id;
-    PERFORM pg_notify('runrelay_terminal', json_build_object('run_id', p_run_id, 'status', p_status)::text);
-    IF p_key IS NOT NULL THEN
-        PERFORM _promote_key(p_key);
+    DELETE FROM cancellations AS c
+    USING generate_subscripts(p_run_ids, 1) AS g (i)
+    CROSS JOIN LATERAL (
+        SELECT t.ctid AS tid FROM cancellations AS t WHERE t.run_id = p_run_ids[g.i] LIMIT 1
+    ) AS x
+    WHERE c.ctid = x.tid;
+    -- generate_subscripts, not unnest: the same row estimate in custom and
+    -- generic plans, so the generic plan is kept (see claim_attempts).
+    PERFORM pg_notify('runrelay_terminal', json_build_object('run_id', p_run_ids[g.i], 'status', p_status)::text)
+    FROM generate_subscripts(p_run_ids, 1) AS g (i);
+    IF cardinality(array_remove(p_keys, NULL)) > 0 THEN
+        FOR v_key IN
+            SELECT d.key
+            FROM (SELECT DISTINCT p_keys[g.i] AS key FROM generate_subscripts(p_keys, 1) AS g (i)) AS d
+            WHERE d.key IS NOT NULL
+            ORDER BY _key_lock_id(d.key)
+        LOOP
+            PERFORM _promote_key(v_key);
+        END LOOP;
     END IF;
 END;
 $$;
 
-COMMENT ON FUNCTION _ended(text, text, text) IS
-'After a run ends: drops its cancel marker, notifies runrelay_terminal, promotes its key.';
+COMMENT ON FUNCTION _ended(text[], text, text[]) IS
+'After runs end: drops their cancel markers, notifies runrelay_terminal, promotes their keys.';
 
 -- Apply a cancellation: live attempts and the run become cancelled.
 CREATE FUNCTION _cancel(p_run runs, p_reason text, p_outcome_op text DEFAULT NULL, p_attempt integer DEFAULT NULL)
@@ -88,7 +109,7 @@ BEGIN
     RETURNING r.ledger_seq INTO v_seq;
     PERFORM _emit(p_run.run_id, 'run.cancelled',
         jsonb_build_object('attempt', p_run.attempt_count, 'reason', p_reason), FALSE, v_seq);
-    PERFORM _ended(p_run.run_id, 'cancelled', p_run.concurrency_key);
+    PERFORM _ended(ARRAY[p_run.run_id], 'cancelled', ARRAY[p_run.concurrency_key]);
 END;
 $$;
 
@@ -218,7 +239,7 @@ BEGIN
         RETURNING r.ledger_seq INTO v_seq;
         PERFORM _emit(p_run.run_id, 'run.failed', jsonb_build_object(
             'attempt', p_attempt, 'error', p_error), FALSE, v_seq);
-        PERFORM _ended(p_run.run_id, 'failed', p_run.concurrency_key);
+        PERFORM _ended(ARRAY[p_run.run_id], 'failed', ARRAY[p_run.concurrency_key]);
     END IF;
     RETURN v_outcome;
 END;

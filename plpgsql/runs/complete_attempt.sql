@@ -1,7 +1,8 @@
 -- complete_attempt(): finish an attempt successfully; the run is completed.
 --
--- Locks: key, run row, attempt row (waiting under a bounded
--- lock_timeout); then the fence and the cancel marker in fresh snapshots.
+-- A one-item use of _complete, the one completion routine (complete.sql).
+-- Locks: key, then run row (waiting under a bounded lock_timeout); then the
+-- fence and the cancel marker in a fresh snapshot.
 -- Outcomes: completed, cancelled (a cancel marker won), fence_lost.
 -- final_events are appended before run.completed in the same transaction.
 -- Replay: repeated with the same attempt and token after it committed, the
@@ -29,9 +30,9 @@ BEGIN
     PERFORM _check_json('result', complete_attempt.result);
     v_events := _normalize_events('final_events', complete_attempt.final_events, FALSE);
     PERFORM _lock_key_of(complete_attempt.run_id);
-    RETURN _restore_lock_wait(v_caller_lock_timeout, _complete(
-        complete_attempt.run_id, complete_attempt.attempt, complete_attempt.lease_token,
-        complete_attempt.result, v_events));
+    RETURN _restore_lock_wait(v_caller_lock_timeout, (_complete(
+        ARRAY[complete_attempt.run_id], ARRAY[complete_attempt.attempt], ARRAY[complete_attempt.lease_token],
+        ARRAY[complete_attempt.result], ARRAY[v_events]))[1]);
 END;
 $$;
 

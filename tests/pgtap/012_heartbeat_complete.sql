@@ -234,9 +234,10 @@ SELECT is(
 );
 SELECT is_empty($$SELECT * FROM runrelay.complete_attempts('[]')$$, 'an empty batch answers no rows');
 
--- complete_attempts decides most items set-based and the rest through
--- complete_attempt's own path; both must give complete_attempt's answers and
--- effects. Twin runs per case: s-* completed one by one, m-* in one batch.
+-- complete_attempt is a one-item use of the completion routine and
+-- complete_attempts a batch of it; a batch must give complete_attempt's
+-- answers and effects. Twin runs per case: s-* completed one by one, m-* in
+-- one batch.
 CREATE TEMP TABLE twin (name text, s_outcome text, m_outcome text);
 CREATE FUNCTION pg_temp.prepare_twin(p_run_id text, p_case text)
 RETURNS void
