@@ -309,3 +309,42 @@ $$;
 
 COMMENT ON FUNCTION _enqueue_conflict(text, text) IS
 'Raises 22023: the run_id names an existing run with another queue or payload.';
+
+-- The fields every item of a batch of fenced writes names its attempt by
+-- (complete_attempts, settle_and_claim): run_id, attempt and lease_token,
+-- each run at most once (p_seen: the run_ids of the items before it). The
+-- error names the batch parameter and the item's position.
+CREATE FUNCTION _check_item(p_parameter text, p_index integer, p_item jsonb, p_seen text[], p_hint text)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    IF jsonb_typeof(p_item) <> 'object'
+        OR jsonb_typeof(p_item -> 'run_id') IS DISTINCT FROM 'string'
+        OR jsonb_typeof(p_item -> 'attempt') IS DISTINCT FROM 'number'
+        OR jsonb_typeof(p_item -> 'lease_token') IS DISTINCT FROM 'string' THEN
+        PERFORM _invalid(p_parameter, format(
+            'item %s needs run_id (a string), attempt (a number) and lease_token (a uuid string)', p_index
+        ), p_hint);
+    END IF;
+    IF length(p_item ->> 'run_id') > 200 OR (p_item ->> 'run_id') ~ '^[[:space:]]*$' THEN
+        PERFORM _invalid(p_parameter, format(
+            'item %s: run_id must be 1 to 200 characters and not blank (got %s)', p_index, length(p_item ->> 'run_id')
+        ), p_hint);
+    END IF;
+    IF (p_item ->> 'attempt') !~ '^[0-9]{1,9}$' OR (p_item ->> 'attempt')::integer < 1 THEN
+        PERFORM _invalid(p_parameter, format('item %s: attempt must be a positive integer', p_index), p_hint);
+    END IF;
+    IF (p_item ->> 'lease_token') !~* '^[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$' THEN
+        PERFORM _invalid(p_parameter, format('item %s: lease_token is not a uuid', p_index), p_hint);
+    END IF;
+    IF (p_item ->> 'run_id') = ANY(p_seen) THEN
+        PERFORM _invalid(p_parameter, format('item %s repeats run_id %L', p_index, p_item ->> 'run_id'), p_hint);
+    END IF;
+END;
+$$;
+
+COMMENT ON FUNCTION _check_item(text, integer, jsonb, text[], text) IS
+'Validates the run_id, attempt and lease_token of one item of a batch, and that its run is not repeated.';

@@ -42,26 +42,13 @@ BEGIN
     END IF;
     FOR v_item IN SELECT i.value FROM jsonb_array_elements(complete_attempts.items) AS i (value) LOOP
         v_index := v_index + 1;
-        IF jsonb_typeof(v_item) <> 'object'
-            OR jsonb_typeof(v_item -> 'run_id') IS DISTINCT FROM 'string'
-            OR jsonb_typeof(v_item -> 'attempt') IS DISTINCT FROM 'number'
-            OR jsonb_typeof(v_item -> 'lease_token') IS DISTINCT FROM 'string'
-            OR (v_item ? 'result' AND jsonb_typeof(v_item -> 'result') = 'null')
+        PERFORM _check_item('items', v_index, v_item, v_run_ids, v_hint);
+        IF (v_item ? 'result' AND jsonb_typeof(v_item -> 'result') = 'null')
             OR EXISTS (
                 SELECT 1 FROM jsonb_object_keys(v_item) AS k (name)
                 WHERE k.name NOT IN ('run_id', 'attempt', 'lease_token', 'result')
             ) THEN
             PERFORM _invalid('items', format('item %s is malformed', v_index), v_hint);
-        END IF;
-        PERFORM _check_id('items', v_item ->> 'run_id');
-        IF (v_item ->> 'attempt') !~ '^[0-9]{1,9}$' OR (v_item ->> 'attempt')::integer < 1 THEN
-            PERFORM _invalid('items', format('item %s: attempt must be a positive integer', v_index), v_hint);
-        END IF;
-        IF (v_item ->> 'lease_token') !~* '^[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$' THEN
-            PERFORM _invalid('items', format('item %s: lease_token is not a uuid', v_index), v_hint);
-        END IF;
-        IF (v_item ->> 'run_id') = ANY(v_run_ids) THEN
-            PERFORM _invalid('items', format('item %s repeats run_id %L', v_index, v_item ->> 'run_id'), v_hint);
         END IF;
         v_run_ids := v_run_ids || (v_item ->> 'run_id');
     END LOOP;

@@ -14,11 +14,12 @@
 -- A JSON null is SQL NULL: allowed where the function's parameter defaults
 -- to NULL (retry_at, run_at, reason), refused where it is required.
 --
--- No rule is decided here. Each item is settled by the public function of
--- its op, so its fence, outcome and replay are exactly that function's: the
--- completions without final_events together by complete_attempts' set-based
--- path, every other item by complete_attempt, fail_attempt, suspend_attempt
--- or release_attempt, one at a time in run_id COLLATE "C" order. The claim
+-- No rule is decided here. Each item is settled by what settles it in the
+-- separate calls, so its fence, outcome and replay are exactly theirs: the
+-- completions together by _complete, the routine complete_attempt and
+-- complete_attempts run (complete.sql); every other item by fail_attempt,
+-- suspend_attempt or release_attempt, one at a time in run_id COLLATE "C"
+-- order. The claim
 -- is then exactly claim_attempts(worker, queues, max_runs, lease_seconds,
 -- call_id); max_runs 0 settles only.
 --
@@ -33,14 +34,14 @@
 -- back, the repeat does the work afresh.
 --
 -- Locks (custody.sql). Every blocking acquisition comes first and follows
--- the custody order: with more than one item (unless all of them go to
--- complete_attempts, which takes the same locks in the same order), every
--- key lock of the items in lock-id order (_lock_keys), then every item's run
--- row in run_id COLLATE "C" order. The settlements then re-take locks this
+-- the custody order: with more than one item, every key lock of the items
+-- in lock-id order (_lock_keys), then (unless every item is a completion:
+-- _complete locks its runs in the same order itself) every item's run row
+-- in run_id COLLATE "C" order. The settlements then re-take locks this
 -- transaction already holds, which never wait, and attempt rows, which are
--- written only under their run row's lock, so none is held by anyone else;
--- a single item needs no locking ahead, its function takes key, run and
--- attempt in order itself. Ending a keyed run promotes the next run of its
+-- written only under their run row's lock, so none is held by anyone else.
+-- A single completion takes its key lock here, as complete_attempt does; any
+-- other single item's function takes key, run and attempt in order itself. Ending a keyed run promotes the next run of its
 -- key, whose row only a holder of that key lock could hold (custody.sql,
 -- "Why keys come first"). The claim comes last and waits for nothing: its
 -- candidates and due waits are locked SKIP LOCKED, keys are try-locked, and
@@ -85,10 +86,16 @@ DECLARE
     v_attempts integer[] := '{}'::integer[];
     v_ops text[] := '{}'::text[];
     v_outcomes text[] := '{}'::text[];
-    v_plain jsonb := '[]'::jsonb;
+    v_checked boolean := FALSE;
+    v_positions integer[];
+    v_ids text[];
+    v_numbers integer[];
+    v_tokens uuid[];
+    v_results jsonb[];
+    v_events jsonb[];
+    v_settled text[];
     v_time timestamptz;
     v_field text;
-    v_done record;
     v_i integer;
     v_state text;
     v_message text;
@@ -104,137 +111,145 @@ BEGIN
         PERFORM _invalid('items', format('has %s items; at most 1000', jsonb_array_length(settle_and_claim.items)), v_hint);
     END IF;
 
-    -- Every item is validated before anything is locked or written. The
-    -- checks of an op's own fields are its function's (_normalize_events,
-    -- _normalize_wait, _check_time, _check_reason), which name that
-    -- function's parameter; the handler below names items instead, with the
-    -- item's position, since that is the parameter of this call.
-    BEGIN
-        FOR v_item IN SELECT i.value FROM jsonb_array_elements(settle_and_claim.items) AS i (value) LOOP
-            v_index := v_index + 1;
-            IF jsonb_typeof(v_item) <> 'object'
-                OR jsonb_typeof(v_item -> 'run_id') IS DISTINCT FROM 'string'
-                OR jsonb_typeof(v_item -> 'attempt') IS DISTINCT FROM 'number'
-                OR jsonb_typeof(v_item -> 'lease_token') IS DISTINCT FROM 'string' THEN
-                PERFORM _invalid('items', format('item %s needs run_id (a string), attempt (a number) and lease_token (a uuid string)', v_index), v_hint);
-            END IF;
-            IF v_item ? 'op' AND jsonb_typeof(v_item -> 'op') IS DISTINCT FROM 'string' THEN
-                PERFORM _invalid('items', format('item %s: op must be a string', v_index), v_hint);
-            END IF;
-            v_op := coalesce(v_item ->> 'op', 'complete');
-            v_fields := CASE v_op
-                WHEN 'complete' THEN ARRAY['result', 'final_events']
-                WHEN 'fail' THEN ARRAY['error', 'retry_at', 'final_events']
-                WHEN 'suspend' THEN ARRAY['wait', 'final_events']
-                WHEN 'release' THEN ARRAY['run_at', 'reason']
-            END;
-            IF v_fields IS NULL THEN
-                PERFORM _invalid('items', format('item %s: unknown op %L', v_index, v_op), v_hint);
-            END IF;
-            IF EXISTS (
-                SELECT 1 FROM jsonb_object_keys(v_item) AS k (name)
-                WHERE k.name NOT IN ('run_id', 'attempt', 'lease_token', 'op') AND k.name <> ALL(v_fields)
-            ) THEN
-                PERFORM _invalid('items', format('item %s: a field that a %s item does not take', v_index, v_op), v_hint);
-            END IF;
-            PERFORM _check_id('run_id', v_item ->> 'run_id');
-            IF (v_item ->> 'attempt') !~ '^[0-9]{1,9}$' OR (v_item ->> 'attempt')::integer < 1 THEN
-                PERFORM _invalid('items', format('item %s: attempt must be a positive integer', v_index), v_hint);
-            END IF;
-            IF (v_item ->> 'lease_token') !~* '^[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$' THEN
-                PERFORM _invalid('items', format('item %s: lease_token is not a uuid', v_index), v_hint);
-            END IF;
-            IF (v_item ->> 'run_id') = ANY(v_run_ids) THEN
-                PERFORM _invalid('items', format('item %s repeats run_id %L', v_index, v_item ->> 'run_id'), v_hint);
-            END IF;
-
-            IF v_item ? 'final_events' THEN
-                PERFORM _normalize_events('final_events', v_item -> 'final_events', FALSE);
-            END IF;
-            CASE v_op
-                WHEN 'complete' THEN
-                    IF jsonb_typeof(v_item -> 'result') = 'null' THEN
-                        PERFORM _invalid('items', format('item %s: result must not be null', v_index), v_hint);
-                    END IF;
-                    -- Completions without final events go to complete_attempts together.
-                    IF coalesce(v_item -> 'final_events', '[]'::jsonb) = '[]'::jsonb THEN
-                        v_op := 'plain';
-                        v_plain := v_plain || jsonb_build_array(v_item - 'op' - 'final_events');
-                    END IF;
-                WHEN 'fail' THEN
-                    IF coalesce(jsonb_typeof(v_item -> 'error'), 'null') = 'null' THEN
-                        PERFORM _invalid('items', format('item %s: a fail item needs error', v_index), v_hint);
-                    END IF;
-                    IF jsonb_typeof(v_item -> 'retry_at') NOT IN ('string', 'null') THEN
-                        PERFORM _invalid('items', format('item %s: retry_at must be a timestamp string', v_index), v_hint);
-                    END IF;
-                    v_field := 'retry_at';
-                    v_time := (v_item ->> 'retry_at')::timestamptz;
-                    PERFORM _check_time('retry_at', v_time);
-                WHEN 'suspend' THEN
-                    PERFORM _normalize_wait(v_item -> 'wait');
-                ELSE
-                    IF jsonb_typeof(v_item -> 'run_at') NOT IN ('string', 'null') THEN
-                        PERFORM _invalid('items', format('item %s: run_at must be a timestamp string', v_index), v_hint);
-                    END IF;
-                    v_field := 'run_at';
-                    v_time := (v_item ->> 'run_at')::timestamptz;
-                    PERFORM _check_time('run_at', v_time);
-                    IF jsonb_typeof(v_item -> 'reason') NOT IN ('string', 'null') THEN
-                        PERFORM _invalid('items', format('item %s: reason must be a string', v_index), v_hint);
-                    END IF;
-                    PERFORM _check_reason('reason', v_item ->> 'reason');
-            END CASE;
-            v_run_ids := v_run_ids || (v_item ->> 'run_id');
-            v_attempts := v_attempts || (v_item ->> 'attempt')::integer;
-            v_ops := v_ops || v_op;
-        END LOOP;
-    EXCEPTION WHEN invalid_parameter_value OR invalid_datetime_format OR datetime_field_overflow THEN
-        GET STACKED DIAGNOSTICS
-            v_state = RETURNED_SQLSTATE,
-            v_message = MESSAGE_TEXT,
-            v_column = COLUMN_NAME,
-            v_detail_hint = PG_EXCEPTION_HINT;
-        IF v_column = 'items' THEN
-            RAISE;
+    -- Every item is validated before anything is locked or written: first
+    -- what every item names (_check_item) and the shape of its op.
+    FOR v_item IN SELECT i.value FROM jsonb_array_elements(settle_and_claim.items) AS i (value) LOOP
+        v_index := v_index + 1;
+        PERFORM _check_item('items', v_index, v_item, v_run_ids, v_hint);
+        IF v_item ? 'op' AND jsonb_typeof(v_item -> 'op') IS DISTINCT FROM 'string' THEN
+            PERFORM _invalid('items', format('item %s: op must be a string', v_index), v_hint);
         END IF;
-        IF v_state <> '22023' THEN
-            v_message := format('%s is not a timestamp (%s)', v_field, v_message);
+        v_op := coalesce(v_item ->> 'op', 'complete');
+        v_fields := CASE v_op
+            WHEN 'complete' THEN ARRAY['result', 'final_events']
+            WHEN 'fail' THEN ARRAY['error', 'retry_at', 'final_events']
+            WHEN 'suspend' THEN ARRAY['wait', 'final_events']
+            WHEN 'release' THEN ARRAY['run_at', 'reason']
+        END;
+        IF v_fields IS NULL THEN
+            PERFORM _invalid('items', format('item %s: unknown op %L', v_index, v_op), v_hint);
         END IF;
-        PERFORM _invalid('items',
-            format('item %s: %s', v_index, regexp_replace(v_message, '^runrelay: ', '')),
-            coalesce(nullif(v_detail_hint, ''), v_hint));
-    END;
+        IF EXISTS (
+            SELECT 1 FROM jsonb_object_keys(v_item) AS k (name)
+            WHERE k.name NOT IN ('run_id', 'attempt', 'lease_token', 'op') AND k.name <> ALL(v_fields)
+        ) THEN
+            PERFORM _invalid('items', format('item %s: a field that a %s item does not take', v_index, v_op), v_hint);
+        END IF;
+        IF v_op = 'complete' AND jsonb_typeof(v_item -> 'result') = 'null' THEN
+            PERFORM _invalid('items', format('item %s: result must not be null', v_index), v_hint);
+        END IF;
+        v_run_ids := v_run_ids || (v_item ->> 'run_id');
+        v_attempts := v_attempts || (v_item ->> 'attempt')::integer;
+        v_ops := v_ops || v_op;
+        -- A completion without final_events has no field left to check.
+        v_checked := v_checked OR v_op <> 'complete' OR v_item ? 'final_events';
+    END LOOP;
 
-    -- A lone completion costs less by complete_attempt than by the batch path.
-    IF jsonb_array_length(v_plain) = 1 THEN
-        v_ops := array_replace(v_ops, 'plain', 'complete');
-        v_plain := '[]'::jsonb;
+    -- Then the op's own fields, by the checks of the op's function
+    -- (_normalize_events, _normalize_wait, _check_time, _check_reason), which
+    -- name that function's parameter; the handler names items instead, with
+    -- the item's position, since that is the parameter of this call. (A block
+    -- with a handler costs a subtransaction, so only when there is a field.)
+    IF v_checked THEN
+        BEGIN
+            FOR v_i IN 1 .. cardinality(v_run_ids) LOOP
+                v_index := v_i;  -- the handler names the item by it
+                v_item := settle_and_claim.items -> (v_i - 1);
+                IF v_item ? 'final_events' THEN
+                    PERFORM _normalize_events('final_events', v_item -> 'final_events', FALSE);
+                END IF;
+                CASE v_ops[v_i]
+                    WHEN 'complete' THEN
+                        NULL;
+                    WHEN 'fail' THEN
+                        IF coalesce(jsonb_typeof(v_item -> 'error'), 'null') = 'null' THEN
+                            PERFORM _invalid('items', format('item %s: a fail item needs error', v_index), v_hint);
+                        END IF;
+                        IF jsonb_typeof(v_item -> 'retry_at') NOT IN ('string', 'null') THEN
+                            PERFORM _invalid('items', format('item %s: retry_at must be a timestamp string', v_index), v_hint);
+                        END IF;
+                        v_field := 'retry_at';
+                        v_time := (v_item ->> 'retry_at')::timestamptz;
+                        PERFORM _check_time('retry_at', v_time);
+                    WHEN 'suspend' THEN
+                        PERFORM _normalize_wait(v_item -> 'wait');
+                    ELSE
+                        IF jsonb_typeof(v_item -> 'run_at') NOT IN ('string', 'null') THEN
+                            PERFORM _invalid('items', format('item %s: run_at must be a timestamp string', v_index), v_hint);
+                        END IF;
+                        v_field := 'run_at';
+                        v_time := (v_item ->> 'run_at')::timestamptz;
+                        PERFORM _check_time('run_at', v_time);
+                        IF jsonb_typeof(v_item -> 'reason') NOT IN ('string', 'null') THEN
+                            PERFORM _invalid('items', format('item %s: reason must be a string', v_index), v_hint);
+                        END IF;
+                        PERFORM _check_reason('reason', v_item ->> 'reason');
+                END CASE;
+            END LOOP;
+        EXCEPTION WHEN invalid_parameter_value OR invalid_datetime_format OR datetime_field_overflow THEN
+            GET STACKED DIAGNOSTICS
+                v_state = RETURNED_SQLSTATE,
+                v_message = MESSAGE_TEXT,
+                v_column = COLUMN_NAME,
+                v_detail_hint = PG_EXCEPTION_HINT;
+            IF v_column = 'items' THEN
+                RAISE;
+            END IF;
+            IF v_state <> '22023' THEN
+                v_message := format('%s is not a timestamp (%s)', v_field, v_message);
+            END IF;
+            PERFORM _invalid('items',
+                format('item %s: %s', v_index, regexp_replace(v_message, '^runrelay: ', '')),
+                coalesce(nullif(v_detail_hint, ''), v_hint));
+        END;
     END IF;
-    IF cardinality(v_run_ids) > 1 AND EXISTS (SELECT 1 FROM unnest(v_ops) AS o (op) WHERE o.op <> 'plain') THEN
+
+    -- Locks, in the custody order: every key lock first; with an item other
+    -- than a completion among several, every run row too, in run_id
+    -- COLLATE "C" order (the completions' routine locks its runs in that
+    -- order itself, and a lone item's function takes its own).
+    IF cardinality(v_run_ids) > 1 THEN
         PERFORM _lock_keys(v_run_ids);
-        PERFORM 1 FROM runs AS r
-        WHERE r.run_id = ANY(v_run_ids)
-        ORDER BY r.run_id COLLATE "C"
-        FOR NO KEY UPDATE;
+        IF 'complete' <> ANY(v_ops) THEN
+            PERFORM 1 FROM runs AS r
+            WHERE r.run_id = ANY(v_run_ids)
+            ORDER BY r.run_id COLLATE "C"
+            FOR NO KEY UPDATE;
+        END IF;
+    ELSIF v_ops[1] = 'complete' THEN
+        PERFORM _lock_key_of(v_run_ids[1]);
     END IF;
 
-    IF jsonb_array_length(v_plain) > 0 THEN
-        FOR v_done IN SELECT d.run_id, d.outcome FROM complete_attempts(v_plain) AS d LOOP
-            v_outcomes[array_position(v_run_ids, v_done.run_id)] := v_done.outcome;
+    -- The completions together, by the one completion routine (what
+    -- complete_attempt and complete_attempts run), in run_id order.
+    SELECT
+        array_agg(s.i ORDER BY v_run_ids[s.i] COLLATE "C"),
+        array_agg(v_run_ids[s.i] ORDER BY v_run_ids[s.i] COLLATE "C"),
+        array_agg(v_attempts[s.i] ORDER BY v_run_ids[s.i] COLLATE "C"),
+        array_agg((settle_and_claim.items -> (s.i - 1) ->> 'lease_token')::uuid ORDER BY v_run_ids[s.i] COLLATE "C"),
+        array_agg(coalesce(settle_and_claim.items -> (s.i - 1) -> 'result', '{}'::jsonb) ORDER BY v_run_ids[s.i] COLLATE "C"),
+        array_agg(
+            _normalize_events('final_events', coalesce(settle_and_claim.items -> (s.i - 1) -> 'final_events', '[]'::jsonb), FALSE)
+            ORDER BY v_run_ids[s.i] COLLATE "C"
+        )
+    INTO v_positions, v_ids, v_numbers, v_tokens, v_results, v_events
+    FROM generate_subscripts(v_ops, 1) AS s (i)
+    WHERE v_ops[s.i] = 'complete';
+    IF v_positions IS NOT NULL THEN
+        v_settled := _complete(v_ids, v_numbers, v_tokens, v_results, v_events);
+        FOR v_i IN 1 .. cardinality(v_positions) LOOP
+            v_outcomes[v_positions[v_i]] := v_settled[v_i];
         END LOOP;
     END IF;
+
+    -- Every other item by its own function, in run_id order.
     FOR v_i IN
         SELECT s.i FROM generate_subscripts(v_ops, 1) AS s (i)
-        WHERE v_ops[s.i] <> 'plain'
+        WHERE v_ops[s.i] <> 'complete'
         ORDER BY v_run_ids[s.i] COLLATE "C"
     LOOP
         v_item := settle_and_claim.items -> (v_i - 1);
         CASE v_ops[v_i]
-            WHEN 'complete' THEN
-                v_outcomes[v_i] := complete_attempt(
-                    v_run_ids[v_i], v_attempts[v_i], (v_item ->> 'lease_token')::uuid,
-                    coalesce(v_item -> 'result', '{}'::jsonb), coalesce(v_item -> 'final_events', '[]'::jsonb));
             WHEN 'fail' THEN
                 v_outcomes[v_i] := fail_attempt(
                     v_run_ids[v_i], v_attempts[v_i], (v_item ->> 'lease_token')::uuid,
