@@ -58,3 +58,14 @@ CREATE TYPE enqueue_runs_result AS (
     status text,
     created boolean
 );
+
+-- A claimed attempt: what claim_attempts returns, and _claim (in an array).
+CREATE TYPE claim_attempts_result AS (
+    run_id text,
+    attempt integer,
+    lease_token uuid,
+    queue text,
+    payload jsonb,
+    resume jsonb,
+    lease_expires_at timestamptz
+);

@@ -1,33 +1,16 @@
--- claim_attempts(): take up to max_runs runnable runs and open an attempt on each.
+-- claim_attempts(): take up to max_runs runnable runs and open an attempt on
+-- each. The claim itself is _claim (_internal/claim.sql), which
+-- settle_and_claim runs too; this validates the arguments and bounds the
+-- lock wait.
 --
--- Runnable (_runnable, _internal/runnable.sql): status queued, run_at due,
--- not held behind an earlier run of its concurrency key; best first
--- (priority DESC, run_at). Candidates are locked
--- FOR UPDATE SKIP LOCKED from the partial claim indexes (one index range per
--- queue, merged), so concurrent claimers never wait on one another and never
--- take the same run; the status re-check on the locked row guards the rest.
---
--- Before claiming, waits whose time has come on these queues are woken
--- (a due sleep; an event or detached_runner wait past timeout_at with resume
--- {"timed_out": true}), so no external scheduler is needed.
---
--- A candidate with a cancel marker is cancelled instead of started. The
--- others start together: one statement opens every attempt, one appends every
--- run.started, so a claim of 100 runs costs the statements of a claim of 1.
+-- Runnable (_runnable): status queued, run_at due, not held behind an earlier
+-- run of its concurrency key; best first (priority DESC, run_at), locked
+-- SKIP LOCKED, so concurrent claimers never wait on one another and never
+-- take the same run. Waits whose time has come on these queues are woken
+-- first. A candidate with a cancel marker is cancelled instead of started.
 -- Replay: with call_id, a repeated call returns the attempts the first call
--- opened (for the same worker), in the same order (attempts.claim_position),
--- and opens nothing; if the first call rolled back there is nothing to find
--- and the call claims afresh.
-CREATE TYPE claim_attempts_result AS (
-    run_id text,
-    attempt integer,
-    lease_token uuid,
-    queue text,
-    payload jsonb,
-    resume jsonb,
-    lease_expires_at timestamptz
-);
-
+-- opened (for the same worker), in the same order, and opens nothing; if the
+-- first call rolled back there is nothing to find and the call claims afresh.
 CREATE FUNCTION claim_attempts(
     worker text,
     queues text[] DEFAULT NULL,
@@ -43,123 +26,18 @@ SET search_path FROM CURRENT
 AS $$
 DECLARE
     v_caller_lock_timeout text := _bound_lock_wait();
-    v_now timestamptz;
-    v_lease interval := _lease(claim_attempts.lease_seconds);
     v_queues text[];
-    v_run runs;
-    v_run_id text;
-    v_run_ids text[];
-    v_claimed claim_attempts_result[];
-    v_started text[];
-    v_seqs bigint[];
-    v_payloads jsonb[];
 BEGIN
     PERFORM _require_read_committed();
     PERFORM _check_id('worker', claim_attempts.worker);
     PERFORM _check_int('max_runs', claim_attempts.max_runs, 1, 1000);
     v_queues := _check_queues(claim_attempts.queues);
-
-    IF claim_attempts.call_id IS NOT NULL AND EXISTS (
-        SELECT 1 FROM attempts AS a WHERE a.call_id = claim_attempts.call_id
-    ) THEN
-        RETURN QUERY
-        SELECT a.run_id, a.attempt, a.lease_token, r.queue, r.payload, r.resume, a.lease_expires_at
-        FROM attempts AS a
-        INNER JOIN runs AS r ON a.run_id = r.run_id
-        WHERE a.call_id = claim_attempts.call_id AND a.worker = claim_attempts.worker
-        ORDER BY a.claim_position;  -- the order the claim took them in
-        PERFORM _restore_lock_wait(v_caller_lock_timeout);
-        RETURN;
-    END IF;
-
-    -- Bounded so one claim never does unbounded work: with more than 1000
-    -- waits falling due at once, each claim wakes the 1000 oldest. The check
-    -- is the earliest wake_at, which the planner always answers with one probe
-    -- of runs_wake_any_idx; an EXISTS over `wake_at <= now` may be planned as
-    -- a scan over every waiting run (a generic plan cannot see how few are due).
-    v_now := _now();
-    IF (SELECT min(w.wake_at) FROM runs AS w) <= v_now THEN
-        PERFORM _wake_due(v_queues, 1000);
-    END IF;
-
-    SELECT array_agg(c.run_id ORDER BY c.ord) INTO v_run_ids
-    FROM _claim_candidates(v_queues, claim_attempts.max_runs, v_now) WITH ORDINALITY AS c (run_id, ord);
-    IF v_run_ids IS NULL THEN
-        PERFORM _restore_lock_wait(v_caller_lock_timeout);
-        RETURN;
-    END IF;
-
-    -- A candidate with a cancel marker is cancelled instead of started (a
-    -- probe per candidate, in a snapshot taken after the candidates were
-    -- locked). Rare, so one run at a time.
-    FOR v_run_id IN
-        SELECT v_run_ids[c.i] FROM generate_subscripts(v_run_ids, 1) AS c (i)
-        WHERE (SELECT TRUE FROM cancellations AS m WHERE m.run_id = v_run_ids[c.i]) IS NOT NULL
-    LOOP
-        v_run_ids := array_remove(v_run_ids, v_run_id);
-        SELECT r.* INTO v_run FROM runs AS r WHERE r.run_id = v_run_id;
-        IF _runnable(v_run.status, v_run.key_held, v_run.run_at, v_now)
-            -- Ending a keyed run needs its key lock; never wait for it here.
-            AND (v_run.concurrency_key IS NULL
-                OR pg_try_advisory_xact_lock(_key_lock_id(v_run.concurrency_key))) THEN
-            PERFORM _apply_marker(v_run);
-        END IF;
-    END LOOP;
-
-    -- The rest start together, in claim order: one statement re-reads each
-    -- locked row (the candidate scan's snapshot may predate a commit that
-    -- changed it, e.g. attempt_count) and opens the attempts; one more
-    -- appends every run.started.
-    WITH fresh AS (
-        SELECT r.run_id, c.ord
-        -- generate_subscripts, not unnest: unnest's row estimate is the array's
-        -- length in a custom plan and 10 in the generic one, so custom plans
-        -- always looked cheaper and PostgreSQL re-planned this statement on
-        -- every call (a third of a single claim's server time); this estimate
-        -- is the same in both, and the generic plan is kept.
-        FROM generate_subscripts(v_run_ids, 1) AS c (ord)
-        -- One primary-key probe per candidate. LIMIT keeps it a probe: joined
-        -- flat, the status filters match the claim indexes and the planner
-        -- may read every queued run and hash them against the candidates.
-        CROSS JOIN LATERAL (
-            SELECT r.run_id, r.status, r.key_held, r.run_at
-            FROM runs AS r WHERE r.run_id = v_run_ids[c.ord] LIMIT 1
-        ) AS r
-        WHERE _runnable(r.status, r.key_held, r.run_at, v_now)
-    ),
-    started AS (
-        UPDATE runs AS r
-        SET status = 'running', attempt_count = r.attempt_count + 1, updated_at = v_now,
-            ledger_seq = r.ledger_seq + 1
-        FROM fresh AS f
-        WHERE r.run_id = f.run_id
-        RETURNING r.run_id, r.attempt_count AS attempt, r.ledger_seq AS seq, r.queue, r.payload, r.resume, f.ord
-    ),
-    opened AS (
-        INSERT INTO attempts AS a (
-            run_id, attempt, worker, lease_token, status, claimed_at, heartbeat_at,
-            lease_expires_at, call_id, claim_position
-        )
-        SELECT
-            s.run_id, s.attempt, claim_attempts.worker, gen_random_uuid(), 'running', v_now, v_now,
-            v_now + v_lease, claim_attempts.call_id, s.ord
-        FROM started AS s
-        RETURNING a.run_id, a.lease_token
-    )
-    SELECT
-        array_agg(
-            (s.run_id, s.attempt, o.lease_token, s.queue, s.payload, s.resume, v_now + v_lease)::claim_attempts_result
-            ORDER BY s.ord
-        ),
-        array_agg(s.run_id ORDER BY s.ord),
-        array_agg(s.seq ORDER BY s.ord),
-        array_agg(jsonb_build_object('attempt', s.attempt, 'worker', claim_attempts.worker) ORDER BY s.ord)
-    INTO v_claimed, v_started, v_seqs, v_payloads
-    FROM started AS s
-    INNER JOIN opened AS o ON s.run_id = o.run_id;
-
-    PERFORM _emit_lifecycle(v_started, v_seqs, 'run.started', v_payloads);
-    RETURN QUERY SELECT c.* FROM unnest(v_claimed) AS c;
+    RETURN QUERY
+    SELECT c.*
+    FROM unnest(_claim(
+        claim_attempts.worker, v_queues, claim_attempts.max_runs,
+        _lease(claim_attempts.lease_seconds), claim_attempts.call_id
+    )) AS c;
     PERFORM _restore_lock_wait(v_caller_lock_timeout);
 END;
 $$;

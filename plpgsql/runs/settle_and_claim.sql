@@ -19,9 +19,9 @@
 -- completions together by _complete, the routine complete_attempt and
 -- complete_attempts run (complete.sql); every other item by fail_attempt,
 -- suspend_attempt or release_attempt, one at a time in run_id COLLATE "C"
--- order. The claim
--- is then exactly claim_attempts(worker, queues, max_runs, lease_seconds,
--- call_id); max_runs 0 settles only.
+-- order. The claim is then exactly claim_attempts(worker, queues, max_runs,
+-- lease_seconds, call_id), by the routine claim_attempts runs, _claim
+-- (claim.sql); max_runs 0 settles only.
 --
 -- Result: one 'settled' row per item, in item order (run_id, attempt,
 -- outcome); then one 'claimed' row per claimed run, in claim order, with
@@ -86,6 +86,7 @@ DECLARE
     v_attempts integer[] := '{}'::integer[];
     v_ops text[] := '{}'::text[];
     v_outcomes text[] := '{}'::text[];
+    v_queues text[];
     v_checked boolean := FALSE;
     v_positions integer[];
     v_ids text[];
@@ -105,7 +106,7 @@ BEGIN
     PERFORM _require_read_committed();
     PERFORM _check_id('worker', settle_and_claim.worker);
     PERFORM _check_int('max_runs', settle_and_claim.max_runs, 0, 1000);
-    PERFORM _check_queues(settle_and_claim.queues);
+    v_queues := _check_queues(settle_and_claim.queues);
     PERFORM _check_json('items', settle_and_claim.items, 'array');
     IF jsonb_array_length(settle_and_claim.items) > 1000 THEN
         PERFORM _invalid('items', format('has %s items; at most 1000', jsonb_array_length(settle_and_claim.items)), v_hint);
@@ -278,10 +279,10 @@ BEGIN
         SELECT
             'claimed'::text, c.run_id, c.attempt, NULL::text,
             c.lease_token, c.queue, c.payload, c.resume, c.lease_expires_at
-        FROM claim_attempts(
-            settle_and_claim.worker, settle_and_claim.queues, settle_and_claim.max_runs,
-            settle_and_claim.lease_seconds, settle_and_claim.call_id
-        ) WITH ORDINALITY AS c (run_id, attempt, lease_token, queue, payload, resume, lease_expires_at, ord)
+        FROM unnest(_claim(
+            settle_and_claim.worker, v_queues, settle_and_claim.max_runs,
+            _lease(settle_and_claim.lease_seconds), settle_and_claim.call_id
+        )) WITH ORDINALITY AS c (run_id, attempt, lease_token, queue, payload, resume, lease_expires_at, ord)
         ORDER BY c.ord;
     END IF;
     PERFORM _restore_lock_wait(v_caller_lock_timeout);

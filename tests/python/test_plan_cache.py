@@ -36,7 +36,7 @@ INITPLAN = re.compile(r"InitPlan \d+ \(returns ([$\d,]+)\)")
 #   the claim replay probe (call_id IS NULL folds the EXISTS away)
 #   ack_ledger's lane lookup and acknowledgement over event_id = ANY(ids)
 REPLANNED = (
-    "claim_attempts.call_id IS NOT NULL AND EXISTS (",
+    "p_call_id IS NOT NULL AND EXISTS (",
     "SELECT min(l.lane), count(DISTINCT l.lane)",
     "UPDATE ledger AS l",
 )
