@@ -30,10 +30,11 @@ CREATE SEQUENCE runs_key_position_seq AS bigint;
 -- State, not code: a table constraint depends on it, so the migrations'
 -- drop_code keeps it (support.py) and it changes only by a revision's
 -- upgrade.sql/downgrade.sql, like the table. IMMUTABLE and deterministic
--- (it reads its arguments only); no SET clause (it would cost every row a
--- configuration change): it names only built-in operators, and its callers
--- are the schema's functions, which pin the search_path. grants.sql revokes
--- EXECUTE from PUBLIC as for every function; only the owner writes runs.
+-- (it reads its arguments only). Its search_path is pinned like every
+-- function's, so a writer's path cannot change which operators the rules
+-- use (measured: the SET clause costs nothing visible per job). grants.sql
+-- revokes EXECUTE from PUBLIC as for every function; only the owner writes
+-- runs, through the schema's functions.
 CREATE FUNCTION _runs_rules(
     p_run_id text,
     p_queue text,
@@ -54,6 +55,7 @@ RETURNS boolean
 LANGUAGE plpgsql
 IMMUTABLE
 PARALLEL SAFE
+SET search_path FROM CURRENT
 AS $$
 DECLARE
     v_broken text;

@@ -35,6 +35,7 @@ RETURNS boolean
 LANGUAGE plpgsql
 IMMUTABLE
 PARALLEL SAFE
+SET search_path FROM CURRENT
 AS $$
 DECLARE
     v_broken text;

@@ -32,6 +32,7 @@ RETURNS boolean
 LANGUAGE plpgsql
 IMMUTABLE
 PARALLEL SAFE
+SET search_path FROM CURRENT
 AS $$
 DECLARE
     v_broken text;
@@ -96,6 +97,7 @@ RETURNS boolean
 LANGUAGE plpgsql
 IMMUTABLE
 PARALLEL SAFE
+SET search_path FROM CURRENT
 AS $$
 DECLARE
     v_broken text;
