@@ -10,6 +10,101 @@
 -- enqueue and every terminal transition take.
 CREATE SEQUENCE runs_key_position_seq AS bigint;
 
+-- _runs_rules(): the row rules of a run, the table's last line of defence
+-- behind the functions that write it. The runs_rules CHECK below calls it with
+-- the columns the rules read; each rule keeps its own name, and a row that
+-- breaks one fails with the error a CHECK constraint of that name raises:
+-- SQLSTATE 23514 (check_violation), `new row for relation "runs" violates
+-- check constraint "runs_status"`, the rule's name in the error's constraint
+-- field. When a row breaks several rules, the first by name is reported, as
+-- PostgreSQL does for separate CHECK constraints (it checks them by name).
+--
+-- Why one function instead of fourteen CHECK constraints: PostgreSQL 15
+-- rebuilds every CHECK expression of a table for each statement that writes
+-- it (it parses the stored node text, plans and compiles the expression), so
+-- fourteen expressions cost far more than the rows they check. This
+-- constraint's expression is one call; PL/pgSQL plans the rules once per
+-- session and compiles them once per transaction. The CASE arm for a rule
+-- holds NOT of what the rule's CHECK held, so a NULL passes as in a CHECK.
+--
+-- State, not code: a table constraint depends on it, so the migrations'
+-- drop_code keeps it (support.py) and it changes only by a revision's
+-- upgrade.sql/downgrade.sql, like the table. IMMUTABLE and deterministic
+-- (it reads its arguments only). Its search_path is pinned like every
+-- function's, so a writer's path cannot change which operators the rules
+-- use (measured: the SET clause costs nothing visible per job). grants.sql
+-- revokes EXECUTE from PUBLIC as for every function; only the owner writes
+-- runs, through the schema's functions.
+CREATE FUNCTION _runs_rules(
+    p_run_id text,
+    p_queue text,
+    p_status text,
+    p_finished_at timestamptz,
+    p_wait jsonb,
+    p_wake_at timestamptz,
+    p_payload_retention text,
+    p_max_attempts integer,
+    p_attempt_count integer,
+    p_concurrency_key text,
+    p_key_position bigint,
+    p_key_held boolean,
+    p_result jsonb,
+    p_ledger_seq bigint
+)
+RETURNS boolean
+LANGUAGE plpgsql
+IMMUTABLE
+PARALLEL SAFE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_broken text;
+BEGIN
+    v_broken := CASE
+        WHEN NOT (p_attempt_count >= 0) THEN 'runs_attempt_count'
+        WHEN NOT (p_status <> 'completed' OR p_result IS NOT NULL)
+            THEN 'runs_completed_has_result'
+        WHEN NOT (
+            (p_status IN ('completed', 'failed', 'cancelled'))
+            = (p_finished_at IS NOT NULL)
+        ) THEN 'runs_finished_iff_terminal'
+        WHEN NOT (
+            NOT p_key_held OR (p_concurrency_key IS NOT NULL AND p_status = 'queued')
+        ) THEN 'runs_key_held_only_queued'
+        WHEN NOT ((p_concurrency_key IS NULL) = (p_key_position IS NULL))
+            THEN 'runs_key_position_iff_key'
+        WHEN NOT (p_ledger_seq >= 0) THEN 'runs_ledger_seq'
+        WHEN NOT (p_max_attempts BETWEEN 1 AND 1000) THEN 'runs_max_attempts'
+        WHEN NOT (p_payload_retention IN ('keep', 'drop_on_delivery'))
+            THEN 'runs_payload_retention'
+        WHEN NOT (length(p_queue) BETWEEN 1 AND 200) THEN 'runs_queue_length'
+        WHEN NOT (length(p_run_id) BETWEEN 1 AND 200) THEN 'runs_run_id_length'
+        WHEN NOT (p_status NOT IN ('running', 'waiting') OR p_attempt_count >= 1)
+            THEN 'runs_started_has_attempt'
+        WHEN NOT (
+            p_status IN (
+                'queued', 'running', 'waiting', 'completed', 'failed', 'cancelled'
+            )
+        ) THEN 'runs_status'
+        WHEN NOT ((p_status = 'waiting') = (p_wait IS NOT NULL))
+            THEN 'runs_wait_iff_waiting'
+        WHEN NOT (p_wake_at IS NULL OR p_status = 'waiting')
+            THEN 'runs_wake_at_only_waiting'
+    END;
+    IF v_broken IS NULL THEN
+        RETURN TRUE;
+    END IF;
+    RAISE EXCEPTION 'new row for relation "runs" violates check constraint "%"', v_broken
+        USING ERRCODE = 'check_violation', CONSTRAINT = v_broken, TABLE = 'runs';
+END;
+$$;
+
+COMMENT ON FUNCTION _runs_rules(
+    text, text, text, timestamptz, jsonb, timestamptz, text, integer, integer,
+    text, bigint, boolean, jsonb, bigint
+) IS
+'The row rules of runs (the runs_rules CHECK): true, or a 23514 error naming the rule the row breaks.';
+
 CREATE TABLE runs (
     run_id text PRIMARY KEY,
     queue text NOT NULL,
@@ -32,41 +127,14 @@ CREATE TABLE runs (
     created_at timestamptz NOT NULL,
     updated_at timestamptz NOT NULL,
     finished_at timestamptz,
-    CONSTRAINT runs_run_id_length CHECK (length(run_id) BETWEEN 1 AND 200),
-    CONSTRAINT runs_queue_length CHECK (length(queue) BETWEEN 1 AND 200),
-    CONSTRAINT runs_status CHECK (
-        status IN (
-            'queued', 'running', 'waiting', 'completed', 'failed', 'cancelled'
+    -- Every row rule of a run, one per name; see _runs_rules above.
+    CONSTRAINT runs_rules CHECK (
+        _runs_rules(
+            run_id, queue, status, finished_at, wait, wake_at, payload_retention,
+            max_attempts, attempt_count, concurrency_key, key_position, key_held,
+            result, ledger_seq
         )
-    ),
-    CONSTRAINT runs_finished_iff_terminal CHECK (
-        (status IN ('completed', 'failed', 'cancelled'))
-        = (finished_at IS NOT NULL)
-    ),
-    CONSTRAINT runs_wait_iff_waiting CHECK (
-        (status = 'waiting') = (wait IS NOT NULL)
-    ),
-    CONSTRAINT runs_wake_at_only_waiting CHECK (
-        wake_at IS NULL OR status = 'waiting'
-    ),
-    CONSTRAINT runs_payload_retention CHECK (
-        payload_retention IN ('keep', 'drop_on_delivery')
-    ),
-    CONSTRAINT runs_max_attempts CHECK (max_attempts BETWEEN 1 AND 1000),
-    CONSTRAINT runs_attempt_count CHECK (attempt_count >= 0),
-    CONSTRAINT runs_started_has_attempt CHECK (
-        status NOT IN ('running', 'waiting') OR attempt_count >= 1
-    ),
-    CONSTRAINT runs_key_position_iff_key CHECK (
-        (concurrency_key IS NULL) = (key_position IS NULL)
-    ),
-    CONSTRAINT runs_key_held_only_queued CHECK (
-        NOT key_held OR (concurrency_key IS NOT NULL AND status = 'queued')
-    ),
-    CONSTRAINT runs_completed_has_result CHECK (
-        status <> 'completed' OR result IS NOT NULL
-    ),
-    CONSTRAINT runs_ledger_seq CHECK (ledger_seq >= 0)
+    )
 ) WITH (
     fillfactor = 80,
     autovacuum_vacuum_scale_factor = 0.02,

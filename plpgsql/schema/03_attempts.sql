@@ -8,6 +8,82 @@
 -- Ended statuses: completed, failed, lost (a reaped lease), cancelled,
 -- resumed (a wait ended) and released (release_attempt handed the run back).
 -- Only failed and lost attempts count against the run's max_attempts.
+
+-- _attempts_rules(): the row rules of an attempt, called by the
+-- attempts_rules CHECK below. Built as _runs_rules (02_runs.sql) is, for the
+-- same reason, and state in the same way: a broken rule fails with the error a
+-- CHECK constraint of its name raises (23514, `new row for relation
+-- "attempts" violates check constraint "attempts_status"`), the first broken
+-- rule by name when there are several.
+--
+-- attempts_outcome lists what a fenced write that ended the live phase
+-- answered (SPEC §3.2): complete, fail / reap (retry_scheduled, failed),
+-- cancellation, suspend (waiting, or resumed when a stored signal woke it at
+-- once) and release_attempt.
+CREATE FUNCTION _attempts_rules(
+    p_attempt integer,
+    p_status text,
+    p_lease_expires_at timestamptz,
+    p_finished_at timestamptz,
+    p_wait jsonb,
+    p_runner_result_received_at timestamptz,
+    p_runner_result jsonb,
+    p_outcome text,
+    p_outcome_op text
+)
+RETURNS boolean
+LANGUAGE plpgsql
+IMMUTABLE
+PARALLEL SAFE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_broken text;
+BEGIN
+    v_broken := CASE
+        WHEN NOT (p_attempt >= 1) THEN 'attempts_attempt'
+        WHEN NOT (
+            (
+                p_status IN (
+                    'completed', 'failed', 'cancelled', 'lost', 'resumed', 'released'
+                )
+            )
+            = (p_finished_at IS NOT NULL)
+        ) THEN 'attempts_finished_iff_ended'
+        WHEN NOT (
+            p_outcome IN (
+                'completed', 'retry_scheduled', 'failed', 'cancelled', 'waiting',
+                'resumed', 'released'
+            )
+        ) THEN 'attempts_outcome'
+        WHEN NOT ((p_outcome IS NULL) = (p_outcome_op IS NULL))
+            THEN 'attempts_outcome_op'
+        WHEN NOT (p_runner_result_received_at IS NULL OR p_runner_result IS NOT NULL)
+            THEN 'attempts_received_has_result'
+        WHEN NOT (p_status <> 'running' OR p_lease_expires_at IS NOT NULL)
+            THEN 'attempts_running_has_lease'
+        WHEN NOT (
+            p_status IN (
+                'running', 'completed', 'failed', 'cancelled', 'waiting', 'lost',
+                'resumed', 'released'
+            )
+        ) THEN 'attempts_status'
+        WHEN NOT (p_status <> 'waiting' OR p_wait IS NOT NULL)
+            THEN 'attempts_waiting_has_wait'
+    END;
+    IF v_broken IS NULL THEN
+        RETURN TRUE;
+    END IF;
+    RAISE EXCEPTION 'new row for relation "attempts" violates check constraint "%"', v_broken
+        USING ERRCODE = 'check_violation', CONSTRAINT = v_broken, TABLE = 'attempts';
+END;
+$$;
+
+COMMENT ON FUNCTION _attempts_rules(
+    integer, text, timestamptz, timestamptz, jsonb, timestamptz, jsonb, text, text
+) IS
+'The row rules of attempts (the attempts_rules CHECK): true, or a 23514 error naming the rule the row breaks.';
+
 CREATE TABLE attempts (
     run_id text NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
     attempt integer NOT NULL,
@@ -29,41 +105,13 @@ CREATE TABLE attempts (
     -- replayed claim answers in exactly the original order.
     claim_position integer,
     PRIMARY KEY (run_id, attempt),
-    CONSTRAINT attempts_attempt CHECK (attempt >= 1),
-    CONSTRAINT attempts_status CHECK (
-        status IN (
-            'running', 'completed', 'failed', 'cancelled', 'waiting', 'lost',
-            'resumed', 'released'
+    -- Every row rule of an attempt, one per name; see _attempts_rules above.
+    CONSTRAINT attempts_rules CHECK (
+        _attempts_rules(
+            attempt, status, lease_expires_at, finished_at, wait,
+            runner_result_received_at, runner_result, outcome, outcome_op
         )
-    ),
-    CONSTRAINT attempts_running_has_lease CHECK (
-        status <> 'running' OR lease_expires_at IS NOT NULL
-    ),
-    CONSTRAINT attempts_finished_iff_ended CHECK (
-        (
-            status IN (
-                'completed', 'failed', 'cancelled', 'lost', 'resumed', 'released'
-            )
-        )
-        = (finished_at IS NOT NULL)
-    ),
-    CONSTRAINT attempts_waiting_has_wait CHECK (
-        status <> 'waiting' OR wait IS NOT NULL
-    ),
-    CONSTRAINT attempts_received_has_result CHECK (
-        runner_result_received_at IS NULL OR runner_result IS NOT NULL
-    ),
-    -- What a fenced write that ended the live phase answered (SPEC §3.2):
-    -- complete, fail / reap (retry_scheduled, failed), cancellation,
-    -- suspend (waiting, or resumed when a stored signal woke it at once)
-    -- and release_attempt.
-    CONSTRAINT attempts_outcome CHECK (
-        outcome IN (
-            'completed', 'retry_scheduled', 'failed', 'cancelled', 'waiting',
-            'resumed', 'released'
-        )
-    ),
-    CONSTRAINT attempts_outcome_op CHECK ((outcome IS NULL) = (outcome_op IS NULL))
+    )
 ) WITH (autovacuum_vacuum_scale_factor = 0.02, autovacuum_analyze_scale_factor = 0.02);
 
 -- The reaper's path: live leases by expiry.

@@ -6,6 +6,9 @@ a revision drops all code in the schema and installs its own, assembled from
 the ``frozen/<rev>/code.patch`` chain (see ``codetree``), so the database holds
 exactly that revision's functions whichever revision it came from. Tables
 evolve by the revision's hand-written ``upgrade.sql`` / ``downgrade.sql``.
+A function that a table constraint calls (a table's rules function, such as
+``_runs_rules``) belongs to the table, not to the code: ``drop_code`` keeps it,
+and it changes with the table, in ``upgrade.sql`` / ``downgrade.sql``.
 """
 
 from __future__ import annotations
@@ -42,6 +45,14 @@ BEGIN
         SELECT p.oid::regprocedure AS name
         FROM pg_catalog.pg_proc AS p
         WHERE p.pronamespace = current_schema()::regnamespace
+          -- A function a table constraint calls is the table's (state).
+          AND NOT EXISTS (
+              SELECT 1
+              FROM pg_catalog.pg_depend AS d
+              WHERE d.classid = 'pg_catalog.pg_constraint'::regclass
+                AND d.refclassid = 'pg_catalog.pg_proc'::regclass
+                AND d.refobjid = p.oid
+          )
     LOOP
         EXECUTE format('DROP FUNCTION %s', v_obj.name);
     END LOOP;

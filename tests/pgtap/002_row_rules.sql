@@ -1,0 +1,219 @@
+-- The row rules of runs and attempts (the runs_rules and attempts_rules
+-- CHECK constraints, which call _runs_rules and _attempts_rules): each rule
+-- rejects a row that breaks it with SQLSTATE 23514 and the message a CHECK
+-- constraint of the rule's name gives, so the error still says which rule.
+-- Each statement below breaks exactly one rule of a legal row, unless it says
+-- two: then the first broken rule by name is reported, as PostgreSQL orders
+-- separate CHECK constraints.
+BEGIN;
+SELECT plan(38);
+
+SELECT tests.insert_run('rr');
+SELECT tests.insert_run('ra');
+INSERT INTO runrelay.attempts (run_id, attempt, worker, lease_token, status, claimed_at, lease_expires_at)
+VALUES ('ra', 1, 'w', gen_random_uuid(), 'running', now(), now() + interval '1 minute');
+
+SELECT throws_ok(
+    $$ UPDATE runrelay.runs SET run_id = '' WHERE run_id = 'rr' $$,
+    '23514', 'new row for relation "runs" violates check constraint "runs_run_id_length"',
+    'runs: an empty run_id breaks runs_run_id_length'
+);
+SELECT throws_ok(
+    $$ UPDATE runrelay.runs SET run_id = repeat('x', 201) WHERE run_id = 'rr' $$,
+    '23514', 'new row for relation "runs" violates check constraint "runs_run_id_length"',
+    'runs: a run_id over 200 characters breaks runs_run_id_length'
+);
+SELECT throws_ok(
+    $$ UPDATE runrelay.runs SET queue = '' WHERE run_id = 'rr' $$,
+    '23514', 'new row for relation "runs" violates check constraint "runs_queue_length"',
+    'runs: an empty queue breaks runs_queue_length'
+);
+SELECT throws_ok(
+    $$ UPDATE runrelay.runs SET status = 'done' WHERE run_id = 'rr' $$,
+    '23514', 'new row for relation "runs" violates check constraint "runs_status"',
+    'runs: an unknown status breaks runs_status'
+);
+SELECT throws_ok(
+    $$ UPDATE runrelay.runs SET status = 'failed' WHERE run_id = 'rr' $$,
+    '23514', 'new row for relation "runs" violates check constraint "runs_finished_iff_terminal"',
+    'runs: a terminal run without finished_at breaks runs_finished_iff_terminal'
+);
+SELECT throws_ok(
+    $$ UPDATE runrelay.runs SET finished_at = now() WHERE run_id = 'rr' $$,
+    '23514', 'new row for relation "runs" violates check constraint "runs_finished_iff_terminal"',
+    'runs: a live run with finished_at breaks runs_finished_iff_terminal'
+);
+SELECT throws_ok(
+    $$ UPDATE runrelay.runs SET status = 'waiting', attempt_count = 1 WHERE run_id = 'rr' $$,
+    '23514', 'new row for relation "runs" violates check constraint "runs_wait_iff_waiting"',
+    'runs: a waiting run without a wait breaks runs_wait_iff_waiting'
+);
+SELECT throws_ok(
+    $$ UPDATE runrelay.runs SET wait = '{}' WHERE run_id = 'rr' $$,
+    '23514', 'new row for relation "runs" violates check constraint "runs_wait_iff_waiting"',
+    'runs: a queued run with a wait breaks runs_wait_iff_waiting'
+);
+SELECT throws_ok(
+    $$ UPDATE runrelay.runs SET wake_at = now() WHERE run_id = 'rr' $$,
+    '23514', 'new row for relation "runs" violates check constraint "runs_wake_at_only_waiting"',
+    'runs: a queued run with wake_at breaks runs_wake_at_only_waiting'
+);
+SELECT throws_ok(
+    $$ UPDATE runrelay.runs SET payload_retention = 'forever' WHERE run_id = 'rr' $$,
+    '23514', 'new row for relation "runs" violates check constraint "runs_payload_retention"',
+    'runs: an unknown payload_retention breaks runs_payload_retention'
+);
+SELECT throws_ok(
+    $$ UPDATE runrelay.runs SET max_attempts = 0 WHERE run_id = 'rr' $$,
+    '23514', 'new row for relation "runs" violates check constraint "runs_max_attempts"',
+    'runs: max_attempts 0 breaks runs_max_attempts'
+);
+SELECT throws_ok(
+    $$ UPDATE runrelay.runs SET max_attempts = 1001 WHERE run_id = 'rr' $$,
+    '23514', 'new row for relation "runs" violates check constraint "runs_max_attempts"',
+    'runs: max_attempts 1001 breaks runs_max_attempts'
+);
+SELECT throws_ok(
+    $$ UPDATE runrelay.runs SET attempt_count = -1 WHERE run_id = 'rr' $$,
+    '23514', 'new row for relation "runs" violates check constraint "runs_attempt_count"',
+    'runs: a negative attempt_count breaks runs_attempt_count'
+);
+SELECT throws_ok(
+    $$ UPDATE runrelay.runs SET status = 'running' WHERE run_id = 'rr' $$,
+    '23514', 'new row for relation "runs" violates check constraint "runs_started_has_attempt"',
+    'runs: a running run without an attempt breaks runs_started_has_attempt'
+);
+SELECT throws_ok(
+    $$ UPDATE runrelay.runs SET concurrency_key = 'k' WHERE run_id = 'rr' $$,
+    '23514', 'new row for relation "runs" violates check constraint "runs_key_position_iff_key"',
+    'runs: a concurrency key without a position breaks runs_key_position_iff_key'
+);
+SELECT throws_ok(
+    $$ UPDATE runrelay.runs SET key_held = TRUE WHERE run_id = 'rr' $$,
+    '23514', 'new row for relation "runs" violates check constraint "runs_key_held_only_queued"',
+    'runs: key_held without a concurrency key breaks runs_key_held_only_queued'
+);
+SELECT throws_ok(
+    $$ UPDATE runrelay.runs SET status = 'completed', finished_at = now() WHERE run_id = 'rr' $$,
+    '23514', 'new row for relation "runs" violates check constraint "runs_completed_has_result"',
+    'runs: a completed run without a result breaks runs_completed_has_result'
+);
+SELECT throws_ok(
+    $$ UPDATE runrelay.runs SET ledger_seq = -1 WHERE run_id = 'rr' $$,
+    '23514', 'new row for relation "runs" violates check constraint "runs_ledger_seq"',
+    'runs: a negative ledger_seq breaks runs_ledger_seq'
+);
+SELECT throws_ok(
+    $$ SELECT tests.insert_run('bad-insert', 'exploded') $$,
+    '23514', 'new row for relation "runs" violates check constraint "runs_status"',
+    'runs: an INSERT with an unknown status breaks runs_status'
+);
+SELECT throws_ok(
+    $$ UPDATE runrelay.runs SET status = 'done', attempt_count = -1 WHERE run_id = 'rr' $$,
+    '23514', 'new row for relation "runs" violates check constraint "runs_attempt_count"',
+    'runs: two broken rules: the first by name breaks runs_attempt_count'
+);
+SELECT throws_ok(
+    $$ UPDATE runrelay.attempts SET attempt = 0 WHERE run_id = 'ra' $$,
+    '23514', 'new row for relation "attempts" violates check constraint "attempts_attempt"',
+    'attempts: attempt 0 breaks attempts_attempt'
+);
+SELECT throws_ok(
+    $$ UPDATE runrelay.attempts SET status = 'exploded' WHERE run_id = 'ra' $$,
+    '23514', 'new row for relation "attempts" violates check constraint "attempts_status"',
+    'attempts: an unknown status breaks attempts_status'
+);
+SELECT throws_ok(
+    $$ UPDATE runrelay.attempts SET lease_expires_at = NULL WHERE run_id = 'ra' $$,
+    '23514', 'new row for relation "attempts" violates check constraint "attempts_running_has_lease"',
+    'attempts: a running attempt without a lease breaks attempts_running_has_lease'
+);
+SELECT throws_ok(
+    $$ UPDATE runrelay.attempts SET status = 'completed' WHERE run_id = 'ra' $$,
+    '23514', 'new row for relation "attempts" violates check constraint "attempts_finished_iff_ended"',
+    'attempts: an ended attempt without finished_at breaks attempts_finished_iff_ended'
+);
+SELECT throws_ok(
+    $$ UPDATE runrelay.attempts SET finished_at = now() WHERE run_id = 'ra' $$,
+    '23514', 'new row for relation "attempts" violates check constraint "attempts_finished_iff_ended"',
+    'attempts: a running attempt with finished_at breaks attempts_finished_iff_ended'
+);
+SELECT throws_ok(
+    $$ UPDATE runrelay.attempts SET status = 'waiting' WHERE run_id = 'ra' $$,
+    '23514', 'new row for relation "attempts" violates check constraint "attempts_waiting_has_wait"',
+    'attempts: a waiting attempt without a wait breaks attempts_waiting_has_wait'
+);
+SELECT throws_ok(
+    $$ UPDATE runrelay.attempts SET runner_result_received_at = now() WHERE run_id = 'ra' $$,
+    '23514', 'new row for relation "attempts" violates check constraint "attempts_received_has_result"',
+    'attempts: a received result that is missing breaks attempts_received_has_result'
+);
+SELECT throws_ok(
+    $$ UPDATE runrelay.attempts SET outcome = 'fence_lost', outcome_op = 'complete' WHERE run_id = 'ra' $$,
+    '23514', 'new row for relation "attempts" violates check constraint "attempts_outcome"',
+    'attempts: an unknown outcome breaks attempts_outcome'
+);
+SELECT throws_ok(
+    $$ UPDATE runrelay.attempts SET outcome = 'completed' WHERE run_id = 'ra' $$,
+    '23514', 'new row for relation "attempts" violates check constraint "attempts_outcome_op"',
+    'attempts: an outcome without its operation breaks attempts_outcome_op'
+);
+SELECT throws_ok(
+    $$ INSERT INTO runrelay.attempts (run_id, attempt, worker, lease_token, status, claimed_at)
+       VALUES ('ra', 2, 'w', gen_random_uuid(), 'running', now()) $$,
+    '23514', 'new row for relation "attempts" violates check constraint "attempts_running_has_lease"',
+    'attempts: an INSERT of a running attempt without a lease breaks attempts_running_has_lease'
+);
+SELECT throws_ok(
+    $$ UPDATE runrelay.attempts SET status = 'nope', outcome = 'nope', outcome_op = 'x' WHERE run_id = 'ra' $$,
+    '23514', 'new row for relation "attempts" violates check constraint "attempts_outcome"',
+    'attempts: two broken rules: the first by name breaks attempts_outcome'
+);
+SELECT lives_ok(
+    $$ UPDATE runrelay.runs SET status = 'completed', finished_at = now(), result = '{}' WHERE run_id = 'rr' $$,
+    'a completed run with its result and finished_at is accepted'
+);
+SELECT lives_ok(
+    $$ UPDATE runrelay.attempts
+       SET status = 'completed', finished_at = now(), lease_expires_at = NULL,
+           outcome = 'completed', outcome_op = 'complete'
+       WHERE run_id = 'ra' $$,
+    'a completed attempt with its outcome is accepted'
+);
+
+SELECT volatility_is(
+    'runrelay', '_runs_rules',
+    ARRAY[
+        'text', 'text', 'text', 'timestamp with time zone', 'jsonb', 'timestamp with time zone',
+        'text', 'integer', 'integer', 'text', 'bigint', 'boolean', 'jsonb', 'bigint'
+    ],
+    'immutable', '_runs_rules is IMMUTABLE'
+);
+SELECT volatility_is(
+    'runrelay', '_attempts_rules',
+    ARRAY[
+        'integer', 'text', 'timestamp with time zone', 'timestamp with time zone', 'jsonb',
+        'timestamp with time zone', 'jsonb', 'text', 'text'
+    ],
+    'immutable', '_attempts_rules is IMMUTABLE'
+);
+SELECT
+    ok(
+        NOT has_function_privilege('public', p.oid, 'EXECUTE'),
+        p.proname || ' is not executable by PUBLIC'
+    )
+FROM pg_catalog.pg_proc AS p
+WHERE p.pronamespace = 'runrelay'::regnamespace AND p.proname IN ('_runs_rules', '_attempts_rules')
+ORDER BY p.proname;
+SELECT is(
+    (
+        SELECT array_agg(c.conname::text ORDER BY c.conname)
+        FROM pg_catalog.pg_constraint AS c
+        WHERE c.conrelid IN ('runrelay.runs'::regclass, 'runrelay.attempts'::regclass) AND c.contype = 'c'
+    ),
+    ARRAY['attempts_rules', 'runs_rules'],
+    'runs and attempts each have one CHECK, which calls their rules function'
+);
+
+SELECT * FROM finish();
+ROLLBACK;
