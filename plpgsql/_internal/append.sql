@@ -59,15 +59,26 @@ DECLARE
     v_head bigint;
 BEGIN
     IF cardinality(p_run_ids) = 1 THEN
-        -- One lane (every single-run write): a lane whose head is live is
-        -- left alone, as below, and one primary-key probe is enough to see
-        -- that; the statement below, every CTE of which starts even when it
-        -- has nothing to do, costs several times more.
+        -- One lane (every single-run write), decided as below with one
+        -- primary-key probe where it can be: the statement below, every CTE
+        -- of which starts even when it has nothing to do, costs several
+        -- times more. A lane whose head is live is left alone; a lane seen
+        -- for the first time (a run's first event) is created, as `created`
+        -- does. Only an empty lane needs the statement.
         SELECT t.head_seq INTO v_head
         FROM ledger_lanes AS t
         WHERE t.run_id = p_run_ids[1] AND t.lane = p_lanes[1];
         IF v_head IS NOT NULL THEN
             RETURN 0;
+        END IF;
+        IF NOT FOUND THEN
+            INSERT INTO ledger_lanes AS ll (run_id, lane, head_seq, available_at)
+            VALUES (p_run_ids[1], p_lanes[1], p_first_seqs[1], v_now)
+            ON CONFLICT (run_id, lane) DO NOTHING;
+            IF FOUND THEN
+                PERFORM pg_notify('runrelay_ledger', p_run_ids[1]);
+                RETURN 1;
+            END IF;
         END IF;
     END IF;
     WITH written AS (
@@ -240,8 +251,8 @@ COMMENT ON FUNCTION _append(text, jsonb) IS
 -- several runs (a batch claim's run.started, a batch completion's
 -- run.completed; _emit passes one). The caller holds the runs' row locks and
 -- reserved each seq with ledger_seq + 1 in its own UPDATE of the run. One
--- statement writes the events (in array order) and moves their lifecycle
--- lanes by _wake_lanes, the rule _append follows. Returns what _wake_lanes
+-- statement writes the events, then _wake_lanes, the rule _append follows,
+-- moves their lifecycle lanes. Returns what _wake_lanes
 -- does: how many of the runs it notified on runrelay_ledger.
 CREATE FUNCTION _emit_lifecycle(
     p_run_ids text[],
@@ -259,23 +270,21 @@ DECLARE
     v_now timestamptz := _now();
     v_notified integer;
 BEGIN
-    WITH events AS (
-        INSERT INTO ledger AS l (
-            run_id, lane, seq, type, payload, delivery_key, transport_only,
-            created_at, next_attempt_at
-        )
-        -- generate_subscripts: the same row estimate in custom and generic
-        -- plans, so the generic plan is kept (see claim_attempts).
-        SELECT
-            p_run_ids[g.i], 'lifecycle', p_seqs[g.i], p_type, coalesce(p_payloads[g.i], 'null'::jsonb),
-            p_run_ids[g.i] || ':' || p_seqs[g.i], p_transport_only, v_now, v_now
-        FROM generate_subscripts(p_run_ids, 1) AS g (i)
-        ORDER BY g.i
-        RETURNING l.run_id, l.lane, l.seq
+    IF coalesce(cardinality(p_run_ids), 0) = 0 THEN
+        RETURN 0;
+    END IF;
+    -- generate_subscripts: the same row estimate in custom and generic
+    -- plans, so the generic plan is kept (see _claim). One event per run, so
+    -- the order of the rows does not matter.
+    INSERT INTO ledger AS l (
+        run_id, lane, seq, type, payload, delivery_key, transport_only,
+        created_at, next_attempt_at
     )
-    SELECT _wake_lanes(array_agg(e.run_id), array_agg(e.lane), array_agg(e.seq))
-    INTO v_notified
-    FROM events AS e;
+    SELECT
+        p_run_ids[g.i], 'lifecycle', p_seqs[g.i], p_type, coalesce(p_payloads[g.i], 'null'::jsonb),
+        p_run_ids[g.i] || ':' || p_seqs[g.i], p_transport_only, v_now, v_now
+    FROM generate_subscripts(p_run_ids, 1) AS g (i);
+    v_notified := _wake_lanes(p_run_ids, array_fill('lifecycle'::text, ARRAY[cardinality(p_run_ids)]), p_seqs);
     RETURN v_notified;
 END;
 $$;
