@@ -39,16 +39,19 @@ DECLARE
     v_seqs bigint[];
     v_payloads jsonb[];
 BEGIN
-    IF p_call_id IS NOT NULL AND EXISTS (
-        SELECT 1 FROM attempts AS a WHERE a.call_id = p_call_id
-    ) THEN
-        RETURN ARRAY(
-            SELECT (a.run_id, a.attempt, a.lease_token, r.queue, r.payload, r.resume, a.lease_expires_at)::claim_attempts_result
-            FROM attempts AS a
-            INNER JOIN runs AS r ON a.run_id = r.run_id
-            WHERE a.call_id = p_call_id AND a.worker = p_worker
-            ORDER BY a.claim_position  -- the order the claim took them in
-        );
+    -- Two tests, not `p_call_id IS NOT NULL AND EXISTS (...)`: a custom plan
+    -- of that folds to false without a call_id, always looks cheaper than the
+    -- generic plan, and was re-planned on every call.
+    IF p_call_id IS NOT NULL THEN
+        IF EXISTS (SELECT 1 FROM attempts AS a WHERE a.call_id = p_call_id) THEN
+            RETURN ARRAY(
+                SELECT (a.run_id, a.attempt, a.lease_token, r.queue, r.payload, r.resume, a.lease_expires_at)::claim_attempts_result
+                FROM attempts AS a
+                INNER JOIN runs AS r ON a.run_id = r.run_id
+                WHERE a.call_id = p_call_id AND a.worker = p_worker
+                ORDER BY a.claim_position  -- the order the claim took them in
+            );
+        END IF;
     END IF;
 
     -- Bounded so one claim never does unbounded work: with more than 1000

@@ -33,10 +33,8 @@ INITPLAN = re.compile(r"InitPlan \d+ \(returns ([$\d,]+)\)")
 # Statements reviewed and allowed to be planned per call (whether they are
 # depends on the statistics): each may choose a custom plan for a value the
 # generic plan cannot see, a cost left for the worker-path performance work.
-#   the claim replay probe (call_id IS NULL folds the EXISTS away)
 #   ack_ledger's lane lookup and acknowledgement over event_id = ANY(ids)
 REPLANNED = (
-    "p_call_id IS NOT NULL AND EXISTS (",
     "SELECT min(l.lane), count(DISTINCT l.lane)",
     "UPDATE ledger AS l",
 )
