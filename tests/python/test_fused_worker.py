@@ -272,7 +272,23 @@ def test_runs_claimed_as_the_worker_stops_are_handed_back_not_run(
     handled: list[str] = []
 
     def setup(client: Any, worker: Any) -> None:
-        client.before_settle = worker.stop  # after the worker chose max_runs 1
+        if isinstance(worker, Worker):
+            # The threaded loop waits for a slot while the handler runs. Make
+            # that wait the one that gets the slot the hand-back frees (the
+            # race this test is about), rather than leave it to timing: stop()
+            # only once the loop is waiting, and the wait no longer times out.
+            worker._slots = _SlotWait(worker._slots)
+            waiting = worker._slots
+
+            def stop_once_waiting() -> None:
+                assert waiting.loop_waits.wait(5), "the main loop never waited for a slot"
+                worker.stop()
+
+            client.before_settle = stop_once_waiting  # after max_runs 1 was chosen
+        else:
+            # One event loop: the main loop runs only when the settling task
+            # yields, and it checks stop() first whenever it runs.
+            client.before_settle = worker.stop
 
     client, worker = _run(flavor, db_url, lambda job: handled.append(job.run_id), setup,
                           concurrency=1)  # fmt: skip
@@ -286,6 +302,31 @@ def test_runs_claimed_as_the_worker_stops_are_handed_back_not_run(
         " USING (run_id) WHERE run_id = 'second'"
     ).fetchone()
     assert row == ("queued", "released")
+
+
+class _SlotWait:
+    """The threaded Worker's slot semaphore, observed: `loop_waits` is set
+    once the main loop waits for a slot while the handler holds it, and from
+    then on that wait blocks until a slot is released instead of timing out."""
+
+    def __init__(self, slots: threading.Semaphore) -> None:
+        self._slots = slots
+        self.loop_waits = threading.Event()
+
+    def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
+        if (
+            blocking
+            and timeout is not None
+            and threading.current_thread() is threading.main_thread()
+        ):
+            if self._slots.acquire(blocking=False):
+                return True
+            self.loop_waits.set()
+            return self._slots.acquire(timeout=10)
+        return self._slots.acquire(blocking, timeout)
+
+    def release(self, n: int = 1) -> None:
+        self._slots.release(n)
 
 
 @pytest.mark.parametrize("flavor", ["sync", "async"])
