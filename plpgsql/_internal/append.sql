@@ -198,7 +198,7 @@ BEGIN
         RETURNING r.ledger_seq - v_count AS base
     ),
     inserted AS (
-        INSERT INTO ledger AS l (
+        INSERT INTO ledger_events AS l (
             run_id, lane, seq, type, payload, delivery_key, transport_only,
             created_at, next_attempt_at
         )
@@ -260,7 +260,7 @@ DECLARE
     v_notified integer;
 BEGIN
     WITH events AS (
-        INSERT INTO ledger AS l (
+        INSERT INTO ledger_events AS l (
             run_id, lane, seq, type, payload, delivery_key, transport_only,
             created_at, next_attempt_at
         )

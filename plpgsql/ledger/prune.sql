@@ -1,8 +1,12 @@
 -- prune(): delete delivered ledger events older than a cut-off, at most
--- max_rows per call (oldest first, through ledger_delivered_idx), so a
--- scheduled job can keep the table small without long transactions. Rows a
--- relay still leases or has not delivered are never touched. Returns the
--- number of events deleted.
+-- max_rows per call (oldest events first, by event_id), so a scheduled job
+-- can keep the table small without long transactions. Rows a relay still
+-- leases or has not delivered are never touched. Returns the number of
+-- events deleted. No index on delivered_at: it would make every delivery a
+-- non-HOT update (schema/06_ledger.sql). The walk of the primary key from
+-- the oldest event skips the undelivered and the recently delivered events
+-- in front of the ones it deletes, which are few in a ledger that is
+-- pruned regularly (an old blocked lane's events are among them).
 CREATE FUNCTION prune(delivered_before timestamptz, max_rows integer DEFAULT 10000)
 RETURNS integer
 LANGUAGE plpgsql
@@ -17,12 +21,12 @@ BEGIN
     PERFORM _require_read_committed();
     PERFORM _check_time('delivered_before', prune.delivered_before, FALSE);
     PERFORM _check_int('max_rows', prune.max_rows, 1, 1000000);
-    DELETE FROM ledger AS l
+    DELETE FROM ledger_events AS l
     WHERE l.event_id IN (
         SELECT d.event_id
-        FROM ledger AS d
-        WHERE d.state = 'delivered' AND d.delivered_at < prune.delivered_before
-        ORDER BY d.delivered_at
+        FROM ledger_events AS d
+        WHERE d.delivered_at < prune.delivered_before
+        ORDER BY d.event_id
         LIMIT prune.max_rows
     );
     GET DIAGNOSTICS v_count = ROW_COUNT;
