@@ -88,6 +88,10 @@ CREATE TABLE ledger_events (
 -- the delivered history.
 CREATE INDEX ledger_lane_seq_idx ON ledger_events (run_id, lane, seq);
 
+-- prune(): events by age. Not delivered_at (a delivery would then be a
+-- non-HOT update): an event delivered before a cut-off was created before it.
+CREATE INDEX ledger_created_idx ON ledger_events (created_at, event_id);
+
 -- Claim replays: the transport-only events a claim call acknowledged locally.
 CREATE INDEX ledger_local_ack_call_idx ON ledger_events (local_ack_call_id)
 WHERE local_ack_call_id IS NOT NULL;

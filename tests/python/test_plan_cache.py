@@ -38,7 +38,7 @@ INITPLAN = re.compile(r"InitPlan \d+ \(returns ([$\d,]+)\)")
 REPLANNED = (
     "claim_attempts.call_id IS NOT NULL AND EXISTS (",
     "SELECT min(l.lane), count(DISTINCT l.lane)",
-    "UPDATE ledger AS l",
+    "UPDATE ledger_events AS l",
 )
 
 

@@ -14,6 +14,7 @@ ALTER SEQUENCE ledger_events_event_id_seq RENAME TO ledger_event_id_seq;
 ALTER TABLE ledger RENAME CONSTRAINT ledger_events_run_id_fkey TO ledger_run_id_fkey;
 
 DROP INDEX ledger_lane_seq_idx;
+DROP INDEX ledger_created_idx;
 DROP INDEX ledger_local_ack_call_idx;
 
 ALTER TABLE ledger

@@ -164,6 +164,8 @@ ADD CONSTRAINT ledger_local_ack_call CHECK (
 
 CREATE INDEX ledger_lane_seq_idx ON ledger_events (run_id, lane, seq);
 
+CREATE INDEX ledger_created_idx ON ledger_events (created_at, event_id);
+
 CREATE INDEX ledger_local_ack_call_idx ON ledger_events (local_ack_call_id)
 WHERE local_ack_call_id IS NOT NULL;
 -- ==== end: ledger lease watermark ==========================================
