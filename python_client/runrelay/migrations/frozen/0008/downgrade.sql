@@ -33,7 +33,8 @@ SET state = CASE WHEN l.delivered_at IS NOT NULL THEN 'delivered' ELSE 'failed' 
 WHERE l.delivered_at IS NOT NULL OR l.failed_at IS NOT NULL;
 
 UPDATE ledger AS l
-SET state = 'leased',
+SET
+    state = 'leased',
     lease_owner = ll.lease_owner,
     lease_expires_at = ll.lease_expires_at,
     call_id = ll.lease_call_id

@@ -29,7 +29,10 @@ ADD COLUMN batch_through bigint;
 UPDATE ledger_lanes AS ll
 SET delivered_below = coalesce(ll.head_seq, m.last_seq + 1, 0)
 FROM (
-    SELECT l.run_id, l.lane, max(l.seq) AS last_seq
+    SELECT
+        l.run_id,
+        l.lane,
+        max(l.seq) AS last_seq
     FROM ledger AS l
     GROUP BY l.run_id, l.lane
 ) AS m
@@ -42,31 +45,44 @@ WHERE ll.run_id = m.run_id AND ll.lane = m.lane;
 -- head of its batch alone) could not be acknowledged before that one: it is
 -- pending from now on, as after a release.
 WITH heads AS (
-    SELECT ll.run_id, ll.lane, h.seq, h.lease_owner, h.call_id
+    SELECT
+        ll.run_id,
+        ll.lane,
+        h.seq,
+        h.lease_owner,
+        h.call_id
     FROM ledger_lanes AS ll
     INNER JOIN ledger AS h ON ll.run_id = h.run_id AND ll.lane = h.lane AND ll.head_seq = h.seq
     WHERE h.state = 'leased'
 ),
+
 leased AS (
     SELECT
-        h.run_id, h.lane, h.lease_owner, h.call_id,
-        max(l.seq) AS leased_through, min(l.lease_expires_at) AS lease_expires_at
+        h.run_id,
+        h.lane,
+        h.lease_owner,
+        h.call_id,
+        max(l.seq) AS leased_through,
+        min(l.lease_expires_at) AS lease_expires_at
     FROM heads AS h
-    CROSS JOIN LATERAL (
-        SELECT min(g.seq) AS stop_seq
-        FROM ledger AS g
-        WHERE
-            g.run_id = h.run_id AND g.lane = h.lane AND g.seq > h.seq
-            AND (g.state <> 'leased' OR g.lease_owner <> h.lease_owner)
-    ) AS s
+    CROSS JOIN
+        LATERAL (
+            SELECT min(g.seq) AS stop_seq
+            FROM ledger AS g
+            WHERE
+                g.run_id = h.run_id AND g.lane = h.lane AND g.seq > h.seq
+                AND (g.state <> 'leased' OR g.lease_owner <> h.lease_owner)
+        ) AS s
     INNER JOIN ledger AS l
         ON
             h.run_id = l.run_id AND h.lane = l.lane
-            AND l.seq >= h.seq AND (s.stop_seq IS NULL OR l.seq < s.stop_seq)
+            AND h.seq <= l.seq AND (s.stop_seq IS NULL OR s.stop_seq > l.seq)
     GROUP BY h.run_id, h.lane, h.lease_owner, h.call_id
 )
+
 UPDATE ledger_lanes AS ll
-SET lease_owner = x.lease_owner,
+SET
+    lease_owner = x.lease_owner,
     lease_expires_at = x.lease_expires_at,
     leased_through = x.leased_through,
     lease_call_id = x.call_id,
@@ -78,11 +94,17 @@ WHERE ll.run_id = x.run_id AND ll.lane = x.lane;
 -- (A batch always starts at the head it was claimed from, and only the
 -- lane's head batch has undelivered members.)
 UPDATE ledger_lanes AS ll
-SET batch_id = b.batch_id,
+SET
+    batch_id = b.batch_id,
     batch_started_at = b.batch_started_at,
     batch_through = b.batch_through
 FROM (
-    SELECT h.run_id, h.lane, h.batch_id, h.batch_started_at, max(l.seq) AS batch_through
+    SELECT
+        h.run_id,
+        h.lane,
+        h.batch_id,
+        h.batch_started_at,
+        max(l.seq) AS batch_through
     FROM ledger_lanes AS t
     INNER JOIN ledger AS h ON t.run_id = h.run_id AND t.lane = h.lane AND t.head_seq = h.seq
     INNER JOIN ledger AS l
