@@ -130,7 +130,8 @@ def test_attempt_and_ledger_constraints(db: psycopg.Connection) -> None:
         assert exc.value.diag.constraint_name == constraint
     with pytest.raises(errors.CheckViolation) as exc:
         db.execute(
-            "INSERT INTO runrelay.ledger_lanes (run_id, lane, lease_owner) VALUES ('r1', 'lifecycle', 'x')"
+            "INSERT INTO runrelay.ledger_lanes (run_id, lane, lease_owner)"
+            " VALUES ('r1', 'lifecycle', 'x')"
         )
     assert exc.value.diag.constraint_name == "ledger_lanes_lease"
 
@@ -535,3 +536,93 @@ def test_two_installs_share_one_database() -> None:
 
 def test_frozen_code_of_head_matches_plpgsql_source() -> None:
     assert _sqlsource.main(["check"]) == 0
+
+
+def test_0008_moves_live_leases_to_their_lanes_and_back() -> None:
+    """0008 keeps a lane's lease on its lane row instead of its events. The
+    upgrade moves every live lease (a batch, a single head, a lapsed one) and
+    every frozen batch to the lanes, the downgrade back to the events, and the
+    ledger reads the same each way: every event's state, owner, expiry,
+    batch and attempts. Relays then carry on where they were."""
+    name = f"rr_watermark_{os.getpid()}"
+    url = create_database(name)
+    facts = (
+        "SELECT run_id, lane, seq, state, lease_owner, lease_expires_at, batch_id,"
+        " batch_started_at, delivery_attempts, delivered_at, delivered_by, acked_locally"
+        " FROM runrelay.ledger ORDER BY run_id, lane, seq"
+    )
+    obs = """[{"type": "a", "lane": "observability"}, {"type": "b", "lane": "observability"},
+              {"type": "c", "lane": "observability"}, {"type": "d", "lane": "observability"}]"""
+    try:
+        alembic(url, "upgrade", "0007")
+        with psycopg.connect(url, autocommit=True) as c:
+            for run in ("batch", "released", "single", "failing"):
+                c.execute("SELECT runrelay.enqueue_run(%s)", [run])
+                c.execute("SELECT runrelay.append_events(%s, %s)", [run, obs])
+            # A leased batch of three, partly acknowledged.
+            ids = [
+                r[0]
+                for r in c.execute(
+                    "SELECT event_id FROM runrelay.claim_ledger('A', 'observability', 'batch',"
+                    " max_events => 3, batch => true)"
+                ).fetchall()
+            ]
+            c.execute("SELECT runrelay.ack_ledger('A', 'batch', %s)", [ids[:1]])
+            # A frozen batch released: pending, still frozen.
+            ids = [
+                r[0]
+                for r in c.execute(
+                    "SELECT event_id FROM runrelay.claim_ledger('B', 'observability', 'released',"
+                    " max_events => 2, batch => true)"
+                ).fetchall()
+            ]
+            c.execute("SELECT runrelay.release_ledger('B', %s)", [ids])
+            # A single lifecycle head leased, one that failed and retries.
+            c.execute("SELECT runrelay.claim_ledger('C', run_id => 'single')")
+            [[head]] = c.execute(
+                "SELECT event_id FROM runrelay.claim_ledger('D', run_id => 'failing')"
+            ).fetchall()
+            c.execute(
+                "SELECT runrelay.fail_ledger('D', %s, '{}', retry_at => now() + interval '1 hour')",
+                [[head]],
+            )
+            before = c.execute(facts).fetchall()
+            assert {r[3] for r in before} == {"pending", "leased", "delivered"}
+        alembic(url, "upgrade", "head")
+        with psycopg.connect(url, autocommit=True) as c:
+            assert c.execute(facts).fetchall() == before
+            # The lease holder acknowledges the rest of its batch and goes on.
+            rest = [
+                r[0]
+                for r in c.execute(
+                    "SELECT event_id FROM runrelay.ledger WHERE run_id = 'batch'"
+                    " AND lane = 'observability' AND state = 'leased' ORDER BY seq"
+                ).fetchall()
+            ]
+            assert len(rest) == 2
+            kinds = c.execute(
+                "SELECT kind FROM runrelay.ack_ledger('A', 'batch', %s, claim_next => 10,"
+                " batch => true)",
+                [rest],
+            ).fetchall()
+            assert kinds == [("delivered",), ("delivered",), ("claimed",)]
+            # The released batch is re-claimed exactly.
+            again = c.execute(
+                "SELECT type, frozen FROM runrelay.claim_ledger('E', 'observability', 'released',"
+                " max_events => 10, batch => true)"
+            ).fetchall()
+            assert again == [("a", True), ("b", True)]
+            c.execute(
+                "SELECT runrelay.release_ledger('E', ARRAY(SELECT event_id FROM"
+                " runrelay.ledger WHERE lease_owner = 'E'))"
+            )
+            during = c.execute(facts).fetchall()
+        alembic(url, "downgrade", "0007")
+        with psycopg.connect(url, autocommit=True) as c:
+            assert c.execute(facts).fetchall() == during
+            assert c.execute(
+                "SELECT type FROM runrelay.claim_ledger('F', 'observability', 'released',"
+                " max_events => 10, batch => true)"
+            ).fetchall() == [("a",), ("b",)]
+    finally:
+        drop_database(name)
