@@ -40,7 +40,7 @@ from runrelay.worker import settled_and_claimed
 
 TABLES = ", ".join(
     f"runrelay.{t}"
-    for t in ("ledger_lanes", "ledger", "signals", "cancellations", "attempts", "runs")
+    for t in ("ledger_lanes", "ledger_events", "signals", "cancellations", "attempts", "runs")
 )
 
 LOAD_RUNS = """
@@ -59,7 +59,7 @@ LOAD_LEDGER = [
     FROM generate_series(1, %(runs)s) AS i
     """,
     """
-    INSERT INTO runrelay.ledger (run_id, lane, seq, type, payload, delivery_key,
+    INSERT INTO runrelay.ledger_events (run_id, lane, seq, type, payload, delivery_key,
                                  created_at, next_attempt_at)
     SELECT 'l-' || i, 'lifecycle', s, 'order.updated', jsonb_build_object('seq', s),
            'l-' || i || ':' || s,
@@ -73,7 +73,7 @@ LOAD_LEDGER = [
     """,
 ]
 
-ANALYZE = "ANALYZE runrelay.runs, runrelay.attempts, runrelay.ledger, runrelay.ledger_lanes"
+ANALYZE = "ANALYZE runrelay.runs, runrelay.attempts, runrelay.ledger_events, runrelay.ledger_lanes"
 
 
 def reset(conn: psycopg.Connection[Any]) -> None:

@@ -1,12 +1,18 @@
 -- _acknowledge(): the one acknowledgement path, for the events a relay
 -- delivered (ack_ledger) and the transport-only events a claim acknowledges
 -- locally (_claim_lane, p_locally). Each event becomes delivered by p_relay
--- at p_now, loses its lease, and is tagged with p_call_id, the call that
--- acknowledged it (what a replay of that call looks up); a drop_on_delivery
--- run loses their payloads; runrelay_delivered is notified once, naming the
--- last event. Precondition: the caller holds the lane lock, and p_event_ids
--- are an unbroken prefix of one run lane's pending tail, in seq order.
--- Returns the acknowledged rows (in no particular order).
+-- at p_now and is tagged with p_call_id, the call that acknowledged it (what
+-- a replay of that call looks up; a local acknowledgement also in
+-- local_ack_call_id, the column claim replays find it by); an event of the
+-- lane's frozen batch keeps that batch (batch_id, batch_started_at: the lane
+-- holds them only while the batch is undelivered); a drop_on_delivery run
+-- loses their payloads; runrelay_delivered is notified once, naming the last
+-- event. No column this writes is indexed or in an index predicate, so the
+-- update is HOT (schema/06_ledger.sql). The lease needs no clearing: it
+-- lives on the lane, and covers only events at or after the head, which the
+-- caller's refresh moves past these. Precondition: the caller holds the lane
+-- lock, and p_event_ids are an unbroken prefix of one run lane's pending
+-- tail, in seq order. Returns the acknowledged rows (in no particular order).
 CREATE FUNCTION _acknowledge(
     p_run_id text,
     p_event_ids bigint[],
@@ -15,7 +21,7 @@ CREATE FUNCTION _acknowledge(
     p_locally boolean,
     p_call_id uuid
 )
-RETURNS SETOF ledger
+RETURNS SETOF ledger_events
 LANGUAGE plpgsql
 VOLATILE
 SET search_path FROM CURRENT
@@ -29,16 +35,19 @@ BEGIN
     SELECT r.payload_retention = 'drop_on_delivery' INTO v_drop
     FROM runs AS r WHERE r.run_id = p_run_id;
     RETURN QUERY
-    UPDATE ledger AS l
-    SET state = 'delivered',
-        delivered_at = p_now,
+    UPDATE ledger_events AS l
+    SET delivered_at = p_now,
         delivered_by = p_relay,
         acked_locally = p_locally,
-        lease_owner = NULL,
-        lease_expires_at = NULL,
         call_id = p_call_id,
+        local_ack_call_id = CASE WHEN p_locally THEN p_call_id END,
+        batch_id = CASE WHEN l.seq <= ll.batch_through THEN ll.batch_id END,
+        batch_started_at = CASE WHEN l.seq <= ll.batch_through THEN ll.batch_started_at END,
         payload = CASE WHEN v_drop THEN NULL ELSE l.payload END
-    WHERE l.event_id = ANY(p_event_ids) AND l.run_id = p_run_id
+    FROM ledger_lanes AS ll
+    WHERE
+        l.event_id = ANY(p_event_ids) AND l.run_id = p_run_id
+        AND ll.run_id = l.run_id AND ll.lane = l.lane
     RETURNING l.*;
     PERFORM pg_notify('runrelay_delivered',
         json_build_object('run_id', p_run_id, 'event_id', p_event_ids[cardinality(p_event_ids)])::text);

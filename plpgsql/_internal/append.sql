@@ -209,7 +209,7 @@ BEGIN
         RETURNING r.ledger_seq - v_count AS base
     ),
     inserted AS (
-        INSERT INTO ledger AS l (
+        INSERT INTO ledger_events AS l (
             run_id, lane, seq, type, payload, delivery_key, transport_only,
             created_at, next_attempt_at
         )
@@ -276,7 +276,7 @@ BEGIN
     -- generate_subscripts: the same row estimate in custom and generic
     -- plans, so the generic plan is kept (see _claim). One event per run, so
     -- the order of the rows does not matter.
-    INSERT INTO ledger AS l (
+    INSERT INTO ledger_events AS l (
         run_id, lane, seq, type, payload, delivery_key, transport_only,
         created_at, next_attempt_at
     )

@@ -32,9 +32,13 @@
 --     successors (stopping at the first failed, not-due, foreign-leased,
 --     transport-only or frozen event), are leased; with p_batch they form a
 --     new frozen batch.
--- Every row leased or acknowledged locally is tagged with p_call_id, which
--- is what claim_ledger and ack_ledger replays look up. Finally the lane's
--- availability is recomputed.
+-- A lease is written on the lane row, not on the events (the lease
+-- watermark, schema/06_ledger.sql): one update of one row gives this relay
+-- the lane's events from the head through leased_through (and, for a new
+-- batch, makes them the frozen batch through batch_through), whatever the
+-- batch size. The lease carries p_call_id, and every row acknowledged
+-- locally is tagged with it: that is what claim_ledger and ack_ledger
+-- replays look up. Finally the lane's availability is recomputed.
 CREATE FUNCTION _claim_lane(
     p_relay text,
     p_run_id text,
@@ -54,41 +58,45 @@ AS $$
 DECLARE
     -- The lane lock is held: a lease granted now runs from now.
     v_now timestamptz := _clock_now();
-    v_head ledger;
-    v_target ledger;
-    v_event ledger;
+    v_lane ledger_lanes;
+    v_head ledger_events;
+    v_target ledger_events;
+    v_event ledger_events;
     v_local_acks integer := 0;
     v_members bigint[];
+    v_last bigint;
     v_batch uuid;
+    v_frozen boolean;
     v_from bigint;
     v_front bigint;
     v_front_ok boolean;
 BEGIN
     -- Start at the lane's known head, or an earlier wake-up (_lane_scan_from).
     v_from := _lane_scan_from(p_run_id, p_lane, p_from);
+    SELECT ll.* INTO v_lane FROM ledger_lanes AS ll WHERE ll.run_id = p_run_id AND ll.lane = p_lane;
 
     IF p_expected_head IS NOT NULL THEN
         SELECT l.* INTO v_target
-        FROM ledger AS l
+        FROM ledger_events AS l
         WHERE
             l.event_id = p_expected_head AND l.run_id = p_run_id AND l.lane = p_lane
-            AND l.state <> 'delivered' AND l.seq >= v_from;
+            AND l.delivered_at IS NULL AND l.seq >= v_from;
         -- What lies in front of it must all be due transport-only events,
         -- fewer than the 1000 one call acknowledges locally (which bounds
         -- this scan too).
-        SELECT count(*), coalesce(bool_and((f.e).transport_only AND _ledger_claimable(f.e, p_relay, v_now)), TRUE)
+        SELECT count(*), coalesce(bool_and((f.e).transport_only AND _ledger_claimable(f.e, v_lane, p_relay, v_now)), TRUE)
         INTO v_front, v_front_ok
         FROM (
             SELECT l AS e
-            FROM ledger AS l
+            FROM ledger_events AS l
             WHERE
-                l.run_id = p_run_id AND l.lane = p_lane AND l.state <> 'delivered'
-                AND l.seq >= v_from AND l.seq < v_target.seq
+                l.run_id = p_run_id AND l.lane = p_lane AND l.seq >= v_from
+                AND l.seq < v_target.seq AND l.delivered_at IS NULL
             ORDER BY l.seq
             LIMIT 1000
         ) AS f;
         IF v_target.event_id IS NULL OR NOT v_front_ok OR v_front >= 1000
-            OR NOT _ledger_claimable(v_target, p_relay, v_now) THEN
+            OR NOT _ledger_claimable(v_target, v_lane, p_relay, v_now) THEN
             PERFORM _refresh_lane(p_run_id, p_lane, v_from);
             RETURN;
         END IF;
@@ -96,54 +104,27 @@ BEGIN
 
     LOOP
         SELECT l.* INTO v_head
-        FROM ledger AS l
+        FROM ledger_events AS l
         WHERE
-            l.run_id = p_run_id AND l.lane = p_lane AND l.state <> 'delivered'
-            AND l.seq >= v_from
+            l.run_id = p_run_id AND l.lane = p_lane AND l.seq >= v_from
+            AND l.delivered_at IS NULL
         ORDER BY l.seq
         LIMIT 1;
-        EXIT WHEN v_head.event_id IS NULL OR NOT _ledger_claimable(v_head, p_relay, v_now);
+        EXIT WHEN v_head.event_id IS NULL OR NOT _ledger_claimable(v_head, v_lane, p_relay, v_now);
 
-        IF v_head.batch_id IS NOT NULL THEN
-            RETURN QUERY
-            WITH released AS (
-                UPDATE ledger AS l
-                SET state = 'leased',
-                    lease_owner = p_relay,
-                    lease_expires_at = v_now + p_lease,
-                    call_id = coalesce(p_call_id, l.call_id)
-                WHERE
-                    l.run_id = p_run_id AND l.lane = p_lane
-                    AND l.batch_id = v_head.batch_id AND l.state IN ('pending', 'leased')
-                    -- Never past a member that failed: it blocks what follows.
-                    AND l.seq < coalesce((
-                        SELECT min(f.seq) FROM ledger AS f
-                        WHERE
-                            f.run_id = p_run_id AND f.lane = p_lane
-                            AND f.batch_id = v_head.batch_id AND f.state = 'failed'
-                    ), 9223372036854775807)
-                RETURNING l.*
-            )
-            SELECT x.*
-            FROM released AS r
-            CROSS JOIN LATERAL _ledger_row('claimed', r::ledger, _clock_now()) AS x
-            ORDER BY r.seq;
-            EXIT;
-        END IF;
-
-        IF v_head.transport_only THEN
+        IF v_head.transport_only AND NOT coalesce(v_head.seq <= v_lane.batch_through, FALSE) THEN
             -- The due transport-only run from the head, up to the named event.
             v_members := '{}'::bigint[];
             FOR v_event IN
                 SELECT l.*
-                FROM ledger AS l
+                FROM ledger_events AS l
                 WHERE
-                    l.run_id = p_run_id AND l.lane = p_lane AND l.state <> 'delivered'
-                    AND l.seq >= v_head.seq
+                    l.run_id = p_run_id AND l.lane = p_lane AND l.seq >= v_head.seq
+                    AND l.delivered_at IS NULL
                 ORDER BY l.seq
                 LIMIT 1000 - v_local_acks
             LOOP
-                EXIT WHEN NOT v_event.transport_only OR NOT _ledger_claimable(v_event, p_relay, v_now);
+                EXIT WHEN NOT v_event.transport_only OR NOT _ledger_claimable(v_event, v_lane, p_relay, v_now);
                 v_members := v_members || v_event.event_id;
                 v_from := v_event.seq + 1;
                 EXIT WHEN v_event.event_id = p_expected_head;
@@ -151,46 +132,75 @@ BEGIN
             RETURN QUERY
             SELECT x.*
             FROM _acknowledge(p_run_id, v_members, p_relay, v_now, TRUE, p_call_id) AS a
-            CROSS JOIN LATERAL _ledger_row('local_ack', a, v_now) AS x
+            CROSS JOIN LATERAL _ledger_row('local_ack', a, NULL, NULL, v_now) AS x
             ORDER BY a.seq;
             v_local_acks := v_local_acks + cardinality(v_members);
             EXIT WHEN v_members[cardinality(v_members)] = p_expected_head OR v_local_acks >= 1000;
             CONTINUE;
         END IF;
 
-        v_members := ARRAY[v_head.event_id];
-        IF p_batch AND p_max > 1 THEN
-            FOR v_event IN
-                SELECT l.*
-                FROM ledger AS l
-                WHERE
-                    l.run_id = p_run_id AND l.lane = p_lane AND l.state <> 'delivered'
-                    AND l.seq > v_head.seq
-                ORDER BY l.seq
-                LIMIT p_max - 1
-            LOOP
-                EXIT WHEN v_event.transport_only OR v_event.batch_id IS NOT NULL
-                    OR NOT _ledger_claimable(v_event, p_relay, v_now);
-                v_members := v_members || v_event.event_id;
-            END LOOP;
-            v_batch := gen_random_uuid();
+        v_frozen := coalesce(v_head.seq <= v_lane.batch_through, FALSE);
+        IF v_frozen THEN
+            -- A frozen batch: exactly its undelivered members, never past
+            -- one that failed (it blocks what follows).
+            SELECT coalesce(min(f.seq) - 1, v_lane.batch_through) INTO v_last
+            FROM ledger_events AS f
+            WHERE
+                f.run_id = p_run_id AND f.lane = p_lane
+                AND f.seq >= v_head.seq AND f.seq <= v_lane.batch_through
+                AND f.failed_at IS NOT NULL;
+            v_batch := v_lane.batch_id;
+        ELSE
+            -- The head, and with p_batch its claimable successors: a new batch.
+            v_last := v_head.seq;
+            v_batch := NULL;
+            IF p_batch AND p_max > 1 THEN
+                FOR v_event IN
+                    SELECT l.*
+                    FROM ledger_events AS l
+                    WHERE
+                        l.run_id = p_run_id AND l.lane = p_lane AND l.seq > v_head.seq
+                        AND l.delivered_at IS NULL
+                    ORDER BY l.seq
+                    LIMIT p_max - 1
+                LOOP
+                    EXIT WHEN v_event.transport_only OR NOT _ledger_claimable(v_event, v_lane, p_relay, v_now);
+                    v_last := v_event.seq;
+                END LOOP;
+                v_batch := gen_random_uuid();
+            END IF;
         END IF;
+        -- The lease: one update of the lane row, whatever the batch size.
+        UPDATE ledger_lanes AS ll
+        SET lease_owner = p_relay,
+            lease_expires_at = v_now + p_lease,
+            leased_through = v_last,
+            lease_call_id = CASE WHEN v_frozen THEN coalesce(p_call_id, ll.lease_call_id) ELSE p_call_id END,
+            batch_id = v_batch,
+            batch_started_at = CASE
+                WHEN v_frozen THEN ll.batch_started_at
+                WHEN v_batch IS NOT NULL THEN v_now
+            END,
+            batch_through = CASE
+                WHEN v_frozen THEN ll.batch_through
+                WHEN v_batch IS NOT NULL THEN v_last
+            END,
+            head_seq = v_head.seq,
+            delivered_below = v_head.seq,
+            available_at = v_now + p_lease,
+            blocked = FALSE
+        WHERE ll.run_id = p_run_id AND ll.lane = p_lane
+        RETURNING ll.* INTO v_lane;
         RETURN QUERY
-        WITH leased AS (
-            UPDATE ledger AS l
-            SET state = 'leased',
-                lease_owner = p_relay,
-                lease_expires_at = v_now + p_lease,
-                batch_id = v_batch,
-                batch_started_at = CASE WHEN v_batch IS NOT NULL THEN v_now END,
-                call_id = p_call_id
-            WHERE l.event_id = ANY(v_members)
-            RETURNING l.*
-        )
         SELECT x.*
-        FROM leased AS r
-        CROSS JOIN LATERAL _ledger_row('claimed', r::ledger, _clock_now()) AS x
-        ORDER BY r.seq;
+        FROM ledger_events AS l
+        CROSS JOIN LATERAL _ledger_row('claimed', l, v_lane.batch_id, v_lane.lease_expires_at, _clock_now()) AS x
+        WHERE
+            l.run_id = p_run_id AND l.lane = p_lane
+            AND l.seq >= v_head.seq AND l.seq <= v_last
+            AND l.delivered_at IS NULL
+        ORDER BY l.seq;
+        v_from := v_head.seq;
         EXIT;
     END LOOP;
     PERFORM _refresh_lane(p_run_id, p_lane, v_from);
@@ -200,21 +210,27 @@ $$;
 COMMENT ON FUNCTION _claim_lane(text, text, text, integer, boolean, interval, uuid, bigint, bigint) IS
 'Claims one run lane''s head prefix for a relay (caller holds the lane lock); see claim_ledger.';
 
--- _ledger_claimable(): whether event p_event can be claimed by p_relay at
--- p_now (ignoring order: _claim_lane checks that).
-CREATE FUNCTION _ledger_claimable(p_event ledger, p_relay text, p_now timestamptz)
+-- _ledger_claimable(): whether event p_event of lane p_lane (its row as the
+-- caller holds it locked) can be claimed by p_relay at p_now (ignoring
+-- order: _claim_lane checks that). Inside the lane's lease (every
+-- undelivered event at most leased_through is): when the lease is this
+-- relay's, or has expired. Otherwise: not failed, and due.
+CREATE FUNCTION _ledger_claimable(p_event ledger_events, p_lane ledger_lanes, p_relay text, p_now timestamptz)
 RETURNS boolean
 LANGUAGE plpgsql
 VOLATILE
 SET search_path FROM CURRENT
 AS $$
 BEGIN
-    IF p_event.state = 'leased' THEN
-        RETURN p_event.lease_owner = p_relay OR p_event.lease_expires_at <= p_now;
+    IF p_event.delivered_at IS NOT NULL OR p_event.failed_at IS NOT NULL THEN
+        RETURN FALSE;
     END IF;
-    RETURN p_event.state = 'pending' AND p_event.next_attempt_at <= p_now;
+    IF p_event.seq <= p_lane.leased_through THEN
+        RETURN p_lane.lease_owner = p_relay OR p_lane.lease_expires_at <= p_now;
+    END IF;
+    RETURN p_event.next_attempt_at <= p_now;
 END;
 $$;
 
-COMMENT ON FUNCTION _ledger_claimable(ledger, text, timestamptz) IS
+COMMENT ON FUNCTION _ledger_claimable(ledger_events, ledger_lanes, text, timestamptz) IS
 'Whether one ledger event is claimable by a relay now: pending and due, or leased to it, or its lease expired.';

@@ -63,7 +63,7 @@ BEGIN
             IF v_key = ANY(v_keys) THEN
                 PERFORM _invalid(p_parameter, format('element %s repeats delivery_key %L', v_index, v_key), 'Delivery keys must be unique.');
             END IF;
-            IF p_check_unused AND EXISTS (SELECT 1 FROM ledger AS l WHERE l.delivery_key = v_key) THEN
+            IF p_check_unused AND EXISTS (SELECT 1 FROM ledger_events AS l WHERE l.delivery_key = v_key) THEN
                 PERFORM _invalid(p_parameter, format('element %s: delivery_key %L is already used', v_index, v_key), 'Delivery keys must be unique.');
             END IF;
             -- Default keys are <run_id>:<seq>, for runs that may not exist yet:
@@ -100,7 +100,7 @@ DECLARE
 BEGIN
     SELECT l.delivery_key INTO v_key
     FROM jsonb_array_elements(p_events) AS e (value)
-    INNER JOIN ledger AS l ON l.delivery_key = e.value ->> 'delivery_key'
+    INNER JOIN ledger_events AS l ON l.delivery_key = e.value ->> 'delivery_key'
     LIMIT 1;
     IF v_key IS NOT NULL THEN
         PERFORM _invalid(p_parameter, format('delivery_key %L is already used', v_key),

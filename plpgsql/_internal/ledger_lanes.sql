@@ -49,7 +49,7 @@ BEGIN
     PERFORM 1
     FROM ledger_lanes AS ll
     WHERE (ll.run_id, ll.lane) IN (
-        SELECT l.run_id, l.lane FROM ledger AS l WHERE l.event_id = ANY(p_event_ids)
+        SELECT l.run_id, l.lane FROM ledger_events AS l WHERE l.event_id = ANY(p_event_ids)
     )
     ORDER BY ll.run_id COLLATE "C", ll.lane
     FOR UPDATE OF ll;
@@ -60,10 +60,11 @@ COMMENT ON FUNCTION _lock_event_lanes(bigint[]) IS
 'Locks the ledger_lanes rows of the given events in the lane order (run_id COLLATE "C", lane).';
 
 -- Where a scan of a lane's pending tail starts: the recorded head (it only
--- moves forward, and delivered events before it may still have dead entries
--- in ledger_pending_idx until VACUUM, so starting there keeps a scan
--- O(batch), never O(delivered history)), or p_from, a seq no undelivered
--- event precedes -- but no later than the first event of a wake-up an
+-- moves forward, and every event before it is delivered and still in
+-- ledger_lane_seq_idx until pruned, so starting there keeps a scan O(batch),
+-- never O(delivered history)), delivered_below for a lane with no head, or
+-- p_from, a seq no undelivered event precedes -- but no later than the
+-- first event of a wake-up an
 -- appender left (see ledger_wakeups in schema/06_ledger.sql), which this
 -- consumes. The caller holds the lane lock and reads the tail in later
 -- statements, which see every event of a wake-up consumed here (it was
@@ -82,10 +83,10 @@ BEGIN
         WHERE w.run_id = p_run_id AND w.lane = p_lane
         RETURNING w.first_seq
     )
-    -- Without a head (the lane was empty) no undelivered event precedes the
-    -- wake-up's first one: start there, not at 0 (dead index entries).
+    -- Without a head (the lane was empty) every event below delivered_below
+    -- is delivered, and no undelivered event precedes the wake-up's first one.
     SELECT least(
-        coalesce(greatest(ll.head_seq, p_from), k.first_seq, 0), k.first_seq
+        greatest(coalesce(ll.head_seq, ll.delivered_below), p_from), k.first_seq
     )
     INTO v_from
     FROM ledger_lanes AS ll
@@ -115,6 +116,10 @@ COMMENT ON FUNCTION _lane_scan_from(text, text, bigint) IS
 -- done. When the try succeeds, the tail is read again: an append that
 -- committed meanwhile is seen, and one that has not started waits for the
 -- run row until this transaction ends, then finds the lane empty.
+--
+-- The lease and the frozen batch (schema/06_ledger.sql) end here when the
+-- head has passed their last event: a lane row never carries a lease or a
+-- batch that covers no undelivered event.
 CREATE FUNCTION _refresh_lane(p_run_id text, p_lane text, p_from bigint DEFAULT NULL)
 RETURNS timestamptz
 LANGUAGE plpgsql
@@ -122,29 +127,31 @@ VOLATILE
 SET search_path FROM CURRENT
 AS $$
 DECLARE
-    v_head ledger;
+    v_head ledger_events;
+    v_lane ledger_lanes;
     v_available timestamptz;
     v_blocked boolean;
     v_from bigint;
     v_run_locked boolean := FALSE;
 BEGIN
     v_from := _lane_scan_from(p_run_id, p_lane, p_from);
+    SELECT ll.* INTO v_lane FROM ledger_lanes AS ll WHERE ll.run_id = p_run_id AND ll.lane = p_lane;
     LOOP
         v_available := NULL;
         v_blocked := FALSE;
         SELECT l.* INTO v_head
-        FROM ledger AS l
+        FROM ledger_events AS l
         WHERE
-            l.run_id = p_run_id AND l.lane = p_lane AND l.state <> 'delivered'
-            AND l.seq >= v_from
+            l.run_id = p_run_id AND l.lane = p_lane AND l.seq >= v_from
+            AND l.delivered_at IS NULL
         ORDER BY l.seq
         LIMIT 1;
         IF v_head.event_id IS NULL THEN
             v_available := NULL;
-        ELSIF v_head.state = 'failed' THEN
+        ELSIF v_head.failed_at IS NOT NULL THEN
             v_blocked := TRUE;
-        ELSIF v_head.state = 'leased' THEN
-            v_available := v_head.lease_expires_at;
+        ELSIF v_head.seq <= v_lane.leased_through THEN
+            v_available := v_lane.lease_expires_at;
         ELSE
             v_available := v_head.next_attempt_at;
         END IF;
@@ -158,14 +165,40 @@ BEGIN
         END IF;
         v_run_locked := TRUE;
     END LOOP;
+    -- Past the lease's or the batch's last event (or nothing pending): it ended.
+    IF NOT coalesce(v_head.seq <= v_lane.leased_through, FALSE) THEN
+        v_lane.lease_owner := NULL;
+        v_lane.lease_expires_at := NULL;
+        v_lane.leased_through := NULL;
+        v_lane.lease_call_id := NULL;
+    END IF;
+    IF NOT coalesce(v_head.seq <= v_lane.batch_through, FALSE) THEN
+        v_lane.batch_id := NULL;
+        v_lane.batch_started_at := NULL;
+        v_lane.batch_through := NULL;
+    END IF;
     UPDATE ledger_lanes AS ll
-    SET head_seq = v_head.seq, available_at = v_available, blocked = v_blocked
+    SET head_seq = v_head.seq,
+        available_at = v_available,
+        blocked = v_blocked,
+        delivered_below = coalesce(v_head.seq, greatest(ll.delivered_below, v_from)),
+        lease_owner = v_lane.lease_owner,
+        lease_expires_at = v_lane.lease_expires_at,
+        leased_through = v_lane.leased_through,
+        lease_call_id = v_lane.lease_call_id,
+        batch_id = v_lane.batch_id,
+        batch_started_at = v_lane.batch_started_at,
+        batch_through = v_lane.batch_through
     WHERE
         ll.run_id = p_run_id AND ll.lane = p_lane
         AND (
             ll.head_seq IS DISTINCT FROM v_head.seq
             OR ll.available_at IS DISTINCT FROM v_available
             OR ll.blocked IS DISTINCT FROM v_blocked
+            OR ll.delivered_below IS DISTINCT FROM coalesce(v_head.seq, greatest(ll.delivered_below, v_from))
+            OR ll.leased_through IS DISTINCT FROM v_lane.leased_through
+            OR ll.lease_call_id IS DISTINCT FROM v_lane.lease_call_id
+            OR ll.batch_through IS DISTINCT FROM v_lane.batch_through
         );
     RETURN v_available;
 END;
@@ -186,7 +219,7 @@ DECLARE
     v_lane record;
 BEGIN
     FOR v_lane IN
-        SELECT DISTINCT l.run_id, l.lane FROM ledger AS l
+        SELECT DISTINCT l.run_id, l.lane FROM ledger_events AS l
         WHERE l.event_id = ANY(p_event_ids)
     LOOP
         IF _refresh_lane(v_lane.run_id, v_lane.lane) <= _now() THEN
@@ -198,3 +231,56 @@ $$;
 
 COMMENT ON FUNCTION _refresh_event_lanes(bigint[]) IS
 'Recomputes the lanes of the given events and notifies runrelay_ledger for those claimable now.';
+
+-- _cut_leases(): the lease side of release_ledger and fail_ledger. Of
+-- p_event_ids, the events inside a lease p_relay holds (undelivered, not
+-- failed, at most their lane's leased_through; a lapsed lease nobody took
+-- over included); each such lane's lease is cut back to end before the
+-- first of them, and ends when that is the head. A lease covers an unbroken
+-- run of its lane from the head (schema/06_ledger.sql), so the leased
+-- events behind a released or failed one go back with it, uncharged: none
+-- of them could be acknowledged before it anyway. The frozen batch is
+-- untouched. The caller holds the lane locks and refreshes the lanes.
+-- Returns the leased events of p_event_ids, in the lane order, then seq.
+CREATE FUNCTION _cut_leases(p_relay text, p_event_ids bigint[])
+RETURNS bigint[]
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_ids bigint[];
+BEGIN
+    WITH leased AS (
+        SELECT e.event_id, e.run_id, e.lane, e.seq
+        FROM ledger_events AS e
+        INNER JOIN ledger_lanes AS ll ON e.run_id = ll.run_id AND e.lane = ll.lane
+        WHERE
+            e.event_id = ANY(p_event_ids)
+            AND ll.lease_owner = p_relay
+            AND e.delivered_at IS NULL AND e.failed_at IS NULL
+            AND e.seq <= ll.leased_through
+    ),
+    -- Runs to completion though nothing reads it (a data-modifying CTE).
+    cut AS (
+        UPDATE ledger_lanes AS ll
+        SET lease_owner = CASE WHEN c.first_seq > ll.head_seq THEN ll.lease_owner END,
+            lease_expires_at = CASE WHEN c.first_seq > ll.head_seq THEN ll.lease_expires_at END,
+            leased_through = CASE WHEN c.first_seq > ll.head_seq THEN c.first_seq - 1 END,
+            lease_call_id = CASE WHEN c.first_seq > ll.head_seq THEN ll.lease_call_id END
+        FROM (
+            SELECT x.run_id, x.lane, min(x.seq) AS first_seq
+            FROM leased AS x
+            GROUP BY x.run_id, x.lane
+        ) AS c
+        WHERE ll.run_id = c.run_id AND ll.lane = c.lane
+    )
+    SELECT coalesce(array_agg(x.event_id ORDER BY x.run_id COLLATE "C", x.lane, x.seq), '{}'::bigint[])
+    INTO v_ids
+    FROM leased AS x;
+    RETURN v_ids;
+END;
+$$;
+
+COMMENT ON FUNCTION _cut_leases(text, bigint[]) IS
+'Ends a relay''s leases from the first of the given events it leases on; returns those events.';

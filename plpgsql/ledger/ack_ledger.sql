@@ -33,13 +33,11 @@ AS $$
 BEGIN
     RETURN QUERY
     SELECT x.*
-    FROM ledger AS l
-    CROSS JOIN LATERAL _ledger_row('delivered', l, NULL) AS x
+    FROM ledger_events AS l
+    CROSS JOIN LATERAL _ledger_row('delivered', l, NULL, NULL, NULL) AS x
     WHERE
         l.event_id = ANY(p_event_ids)
         AND l.run_id = p_run_id
-        -- delivered_at, not state: equivalent by CHECK, but it keeps the
-        -- planner off ledger_delivered_idx (a scan of the delivered history).
         AND l.delivered_at IS NOT NULL
         AND l.delivered_by = p_relay
         AND NOT l.acked_locally
@@ -69,7 +67,8 @@ DECLARE
     v_now timestamptz;
     v_lane text;
     v_lanes integer;
-    v_event ledger;
+    v_lane_row ledger_lanes;
+    v_event ledger_events;
     v_ack bigint[] := '{}'::bigint[];
     v_last_seq bigint;
     v_from bigint;
@@ -84,7 +83,7 @@ BEGIN
         PERFORM _invalid('batch', 'must not be null', 'Pass true or false.');
     END IF;
     SELECT min(l.lane), count(DISTINCT l.lane) INTO v_lane, v_lanes
-    FROM ledger AS l
+    FROM ledger_events AS l
     WHERE l.event_id = ANY(ack_ledger.event_ids) AND l.run_id = ack_ledger.run_id;
     IF v_lanes > 1 THEN
         PERFORM _invalid('event_ids', 'mixes events of both lanes',
@@ -92,34 +91,38 @@ BEGIN
     END IF;
     v_lane := coalesce(v_lane, 'lifecycle');
 
-    SELECT coalesce(ll.head_seq, 0) INTO v_from
+    SELECT ll.* INTO v_lane_row
     FROM ledger_lanes AS ll
     WHERE ll.run_id = ack_ledger.run_id AND ll.lane = v_lane
     FOR UPDATE;
+    v_from := coalesce(v_lane_row.head_seq, v_lane_row.delivered_below, 0);
     v_now := _now();
 
-    -- The prefix of the pending tail covered by event_ids and leased to us.
-    FOR v_event IN
-        SELECT l.*
-        FROM ledger AS l
-        WHERE
-            l.run_id = ack_ledger.run_id AND l.lane = v_lane AND l.state <> 'delivered'
-            AND l.seq >= v_from
-        ORDER BY l.seq
-        LIMIT cardinality(ack_ledger.event_ids)
-    LOOP
-        EXIT WHEN NOT (v_event.event_id = ANY(ack_ledger.event_ids))
-            OR v_event.state <> 'leased' OR v_event.lease_owner <> ack_ledger.relay;
-        v_ack := v_ack || v_event.event_id;
-        v_last_seq := v_event.seq;
-    END LOOP;
+    -- The prefix of the pending tail covered by event_ids and leased to us:
+    -- the lane's lease is ours and covers it (it runs from the head through
+    -- leased_through).
+    IF v_lane_row.lease_owner = ack_ledger.relay THEN
+        FOR v_event IN
+            SELECT l.*
+            FROM ledger_events AS l
+            WHERE
+                l.run_id = ack_ledger.run_id AND l.lane = v_lane AND l.seq >= v_from
+                AND l.seq <= v_lane_row.leased_through AND l.delivered_at IS NULL
+            ORDER BY l.seq
+            LIMIT cardinality(ack_ledger.event_ids)
+        LOOP
+            EXIT WHEN NOT (v_event.event_id = ANY(ack_ledger.event_ids)) OR v_event.failed_at IS NOT NULL;
+            v_ack := v_ack || v_event.event_id;
+            v_last_seq := v_event.seq;
+        END LOOP;
+    END IF;
 
     IF cardinality(v_ack) = 0 THEN
         -- Nothing left to acknowledge. If this relay delivered some of
         -- event_ids, this repeats the call that did (the last of them names
         -- it): answer what it answered, and write nothing.
         SELECT l.call_id, l.seq INTO v_call, v_last_seq
-        FROM ledger AS l
+        FROM ledger_events AS l
         WHERE
             l.event_id = ANY(ack_ledger.event_ids)
             AND l.run_id = ack_ledger.run_id
@@ -130,20 +133,28 @@ BEGIN
         LIMIT 1;
         IF FOUND THEN
             RETURN QUERY SELECT * FROM _ack_ledger_delivered(ack_ledger.relay, ack_ledger.run_id, ack_ledger.event_ids);
+            -- Its local acks (on the events), then its lease (on the lane).
             RETURN QUERY
             SELECT x.*
-            FROM ledger AS l
-            CROSS JOIN LATERAL _ledger_row(
-                CASE WHEN l.acked_locally THEN 'local_ack' ELSE 'claimed' END, l, _clock_now()
-            ) AS x
+            FROM ledger_events AS l
+            CROSS JOIN LATERAL _ledger_row('local_ack', l, NULL, NULL, _clock_now()) AS x
             WHERE
-                l.call_id = v_call
+                l.local_ack_call_id = v_call
                 AND l.run_id = ack_ledger.run_id AND l.lane = v_lane AND l.seq > v_last_seq
-                AND (
-                    (l.acked_locally AND l.delivered_by = ack_ledger.relay)
-                    OR l.lease_owner = ack_ledger.relay
-                )
+                AND l.delivered_by = ack_ledger.relay
             ORDER BY l.seq;
+            IF v_lane_row.lease_call_id = v_call AND v_lane_row.lease_owner = ack_ledger.relay THEN
+                RETURN QUERY
+                SELECT x.*
+                FROM ledger_events AS l
+                CROSS JOIN LATERAL _ledger_row(
+                    'claimed', l, v_lane_row.batch_id, v_lane_row.lease_expires_at, _clock_now()
+                ) AS x
+                WHERE
+                    l.run_id = ack_ledger.run_id AND l.lane = v_lane AND l.seq >= v_from
+                    AND l.seq <= v_lane_row.leased_through AND l.delivered_at IS NULL
+                ORDER BY l.seq;
+            END IF;
             -- Whoever holds a lane lock refreshes the lane before it commits
             -- (an append that found it locked left it to us); on a lane that
             -- is current this changes nothing.

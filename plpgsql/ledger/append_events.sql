@@ -42,7 +42,7 @@ BEGIN
     IF v_count > 0 AND v_count = (
         SELECT count(*)
         FROM jsonb_array_elements(append_events.events) AS e (value)
-        INNER JOIN ledger AS l
+        INNER JOIN ledger_events AS l
             ON
                 jsonb_typeof(e.value) = 'object'
                 AND l.delivery_key = e.value ->> 'delivery_key'
@@ -57,7 +57,7 @@ BEGIN
         RETURN QUERY
         SELECT l.event_id, l.seq, l.delivery_key
         FROM jsonb_array_elements(append_events.events) WITH ORDINALITY AS e (value, ordinality)
-        INNER JOIN ledger AS l ON l.delivery_key = e.value ->> 'delivery_key'
+        INNER JOIN ledger_events AS l ON l.delivery_key = e.value ->> 'delivery_key'
         ORDER BY e.ordinality;
         PERFORM _restore_lock_wait(v_caller_lock_timeout);
         RETURN;

@@ -18,7 +18,8 @@
 -- details and frozen batches (batch => true).
 -- Replay: with call_id, if an earlier call with that id committed, its local
 -- acks come back as local_ack and its still-held leases as claimed, and
--- nothing else is done; otherwise the call works afresh.
+-- nothing else is done; otherwise the call works afresh. A lease is found
+-- on its lane row (ledger_lanes.lease_call_id), local acks on the events.
 -- Leases run from the moment they are granted (after the lane lock is held,
 -- so a lock wait does not shorten them); lease_remaining_ms is measured when
 -- the call answers, so a relay can prove its fresh lease still covers its
@@ -60,21 +61,35 @@ BEGIN
     v_now := _now();
 
     IF claim_ledger.call_id IS NOT NULL THEN
+        -- Its local acks (tagged on the events), then the lease it took
+        -- (on the lane), while this relay still holds it.
         RETURN QUERY
         SELECT
             c.kind, c.event_id, c.run_id, c.seq, c.type, c.payload, c.delivery_key, c.created_at, c.frozen,
             c.lease_expires_at, c.lease_remaining_ms
-        FROM ledger AS l
+        FROM (
+            SELECT l, NULL::uuid AS batch_id, NULL::timestamptz AS lease_expires_at
+            FROM ledger_events AS l
+            WHERE
+                l.local_ack_call_id = claim_ledger.call_id
+                AND l.delivered_by = claim_ledger.relay
+            UNION ALL
+            SELECT l, ll.batch_id, ll.lease_expires_at
+            FROM ledger_lanes AS ll
+            INNER JOIN ledger_events AS l
+                ON
+                    ll.run_id = l.run_id AND ll.lane = l.lane
+                    AND l.seq >= ll.head_seq AND l.seq <= ll.leased_through
+            WHERE
+                ll.lease_call_id = claim_ledger.call_id
+                AND ll.lease_owner = claim_ledger.relay
+                AND l.delivered_at IS NULL
+        ) AS r
         CROSS JOIN LATERAL _ledger_row(
-            CASE WHEN l.acked_locally THEN 'local_ack' ELSE 'claimed' END, l, _clock_now()
+            CASE WHEN (r.l).acked_locally THEN 'local_ack' ELSE 'claimed' END, r.l, r.batch_id,
+            r.lease_expires_at, _clock_now()
         ) AS c
-        WHERE
-            l.call_id = claim_ledger.call_id
-            AND (
-                (l.acked_locally AND l.delivered_by = claim_ledger.relay)
-                OR (l.state = 'leased' AND l.lease_owner = claim_ledger.relay)
-            )
-        ORDER BY l.run_id, l.seq;
+        ORDER BY c.run_id, c.seq;
         GET DIAGNOSTICS v_count = ROW_COUNT;
         IF v_count > 0 THEN
             PERFORM _restore_lock_wait(v_caller_lock_timeout);

@@ -8,7 +8,9 @@
 --              the event is failed and its lane stays blocked behind it until
 --              an operator calls requeue_ledger_event.
 -- Events not leased by `relay` are not touched and not returned. A frozen
--- batch keeps its membership. Locks the lane rows in (run_id, lane) order.
+-- batch keeps its membership. A lease covers an unbroken run of its lane
+-- from the head, so the leased events behind a failed one are handed back
+-- with it, uncharged (_cut_leases). Locks the lane rows in (run_id, lane) order.
 -- A retry due at once (retry_at in the past) notifies runrelay_ledger.
 CREATE TYPE fail_ledger_result AS (
     event_id bigint,
@@ -32,6 +34,7 @@ DECLARE
     v_caller_lock_timeout text := _bound_lock_wait();
     v_now timestamptz;
     v_max integer;
+    v_ids bigint[];
 BEGIN
     PERFORM _require_read_committed();
     PERFORM _check_id('relay', fail_ledger.relay);
@@ -44,16 +47,13 @@ BEGIN
     PERFORM _lock_event_lanes(fail_ledger.event_ids);
     v_now := _now();
     SELECT s.ledger_max_delivery_attempts INTO v_max FROM settings AS s;
+    -- The leases end at the first failed event (_cut_leases); the failure
+    -- itself changes no indexed column, so each event's update is HOT.
+    v_ids := _cut_leases(fail_ledger.relay, fail_ledger.event_ids);
     RETURN QUERY
-    UPDATE ledger AS l
+    UPDATE ledger_events AS l
     SET delivery_attempts = l.delivery_attempts + 1,
         last_error = fail_ledger.error,
-        lease_owner = NULL,
-        lease_expires_at = NULL,
-        state = CASE
-            WHEN fail_ledger.permanent OR l.delivery_attempts + 1 >= v_max THEN 'failed'
-            ELSE 'pending'
-        END,
         failed_at = CASE
             WHEN fail_ledger.permanent OR l.delivery_attempts + 1 >= v_max THEN v_now
         END,
@@ -61,14 +61,8 @@ BEGIN
             WHEN fail_ledger.permanent OR l.delivery_attempts + 1 >= v_max THEN l.next_attempt_at
             ELSE coalesce(fail_ledger.retry_at, v_now + _backoff(l.delivery_attempts + 1))
         END
-    WHERE
-        l.event_id = ANY(fail_ledger.event_ids)
-        -- Leased by this relay: an owner implies state 'leased'
-        -- (ledger_leased_has_owner). Testing state itself would let a plan
-        -- made with stale statistics walk ledger_pending_idx (state <>
-        -- 'delivered') instead of probing the primary key.
-        AND l.lease_owner = fail_ledger.relay
-    RETURNING l.event_id, CASE WHEN l.state = 'failed' THEN 'blocked' ELSE 'retrying' END;
+    WHERE l.event_id = ANY(v_ids)
+    RETURNING l.event_id, CASE WHEN l.failed_at IS NOT NULL THEN 'blocked' ELSE 'retrying' END;
     PERFORM _refresh_event_lanes(fail_ledger.event_ids);
     PERFORM _restore_lock_wait(v_caller_lock_timeout);
 END;

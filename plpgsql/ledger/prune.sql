@@ -1,8 +1,13 @@
 -- prune(): delete delivered ledger events older than a cut-off, at most
--- max_rows per call (oldest first, through ledger_delivered_idx), so a
--- scheduled job can keep the table small without long transactions. Rows a
--- relay still leases or has not delivered are never touched. Returns the
--- number of events deleted.
+-- max_rows per call (oldest events first), so a scheduled job can keep the
+-- table small without long transactions. Rows a relay still leases or has
+-- not delivered are never touched. Returns the number of events deleted.
+-- There is no index on delivered_at: it would make every delivery a non-HOT
+-- update (schema/06_ledger.sql). An event is delivered after it is created,
+-- so the events delivered before the cut-off are among those created before
+-- it: prune walks ledger_created_idx up to the cut-off, skipping the events
+-- in that range that are undelivered or were delivered later (in a ledger
+-- pruned regularly, the old undelivered ones: a blocked lane's, a backlog's).
 CREATE FUNCTION prune(delivered_before timestamptz, max_rows integer DEFAULT 10000)
 RETURNS integer
 LANGUAGE plpgsql
@@ -17,12 +22,12 @@ BEGIN
     PERFORM _require_read_committed();
     PERFORM _check_time('delivered_before', prune.delivered_before, FALSE);
     PERFORM _check_int('max_rows', prune.max_rows, 1, 1000000);
-    DELETE FROM ledger AS l
+    DELETE FROM ledger_events AS l
     WHERE l.event_id IN (
         SELECT d.event_id
-        FROM ledger AS d
-        WHERE d.state = 'delivered' AND d.delivered_at < prune.delivered_before
-        ORDER BY d.delivered_at
+        FROM ledger_events AS d
+        WHERE d.created_at < prune.delivered_before AND d.delivered_at < prune.delivered_before
+        ORDER BY d.created_at, d.event_id
         LIMIT prune.max_rows
     );
     GET DIAGNOSTICS v_count = ROW_COUNT;

@@ -1,7 +1,9 @@
 -- renew_ledger_lease(): extend the leases a relay still holds, for a slow
 -- delivery. Only events leased by `relay` (even if their lease has lapsed but
--- was not taken over) are renewed and returned; others are left alone. Locks
--- the lane rows in (run_id, lane) order.
+-- was not taken over) are renewed and returned; others are left alone. A
+-- lease is a lane's (its events from the head through leased_through), so
+-- renewing any of its events renews all of them. Locks the lane rows in
+-- (run_id, lane) order.
 CREATE TYPE renew_ledger_lease_result AS (
     event_id bigint,
     lease_expires_at timestamptz
@@ -28,17 +30,31 @@ BEGIN
     PERFORM _lock_event_lanes(renew_ledger_lease.event_ids);
     -- From the grant: a renewal that waited for a lane lock keeps its full lease.
     v_now := _clock_now();
+    -- The lease lives on the lane (schema/06_ledger.sql): one update per
+    -- lane renews every event it covers; the answer names those of
+    -- event_ids. A lapsed lease still held by this relay is renewed.
     RETURN QUERY
-    UPDATE ledger AS l
-    SET lease_expires_at = v_now + _lease(renew_ledger_lease.lease_seconds)
+    WITH renewed AS (
+        UPDATE ledger_lanes AS ll
+        SET lease_expires_at = v_now + _lease(renew_ledger_lease.lease_seconds)
+        FROM (
+            SELECT DISTINCT l.run_id, l.lane
+            FROM ledger_events AS l
+            WHERE l.event_id = ANY(renew_ledger_lease.event_ids)
+        ) AS x
+        WHERE
+            ll.run_id = x.run_id AND ll.lane = x.lane
+            AND ll.lease_owner = renew_ledger_lease.relay
+        RETURNING ll.run_id, ll.lane, ll.head_seq, ll.leased_through, ll.lease_expires_at
+    )
+    SELECT l.event_id, r.lease_expires_at
+    FROM ledger_events AS l
+    INNER JOIN renewed AS r ON l.run_id = r.run_id AND l.lane = r.lane
     WHERE
         l.event_id = ANY(renew_ledger_lease.event_ids)
-        -- Leased by this relay: an owner implies state 'leased'
-        -- (ledger_leased_has_owner). Testing state itself would let a plan
-        -- made with stale statistics walk ledger_pending_idx (state <>
-        -- 'delivered') instead of probing the primary key.
-        AND l.lease_owner = renew_ledger_lease.relay
-    RETURNING l.event_id, l.lease_expires_at;
+        AND l.seq >= r.head_seq AND l.seq <= r.leased_through
+        AND l.delivered_at IS NULL
+    ORDER BY r.run_id COLLATE "C", r.lane, l.seq;
     PERFORM _refresh_event_lanes(renew_ledger_lease.event_ids);
     PERFORM _restore_lock_wait(v_caller_lock_timeout);
 END;

@@ -1,9 +1,31 @@
--- The run ledger: per-run, per-lane ordered events awaiting delivery.
+-- The run ledger's events: per-run, per-lane ordered events awaiting delivery.
+-- Readers see them through the `ledger` view (views/ledger.sql), which adds
+-- each event's state and lease from its lane; the table itself holds only
+-- what a relay's lease does not change.
 --
 -- seq comes from runs.ledger_seq, advanced under the run's row lock, so per
 -- run it follows commit order. Within one run event_id order equals seq order
 -- for the same reason.
-CREATE TABLE ledger (
+--
+-- A lease is not written here: the lease of a lane's claimed events lives on
+-- the lane row (ledger_lanes.lease_owner .. leased_through), so leasing a
+-- batch is one update of one lane row. Delivery (delivered_at, delivered_by,
+-- call_id, the batch it was delivered in, a dropped payload) and a failure
+-- (delivery_attempts, last_error, failed_at, next_attempt_at) change no
+-- indexed column and no column of an index predicate, so those updates are
+-- HOT: no index gets a new entry. Which events are undelivered is known from
+-- the lane (its head, or delivered_below), never from an index predicate:
+-- acknowledgement is always of an unbroken prefix, so a lane's delivered
+-- events are exactly those below its head.
+--
+-- batch_id, batch_started_at: the frozen batch an event was delivered in
+-- (written when it is acknowledged); while undelivered, the frozen batch it
+-- belongs to is the lane's (ledger_lanes.batch_id .. batch_through).
+-- call_id: the call that acknowledged the event (an ack_ledger, or the
+-- claim that acknowledged it locally); local_ack_call_id: the same, only for
+-- a local acknowledgement, indexed for claim_ledger's replays (only
+-- transport-only events ever write it, so a delivery stays HOT).
+CREATE TABLE ledger_events (
     event_id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     run_id text NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
     lane text NOT NULL,
@@ -13,9 +35,6 @@ CREATE TABLE ledger (
     delivery_key text NOT NULL,
     transport_only boolean NOT NULL DEFAULT FALSE,
     created_at timestamptz NOT NULL,
-    state text NOT NULL DEFAULT 'pending',
-    lease_owner text,
-    lease_expires_at timestamptz,
     batch_id uuid,
     batch_started_at timestamptz,
     delivery_attempts integer NOT NULL DEFAULT 0,
@@ -28,32 +47,32 @@ CREATE TABLE ledger (
     -- A transport-only head acknowledged by a claim rather than delivered;
     -- kept apart so that a replayed claim can report it again.
     acked_locally boolean NOT NULL DEFAULT FALSE,
+    local_ack_call_id uuid,
     CONSTRAINT ledger_delivery_key_unique UNIQUE (delivery_key),
     CONSTRAINT ledger_lane CHECK (lane IN ('lifecycle', 'observability')),
-    CONSTRAINT ledger_state CHECK (
-        state IN ('pending', 'leased', 'delivered', 'failed')
-    ),
     CONSTRAINT ledger_type_length CHECK (length(type) BETWEEN 1 AND 200),
     CONSTRAINT ledger_delivery_key_length CHECK (
         length(delivery_key) BETWEEN 1 AND 400
     ),
     CONSTRAINT ledger_seq_positive CHECK (seq >= 1),
-    CONSTRAINT ledger_leased_has_owner CHECK (
-        (state = 'leased')
-        = (lease_owner IS NOT NULL AND lease_expires_at IS NOT NULL)
+    CONSTRAINT ledger_delivered_not_failed CHECK (
+        delivered_at IS NULL OR failed_at IS NULL
     ),
-    CONSTRAINT ledger_delivered_iff_at CHECK (
-        (state = 'delivered') = (delivered_at IS NOT NULL)
-    ),
-    CONSTRAINT ledger_failed_iff_at CHECK (
-        (state = 'failed') = (failed_at IS NOT NULL)
+    CONSTRAINT ledger_delivered_by CHECK (
+        (delivered_at IS NULL) = (delivered_by IS NULL)
     ),
     CONSTRAINT ledger_batch_started CHECK (
         (batch_id IS NULL) = (batch_started_at IS NULL)
     ),
+    CONSTRAINT ledger_batch_delivered CHECK (
+        batch_id IS NULL OR delivered_at IS NOT NULL
+    ),
     CONSTRAINT ledger_delivery_attempts CHECK (delivery_attempts >= 0),
     CONSTRAINT ledger_acked_locally_delivered CHECK (
-        NOT acked_locally OR state = 'delivered'
+        NOT acked_locally OR delivered_at IS NOT NULL
+    ),
+    CONSTRAINT ledger_local_ack_call CHECK (
+        local_ack_call_id IS NULL OR acked_locally
     )
 ) WITH (
     fillfactor = 90,
@@ -62,17 +81,20 @@ CREATE TABLE ledger (
     autovacuum_analyze_scale_factor = 0.02
 );
 
--- Each run lane's undelivered tail in order: heads and prefixes are seeks.
-CREATE INDEX ledger_pending_idx ON ledger (run_id, lane, seq)
-WHERE state <> 'delivered';
+-- Each run lane's events in order. Not partial: a predicate on the delivery
+-- state would make every delivery a non-HOT update. Scans of the pending
+-- tail start at the lane's head (ledger_lanes.head_seq, or delivered_below
+-- for an empty lane), so heads and prefixes are seeks, O(batch), whatever
+-- the delivered history.
+CREATE INDEX ledger_lane_seq_idx ON ledger_events (run_id, lane, seq);
 
--- prune(): delivered events by age.
-CREATE INDEX ledger_delivered_idx ON ledger (delivered_at)
-WHERE state = 'delivered';
+-- prune(): events by age. Not delivered_at (a delivery would then be a
+-- non-HOT update): an event delivered before a cut-off was created before it.
+CREATE INDEX ledger_created_idx ON ledger_events (created_at, event_id);
 
--- Claim replays: what a claim call leased or acknowledged locally.
-CREATE INDEX ledger_call_id_idx ON ledger (call_id)
-WHERE call_id IS NOT NULL;
+-- Claim replays: the transport-only events a claim call acknowledged locally.
+CREATE INDEX ledger_local_ack_call_idx ON ledger_events (local_ack_call_id)
+WHERE local_ack_call_id IS NOT NULL;
 
 -- One row per (run, lane) that has undelivered events: where its head is and
 -- when it can next be claimed. Relays discover work here (one row per run,
@@ -85,12 +107,32 @@ WHERE call_id IS NOT NULL;
 -- its retry time, or the expiry of its lease), or, for a lane a relay drained
 -- while a writer held the run row, the moment to look at it again
 -- (_refresh_lane).
+--
+-- delivered_below: every event of the lane with a lower seq is delivered
+-- (the head's seq while there is one); where a scan of an empty lane starts.
+--
+-- The lease (the watermark): lease_owner holds the lane's events from the
+-- head through leased_through until lease_expires_at, taken by the call
+-- lease_call_id. An event inside it reads as leased in the ledger view.
+-- A lapsed lease stays until someone takes it over, as it did on the events.
+-- The frozen batch: the lane's undelivered events from the head through
+-- batch_through are the members of batch_id, fixed at its first claim;
+-- a re-claim of the head leases exactly them, never more. Both end when
+-- the head passes their last seq (_refresh_lane).
 CREATE TABLE ledger_lanes (
     run_id text NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
     lane text NOT NULL,
     head_seq bigint,
     available_at timestamptz,
     blocked boolean NOT NULL DEFAULT FALSE,
+    delivered_below bigint NOT NULL DEFAULT 0,
+    lease_owner text,
+    lease_expires_at timestamptz,
+    leased_through bigint,
+    lease_call_id uuid,
+    batch_id uuid,
+    batch_started_at timestamptz,
+    batch_through bigint,
     PRIMARY KEY (run_id, lane),
     CONSTRAINT ledger_lanes_lane CHECK (lane IN ('lifecycle', 'observability')),
     CONSTRAINT ledger_lanes_blocked_not_available CHECK (
@@ -98,6 +140,15 @@ CREATE TABLE ledger_lanes (
     ),
     CONSTRAINT ledger_lanes_available_has_head CHECK (
         available_at IS NULL OR head_seq IS NOT NULL
+    ),
+    CONSTRAINT ledger_lanes_lease CHECK (
+        (lease_owner IS NULL) = (lease_expires_at IS NULL)
+        AND (lease_owner IS NULL) = (leased_through IS NULL)
+        AND (lease_call_id IS NULL OR lease_owner IS NOT NULL)
+    ),
+    CONSTRAINT ledger_lanes_batch CHECK (
+        (batch_id IS NULL) = (batch_started_at IS NULL)
+        AND (batch_id IS NULL) = (batch_through IS NULL)
     )
 ) WITH (
     fillfactor = 70,
@@ -107,6 +158,10 @@ CREATE TABLE ledger_lanes (
 
 CREATE INDEX ledger_lanes_available_idx ON ledger_lanes (lane, available_at)
 WHERE available_at IS NOT NULL;
+
+-- Claim replays: the lease a claim call took.
+CREATE INDEX ledger_lanes_lease_call_idx ON ledger_lanes (lease_call_id)
+WHERE lease_call_id IS NOT NULL;
 
 -- Lane wake-ups an appender could not write on the lane row. An append that
 -- finds a lane empty wakes it (head_seq, available_at), but never waits for

@@ -275,7 +275,7 @@ def run(
                 )
                 return 2
             admin.execute(
-                "TRUNCATE runrelay.ledger_lanes, runrelay.ledger, runrelay.signals,"
+                "TRUNCATE runrelay.ledger_lanes, runrelay.ledger_events, runrelay.signals,"
                 " runrelay.cancellations, runrelay.attempts, runrelay.runs"
             )
         admin.execute(

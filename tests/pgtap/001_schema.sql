@@ -7,13 +7,13 @@ SELECT has_table('runrelay', 'runs', 'runs exists');
 SELECT has_table('runrelay', 'attempts', 'attempts exists');
 SELECT has_table('runrelay', 'cancellations', 'cancellations exists');
 SELECT has_table('runrelay', 'signals', 'signals exists');
-SELECT has_table('runrelay', 'ledger', 'ledger exists');
+SELECT has_view('runrelay', 'ledger', 'ledger exists (a view of ledger_events with each event''s lease read from its lane)');
 SELECT col_is_pk('runrelay', 'runs', 'run_id', 'runs keyed by run_id');
 SELECT col_is_pk('runrelay', 'attempts', ARRAY['run_id', 'attempt'], 'attempts keyed by run and number');
-SELECT col_is_pk('runrelay', 'ledger', 'event_id', 'ledger keyed by event_id');
+SELECT col_is_pk('runrelay', 'ledger_events', 'event_id', 'ledger keyed by event_id');
 SELECT col_type_is('runrelay', 'attempts', 'lease_token', 'uuid', 'lease tokens are uuids');
 SELECT col_type_is('runrelay', 'ledger', 'seq', 'bigint', 'seq is bigint');
-SELECT col_is_unique('runrelay', 'ledger', 'delivery_key', 'delivery keys are unique');
+SELECT col_is_unique('runrelay', 'ledger_events', 'delivery_key', 'delivery keys are unique');
 
 SELECT throws_ok(
     $$SELECT tests.insert_run('bad-status', 'exploded')$$,

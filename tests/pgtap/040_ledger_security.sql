@@ -120,7 +120,7 @@ SELECT results_eq(
 SELECT throws_ok($$SELECT runrelay.append_events('sec', '[{"type": "b"}]')$$, '42501', NULL, 'a relay cannot append events');
 SELECT throws_ok($$SELECT runrelay.prune(now())$$, '42501', NULL, 'a relay cannot prune');
 SELECT throws_ok($$SELECT runrelay.requeue_ledger_event(1)$$, '42501', NULL, 'a relay cannot requeue');
-SELECT throws_ok($$UPDATE runrelay.ledger SET state = 'delivered'$$, '42501', NULL, 'a relay cannot write the ledger directly');
+SELECT throws_ok($$UPDATE runrelay.ledger_events SET delivered_at = now()$$, '42501', NULL, 'a relay cannot write the ledger directly');
 RESET ROLE;
 SET LOCAL ROLE runrelay_worker;
 SELECT throws_ok(

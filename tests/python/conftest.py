@@ -28,7 +28,7 @@ TABLES = (
     "calls",
     "ledger_wakeups",
     "ledger_lanes",
-    "ledger",
+    "ledger_events",
     "signals",
     "cancellations",
     "attempts",

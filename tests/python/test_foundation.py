@@ -17,9 +17,17 @@ from conftest import alembic, create_database, drop_database
 from sqlapi import call, claim_one, enqueue, fenced, scalar
 
 ROLES = ("runrelay_producer", "runrelay_worker", "runrelay_relay", "runrelay_admin")
-SET_CLAUSE = {"settings": "singleton = true", "signals": "name = name", "ledger": "lane = lane"}
-TABLES = ("runs", "attempts", "cancellations", "signals", "ledger", "ledger_lanes", "settings",
-          "calls")  # fmt: skip
+SET_CLAUSE = {
+    "settings": "singleton = true",
+    "signals": "name = name",
+    "ledger": "lane = lane",
+    "ledger_events": "lane = lane",
+}
+TABLES = ("runs", "attempts", "cancellations", "signals", "ledger", "ledger_events",
+          "ledger_lanes", "settings", "calls")  # fmt: skip
+# `ledger` is a view joining ledger_events to its lane: not updatable at all,
+# so a write fails before any privilege is checked (and would fail for anyone).
+VIEWS = ("ledger",)
 
 
 def insert_run(conn: psycopg.Connection, run_id: str = "r1", **overrides: object) -> None:
@@ -102,21 +110,30 @@ def test_attempt_and_ledger_constraints(db: psycopg.Connection) -> None:
             " 'exploded', now(), now())"
         )
     assert exc.value.diag.constraint_name == "attempts_status"
+    # The events table holds what a lease does not change (the lease is the
+    # lane's, see schema/06_ledger.sql); its CHECKs tie delivery to its columns.
     base = (
-        "INSERT INTO runrelay.ledger (run_id, lane, seq, type, delivery_key, created_at,"
-        " next_attempt_at, state, lease_owner, lease_expires_at, delivered_at)"
-        " VALUES ('r1', %s, 1, 't', 'k', now(), now(), %s, %s, %s, %s)"
+        "INSERT INTO runrelay.ledger_events (run_id, lane, seq, type, delivery_key, created_at,"
+        " next_attempt_at, delivered_at, delivered_by, failed_at, batch_id, batch_started_at)"
+        " VALUES ('r1', %s, 1, 't', 'k', now(), now(), %s, %s, %s, %s, %s)"
     )
+    batch = "00000000-0000-0000-0000-000000000001"
     cases = [
-        (("sideband", "pending", None, None, None), "ledger_lane"),
-        (("lifecycle", "leased", None, None, None), "ledger_leased_has_owner"),
-        (("lifecycle", "delivered", "relay", "now", "now"), "ledger_leased_has_owner"),
-        (("lifecycle", "delivered", None, None, None), "ledger_delivered_iff_at"),
+        (("sideband", None, None, None, None, None), "ledger_lane"),
+        (("lifecycle", "now", None, None, None, None), "ledger_delivered_by"),
+        (("lifecycle", "now", "relay", "now", None, None), "ledger_delivered_not_failed"),
+        (("lifecycle", None, None, None, batch, "now"), "ledger_batch_delivered"),
     ]
     for params, constraint in cases:
         with pytest.raises(errors.CheckViolation) as exc:
             db.execute(base, params)
         assert exc.value.diag.constraint_name == constraint
+    with pytest.raises(errors.CheckViolation) as exc:
+        db.execute(
+            "INSERT INTO runrelay.ledger_lanes (run_id, lane, lease_owner)"
+            " VALUES ('r1', 'lifecycle', 'x')"
+        )
+    assert exc.value.diag.constraint_name == "ledger_lanes_lease"
 
 
 @pytest.mark.parametrize("role", ROLES)
@@ -124,12 +141,16 @@ def test_attempt_and_ledger_constraints(db: psycopg.Connection) -> None:
 def test_roles_cannot_touch_tables(db_url: str, role: str, table: str) -> None:
     with psycopg.connect(db_url, autocommit=True) as c:
         c.execute(f"SET ROLE {role}")
+        refused: tuple[type[Exception], ...] = (errors.InsufficientPrivilege,)
+        if table in VIEWS:
+            refused += (errors.ObjectNotInPrerequisiteState,)
+        with pytest.raises(errors.InsufficientPrivilege):
+            c.execute(f"SELECT 1 FROM runrelay.{table} LIMIT 1")
         for statement in (
-            f"SELECT 1 FROM runrelay.{table} LIMIT 1",
             f"DELETE FROM runrelay.{table}",
             f"UPDATE runrelay.{table} SET {SET_CLAUSE.get(table, 'run_id = run_id')}",
         ):
-            with pytest.raises(errors.InsufficientPrivilege):
+            with pytest.raises(refused):
                 c.execute(statement)
 
 
@@ -515,3 +536,93 @@ def test_two_installs_share_one_database() -> None:
 
 def test_frozen_code_of_head_matches_plpgsql_source() -> None:
     assert _sqlsource.main(["check"]) == 0
+
+
+def test_0008_moves_live_leases_to_their_lanes_and_back() -> None:
+    """0008 keeps a lane's lease on its lane row instead of its events. The
+    upgrade moves every live lease (a batch, a single head, a lapsed one) and
+    every frozen batch to the lanes, the downgrade back to the events, and the
+    ledger reads the same each way: every event's state, owner, expiry,
+    batch and attempts. Relays then carry on where they were."""
+    name = f"rr_watermark_{os.getpid()}"
+    url = create_database(name)
+    facts = (
+        "SELECT run_id, lane, seq, state, lease_owner, lease_expires_at, batch_id,"
+        " batch_started_at, delivery_attempts, delivered_at, delivered_by, acked_locally"
+        " FROM runrelay.ledger ORDER BY run_id, lane, seq"
+    )
+    obs = """[{"type": "a", "lane": "observability"}, {"type": "b", "lane": "observability"},
+              {"type": "c", "lane": "observability"}, {"type": "d", "lane": "observability"}]"""
+    try:
+        alembic(url, "upgrade", "0007")
+        with psycopg.connect(url, autocommit=True) as c:
+            for run in ("batch", "released", "single", "failing"):
+                c.execute("SELECT runrelay.enqueue_run(%s)", [run])
+                c.execute("SELECT runrelay.append_events(%s, %s)", [run, obs])
+            # A leased batch of three, partly acknowledged.
+            ids = [
+                r[0]
+                for r in c.execute(
+                    "SELECT event_id FROM runrelay.claim_ledger('A', 'observability', 'batch',"
+                    " max_events => 3, batch => true)"
+                ).fetchall()
+            ]
+            c.execute("SELECT runrelay.ack_ledger('A', 'batch', %s)", [ids[:1]])
+            # A frozen batch released: pending, still frozen.
+            ids = [
+                r[0]
+                for r in c.execute(
+                    "SELECT event_id FROM runrelay.claim_ledger('B', 'observability', 'released',"
+                    " max_events => 2, batch => true)"
+                ).fetchall()
+            ]
+            c.execute("SELECT runrelay.release_ledger('B', %s)", [ids])
+            # A single lifecycle head leased, one that failed and retries.
+            c.execute("SELECT runrelay.claim_ledger('C', run_id => 'single')")
+            [[head]] = c.execute(
+                "SELECT event_id FROM runrelay.claim_ledger('D', run_id => 'failing')"
+            ).fetchall()
+            c.execute(
+                "SELECT runrelay.fail_ledger('D', %s, '{}', retry_at => now() + interval '1 hour')",
+                [[head]],
+            )
+            before = c.execute(facts).fetchall()
+            assert {r[3] for r in before} == {"pending", "leased", "delivered"}
+        alembic(url, "upgrade", "head")
+        with psycopg.connect(url, autocommit=True) as c:
+            assert c.execute(facts).fetchall() == before
+            # The lease holder acknowledges the rest of its batch and goes on.
+            rest = [
+                r[0]
+                for r in c.execute(
+                    "SELECT event_id FROM runrelay.ledger WHERE run_id = 'batch'"
+                    " AND lane = 'observability' AND state = 'leased' ORDER BY seq"
+                ).fetchall()
+            ]
+            assert len(rest) == 2
+            kinds = c.execute(
+                "SELECT kind FROM runrelay.ack_ledger('A', 'batch', %s, claim_next => 10,"
+                " batch => true)",
+                [rest],
+            ).fetchall()
+            assert kinds == [("delivered",), ("delivered",), ("claimed",)]
+            # The released batch is re-claimed exactly.
+            again = c.execute(
+                "SELECT type, frozen FROM runrelay.claim_ledger('E', 'observability', 'released',"
+                " max_events => 10, batch => true)"
+            ).fetchall()
+            assert again == [("a", True), ("b", True)]
+            c.execute(
+                "SELECT runrelay.release_ledger('E', ARRAY(SELECT event_id FROM"
+                " runrelay.ledger WHERE lease_owner = 'E'))"
+            )
+            during = c.execute(facts).fetchall()
+        alembic(url, "downgrade", "0007")
+        with psycopg.connect(url, autocommit=True) as c:
+            assert c.execute(facts).fetchall() == during
+            assert c.execute(
+                "SELECT type FROM runrelay.claim_ledger('F', 'observability', 'released',"
+                " max_events => 10, batch => true)"
+            ).fetchall() == [("a",), ("b",)]
+    finally:
+        drop_database(name)

@@ -36,7 +36,7 @@ INITPLAN = re.compile(r"InitPlan \d+ \(returns ([$\d,]+)\)")
 #   ack_ledger's lane lookup and acknowledgement over event_id = ANY(ids)
 REPLANNED = (
     "SELECT min(l.lane), count(DISTINCT l.lane)",
-    "UPDATE ledger AS l",
+    "UPDATE ledger_events AS l",
 )
 
 

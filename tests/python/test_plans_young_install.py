@@ -19,7 +19,7 @@ import pytest
 
 from sqlapi import call, scalar
 
-BIG = ("runs", "attempts", "ledger", "ledger_lanes", "calls")
+BIG = ("runs", "attempts", "ledger_events", "ledger_lanes", "calls")
 SEQ_SCAN = re.compile(rf"Seq Scan on ({'|'.join(BIG)}) ")
 REMOVED = re.compile(r"Rows Removed by (?:Filter|Index Recheck|Join Filter): (\d+)")
 
@@ -53,19 +53,19 @@ def prefill(db: psycopg.Connection) -> None:
     )
     db.execute(
         """
-        INSERT INTO runrelay.ledger (run_id, lane, seq, type, payload, delivery_key,
-                                     created_at, state, next_attempt_at, delivered_at,
-                                     delivered_by)
+        INSERT INTO runrelay.ledger_events (run_id, lane, seq, type, payload, delivery_key,
+                                            created_at, next_attempt_at, delivered_at,
+                                            delivered_by)
         SELECT 'done-' || i, 'lifecycle', s,
                CASE s WHEN 1 THEN 'run.queued' ELSE 'run.completed' END,
-               '{}', 'done-' || i || ':' || s, now() - interval '1 day', 'delivered',
+               '{}', 'done-' || i || ':' || s, now() - interval '1 day',
                now() - interval '1 day', now() - interval '1 day', 'old'
         FROM generate_series(1, 100000) AS i CROSS JOIN generate_series(1, 2) AS s
         """
     )
     db.execute(
-        "INSERT INTO runrelay.ledger_lanes (run_id, lane)"
-        " SELECT 'done-' || i, 'lifecycle' FROM generate_series(1, 100000) AS i"
+        "INSERT INTO runrelay.ledger_lanes (run_id, lane, delivered_below)"
+        " SELECT 'done-' || i, 'lifecycle', 3 FROM generate_series(1, 100000) AS i"
     )
     db.execute(
         """

@@ -204,10 +204,10 @@ def test_stats_views_read_the_clock_every_function_reads(db: psycopg.Connection)
                    now(), now())"""
     )
     db.execute(
-        """INSERT INTO runrelay.ledger (run_id, lane, seq, type, payload, delivery_key,
-                                        created_at, state, next_attempt_at)
+        """INSERT INTO runrelay.ledger_events (run_id, lane, seq, type, payload, delivery_key,
+                                               created_at, next_attempt_at)
            VALUES ('clock-run', 'observability', 1, 't', '{}', 'clock-run:1',
-                   now() - interval '10 seconds', 'pending', now())"""
+                   now() - interval '10 seconds', now())"""
     )
     ages = """SELECT (SELECT s.oldest_runnable_age_seconds FROM runrelay.run_stats AS s
                       WHERE s.queue = 'clock'),

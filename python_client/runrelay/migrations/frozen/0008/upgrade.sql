@@ -1,3 +1,8 @@
+-- Revision 0008, table changes. Each change has its own section, delimited
+-- by a header and an end line, so that sections written separately merge
+-- side by side.
+
+-- ==== row rules of runs and attempts =======================================
 -- Revision 0008, the row rules of runs and attempts: each table's CHECK
 -- constraints become one CHECK that calls the table's rules function
 -- (_runs_rules, _attempts_rules; see plpgsql/schema/02_runs.sql). The rules and
@@ -184,3 +189,194 @@ ALTER TABLE attempts
             runner_result_received_at, runner_result, outcome, outcome_op
         )
     );
+-- ==== end: row rules of runs and attempts ==================================
+
+-- ==== ledger lease watermark ===============================================
+-- The lease of a lane's claimed events moves from the event rows to the lane
+-- row (schema/06_ledger.sql), so leasing a batch writes one lane row, and
+-- delivery writes no indexed column (a HOT update). The events table becomes
+-- ledger_events; `ledger` is now a view (views/ledger.sql, installed with
+-- this revision's code) that reads each event's state and lease from its
+-- lane, with the columns and meanings the table had.
+--
+-- 0007's code is still installed while this runs; its ledger_stats view reads
+-- ledger.state, which is dropped below, so the view goes first (this
+-- revision's code creates it again).
+DROP VIEW ledger_stats;
+
+ALTER TABLE ledger_lanes
+ADD COLUMN delivered_below bigint NOT NULL DEFAULT 0,
+ADD COLUMN lease_owner text,
+ADD COLUMN lease_expires_at timestamptz,
+ADD COLUMN leased_through bigint,
+ADD COLUMN lease_call_id uuid,
+ADD COLUMN batch_id uuid,
+ADD COLUMN batch_started_at timestamptz,
+ADD COLUMN batch_through bigint;
+
+-- Where a scan of an empty lane starts: past its last event.
+UPDATE ledger_lanes AS ll
+SET delivered_below = coalesce(ll.head_seq, m.last_seq + 1, 0)
+FROM (
+    SELECT
+        l.run_id,
+        l.lane,
+        max(l.seq) AS last_seq
+    FROM ledger AS l
+    GROUP BY l.run_id, l.lane
+) AS m
+WHERE ll.run_id = m.run_id AND ll.lane = m.lane;
+
+-- A live lease (or a lapsed one nobody took over): the unbroken run of
+-- leased events from the lane's head with the head's owner becomes the
+-- lane's lease, until the earliest of their expiries, with the head's call.
+-- A leased event behind a pending one (0007 let a relay release or fail the
+-- head of its batch alone) could not be acknowledged before that one: it is
+-- pending from now on, as after a release.
+WITH heads AS (
+    SELECT
+        ll.run_id,
+        ll.lane,
+        h.seq,
+        h.lease_owner,
+        h.call_id
+    FROM ledger_lanes AS ll
+    INNER JOIN ledger AS h ON ll.run_id = h.run_id AND ll.lane = h.lane AND ll.head_seq = h.seq
+    WHERE h.state = 'leased'
+),
+
+leased AS (
+    SELECT
+        h.run_id,
+        h.lane,
+        h.lease_owner,
+        h.call_id,
+        max(l.seq) AS leased_through,
+        min(l.lease_expires_at) AS lease_expires_at
+    FROM heads AS h
+    CROSS JOIN
+        LATERAL (
+            SELECT min(g.seq) AS stop_seq
+            FROM ledger AS g
+            WHERE
+                g.run_id = h.run_id AND g.lane = h.lane AND g.seq > h.seq
+                AND (g.state <> 'leased' OR g.lease_owner <> h.lease_owner)
+        ) AS s
+    INNER JOIN ledger AS l
+        ON
+            h.run_id = l.run_id AND h.lane = l.lane
+            AND h.seq <= l.seq AND (s.stop_seq IS NULL OR s.stop_seq > l.seq)
+    GROUP BY h.run_id, h.lane, h.lease_owner, h.call_id
+)
+
+UPDATE ledger_lanes AS ll
+SET
+    lease_owner = x.lease_owner,
+    lease_expires_at = x.lease_expires_at,
+    leased_through = x.leased_through,
+    lease_call_id = x.call_id,
+    available_at = x.lease_expires_at
+FROM leased AS x
+WHERE ll.run_id = x.run_id AND ll.lane = x.lane;
+
+-- The frozen batch of a lane's head: its undelivered members from the head.
+-- (A batch always starts at the head it was claimed from, and only the
+-- lane's head batch has undelivered members.)
+UPDATE ledger_lanes AS ll
+SET
+    batch_id = b.batch_id,
+    batch_started_at = b.batch_started_at,
+    batch_through = b.batch_through
+FROM (
+    SELECT
+        h.run_id,
+        h.lane,
+        h.batch_id,
+        h.batch_started_at,
+        max(l.seq) AS batch_through
+    FROM ledger_lanes AS t
+    INNER JOIN ledger AS h ON t.run_id = h.run_id AND t.lane = h.lane AND t.head_seq = h.seq
+    INNER JOIN ledger AS l
+        ON
+            h.run_id = l.run_id AND h.lane = l.lane AND h.batch_id = l.batch_id
+            AND l.state <> 'delivered'
+    WHERE h.batch_id IS NOT NULL AND h.state <> 'delivered'
+    GROUP BY h.run_id, h.lane, h.batch_id, h.batch_started_at
+) AS b
+WHERE ll.run_id = b.run_id AND ll.lane = b.lane;
+
+ALTER TABLE ledger_lanes
+ADD CONSTRAINT ledger_lanes_lease CHECK (
+    (lease_owner IS NULL) = (lease_expires_at IS NULL)
+    AND (lease_owner IS NULL) = (leased_through IS NULL)
+    AND (lease_call_id IS NULL OR lease_owner IS NOT NULL)
+),
+ADD CONSTRAINT ledger_lanes_batch CHECK (
+    (batch_id IS NULL) = (batch_started_at IS NULL)
+    AND (batch_id IS NULL) = (batch_through IS NULL)
+);
+
+CREATE INDEX ledger_lanes_lease_call_idx ON ledger_lanes (lease_call_id)
+WHERE lease_call_id IS NOT NULL;
+
+-- The events keep what a lease does not change. An undelivered event's
+-- batch is its lane's now; a delivered one keeps the batch it was delivered
+-- in. A local acknowledgement's call is indexed apart, for claim replays.
+ALTER TABLE ledger
+DROP CONSTRAINT ledger_state,
+DROP CONSTRAINT ledger_leased_has_owner,
+DROP CONSTRAINT ledger_delivered_iff_at,
+DROP CONSTRAINT ledger_failed_iff_at,
+DROP CONSTRAINT ledger_acked_locally_delivered,
+ADD COLUMN local_ack_call_id uuid;
+
+UPDATE ledger AS l
+SET batch_id = NULL, batch_started_at = NULL
+WHERE l.state <> 'delivered' AND l.batch_id IS NOT NULL;
+
+UPDATE ledger AS l
+SET call_id = NULL
+WHERE l.state <> 'delivered' AND l.call_id IS NOT NULL;
+
+UPDATE ledger AS l
+SET local_ack_call_id = l.call_id
+WHERE l.acked_locally AND l.call_id IS NOT NULL;
+
+DROP INDEX ledger_pending_idx;
+DROP INDEX ledger_delivered_idx;
+DROP INDEX ledger_call_id_idx;
+
+ALTER TABLE ledger
+DROP COLUMN state,
+DROP COLUMN lease_owner,
+DROP COLUMN lease_expires_at;
+
+ALTER TABLE ledger RENAME TO ledger_events;
+ALTER INDEX ledger_pkey RENAME TO ledger_events_pkey;
+ALTER SEQUENCE ledger_event_id_seq RENAME TO ledger_events_event_id_seq;
+ALTER TABLE ledger_events RENAME CONSTRAINT ledger_run_id_fkey TO ledger_events_run_id_fkey;
+
+ALTER TABLE ledger_events
+ADD CONSTRAINT ledger_delivered_not_failed CHECK (
+    delivered_at IS NULL OR failed_at IS NULL
+),
+ADD CONSTRAINT ledger_delivered_by CHECK (
+    (delivered_at IS NULL) = (delivered_by IS NULL)
+),
+ADD CONSTRAINT ledger_batch_delivered CHECK (
+    batch_id IS NULL OR delivered_at IS NOT NULL
+),
+ADD CONSTRAINT ledger_acked_locally_delivered CHECK (
+    NOT acked_locally OR delivered_at IS NOT NULL
+),
+ADD CONSTRAINT ledger_local_ack_call CHECK (
+    local_ack_call_id IS NULL OR acked_locally
+);
+
+CREATE INDEX ledger_lane_seq_idx ON ledger_events (run_id, lane, seq);
+
+CREATE INDEX ledger_created_idx ON ledger_events (created_at, event_id);
+
+CREATE INDEX ledger_local_ack_call_idx ON ledger_events (local_ack_call_id)
+WHERE local_ack_call_id IS NOT NULL;
+-- ==== end: ledger lease watermark ==========================================

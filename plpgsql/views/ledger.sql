@@ -1,0 +1,68 @@
+-- ledger: every ledger event as SPEC §2 describes it, one row per event of
+-- ledger_events with its state and lease read from its lane.
+--
+-- The lease of a lane's claimed events lives on the lane row (the lease
+-- watermark: ledger_lanes.lease_owner, lease_expires_at and leased_through,
+-- the batch in batch_id, batch_started_at and batch_through), so that
+-- leasing a batch writes one lane row and no event row. An event reads as
+--   delivered  once acknowledged (delivered_at),
+--   failed     when blocked until requeued (failed_at),
+--   leased     while it lies inside its lane's lease (seq <= leased_through:
+--              every undelivered event lies at or after the head), with that
+--              lease's owner, expiry and call,
+--   pending    otherwise;
+-- with the batch it was delivered in, or while undelivered the lane's frozen
+-- batch it belongs to (seq <= batch_through). A lapsed lease nobody took over
+-- still reads as leased, as the lease does for the functions.
+-- Reading it costs what reading ledger_events costs, plus one primary-key
+-- probe of the lane per event (or one join).
+CREATE VIEW ledger AS
+SELECT
+    e.event_id,
+    e.run_id,
+    e.lane,
+    e.seq,
+    e.type,
+    e.payload,
+    e.delivery_key,
+    e.transport_only,
+    e.created_at,
+    CASE
+        WHEN e.delivered_at IS NOT NULL THEN 'delivered'
+        WHEN e.failed_at IS NOT NULL THEN 'failed'
+        WHEN e.seq <= ll.leased_through THEN 'leased'
+        ELSE 'pending'
+    END AS state,
+    CASE
+        WHEN e.delivered_at IS NULL AND e.failed_at IS NULL AND e.seq <= ll.leased_through
+            THEN ll.lease_owner
+    END AS lease_owner,
+    CASE
+        WHEN e.delivered_at IS NULL AND e.failed_at IS NULL AND e.seq <= ll.leased_through
+            THEN ll.lease_expires_at
+    END AS lease_expires_at,
+    CASE
+        WHEN e.delivered_at IS NOT NULL THEN e.batch_id
+        WHEN e.seq <= ll.batch_through THEN ll.batch_id
+    END AS batch_id,
+    CASE
+        WHEN e.delivered_at IS NOT NULL THEN e.batch_started_at
+        WHEN e.seq <= ll.batch_through THEN ll.batch_started_at
+    END AS batch_started_at,
+    e.delivery_attempts,
+    e.next_attempt_at,
+    e.failed_at,
+    e.last_error,
+    e.delivered_at,
+    e.delivered_by,
+    CASE
+        WHEN e.delivered_at IS NULL AND e.failed_at IS NULL AND e.seq <= ll.leased_through
+            THEN ll.lease_call_id
+        ELSE e.call_id
+    END AS call_id,
+    e.acked_locally
+FROM ledger_events AS e
+LEFT JOIN ledger_lanes AS ll ON e.run_id = ll.run_id AND e.lane = ll.lane;
+
+COMMENT ON VIEW ledger IS
+'Every ledger event with its state and lease (read from its lane): the ledger of SPEC section 2.';
