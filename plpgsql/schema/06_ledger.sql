@@ -25,6 +25,70 @@
 -- claim that acknowledged it locally); local_ack_call_id: the same, only for
 -- a local acknowledgement, indexed for claim_ledger's replays (only
 -- transport-only events ever write it, so a delivery stays HOT).
+-- _ledger_events_rules(): the row rules of a ledger event, called by the
+-- ledger_events_rules CHECK below. Built as _runs_rules (02_runs.sql) is,
+-- for the same reason (PostgreSQL 15 rebuilds every CHECK expression of a
+-- table for each statement that writes it, and every lifecycle event is a
+-- statement): one CASE arm per rule, named as the CHECK constraint it
+-- replaces and ordered by name, and a broken rule fails with that
+-- constraint's error (23514).
+CREATE FUNCTION _ledger_events_rules(
+    p_lane text,
+    p_type text,
+    p_delivery_key text,
+    p_seq bigint,
+    p_delivered_at timestamptz,
+    p_delivered_by text,
+    p_failed_at timestamptz,
+    p_batch_id uuid,
+    p_batch_started_at timestamptz,
+    p_delivery_attempts integer,
+    p_acked_locally boolean,
+    p_local_ack_call_id uuid
+)
+RETURNS boolean
+LANGUAGE plpgsql
+IMMUTABLE
+PARALLEL SAFE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_broken text;
+BEGIN
+    v_broken := CASE
+        WHEN NOT (NOT p_acked_locally OR p_delivered_at IS NOT NULL)
+            THEN 'ledger_acked_locally_delivered'
+        WHEN NOT (p_batch_id IS NULL OR p_delivered_at IS NOT NULL)
+            THEN 'ledger_batch_delivered'
+        WHEN NOT ((p_batch_id IS NULL) = (p_batch_started_at IS NULL))
+            THEN 'ledger_batch_started'
+        WHEN NOT ((p_delivered_at IS NULL) = (p_delivered_by IS NULL))
+            THEN 'ledger_delivered_by'
+        WHEN NOT (p_delivered_at IS NULL OR p_failed_at IS NULL)
+            THEN 'ledger_delivered_not_failed'
+        WHEN NOT (p_delivery_attempts >= 0) THEN 'ledger_delivery_attempts'
+        WHEN NOT (length(p_delivery_key) BETWEEN 1 AND 400)
+            THEN 'ledger_delivery_key_length'
+        WHEN NOT (p_lane IN ('lifecycle', 'observability')) THEN 'ledger_lane'
+        WHEN NOT (p_local_ack_call_id IS NULL OR p_acked_locally)
+            THEN 'ledger_local_ack_call'
+        WHEN NOT (p_seq >= 1) THEN 'ledger_seq_positive'
+        WHEN NOT (length(p_type) BETWEEN 1 AND 200) THEN 'ledger_type_length'
+    END;
+    IF v_broken IS NULL THEN
+        RETURN TRUE;
+    END IF;
+    RAISE EXCEPTION 'new row for relation "ledger_events" violates check constraint "%"', v_broken
+        USING ERRCODE = 'check_violation', CONSTRAINT = v_broken, TABLE = 'ledger_events';
+END;
+$$;
+
+COMMENT ON FUNCTION _ledger_events_rules(
+    text, text, text, bigint, timestamptz, text, timestamptz, uuid, timestamptz,
+    integer, boolean, uuid
+) IS
+'The row rules of ledger_events (the ledger_events_rules CHECK): true, or a 23514 error naming the rule the row breaks.';
+
 CREATE TABLE ledger_events (
     event_id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     run_id text NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
@@ -49,30 +113,13 @@ CREATE TABLE ledger_events (
     acked_locally boolean NOT NULL DEFAULT FALSE,
     local_ack_call_id uuid,
     CONSTRAINT ledger_delivery_key_unique UNIQUE (delivery_key),
-    CONSTRAINT ledger_lane CHECK (lane IN ('lifecycle', 'observability')),
-    CONSTRAINT ledger_type_length CHECK (length(type) BETWEEN 1 AND 200),
-    CONSTRAINT ledger_delivery_key_length CHECK (
-        length(delivery_key) BETWEEN 1 AND 400
-    ),
-    CONSTRAINT ledger_seq_positive CHECK (seq >= 1),
-    CONSTRAINT ledger_delivered_not_failed CHECK (
-        delivered_at IS NULL OR failed_at IS NULL
-    ),
-    CONSTRAINT ledger_delivered_by CHECK (
-        (delivered_at IS NULL) = (delivered_by IS NULL)
-    ),
-    CONSTRAINT ledger_batch_started CHECK (
-        (batch_id IS NULL) = (batch_started_at IS NULL)
-    ),
-    CONSTRAINT ledger_batch_delivered CHECK (
-        batch_id IS NULL OR delivered_at IS NOT NULL
-    ),
-    CONSTRAINT ledger_delivery_attempts CHECK (delivery_attempts >= 0),
-    CONSTRAINT ledger_acked_locally_delivered CHECK (
-        NOT acked_locally OR delivered_at IS NOT NULL
-    ),
-    CONSTRAINT ledger_local_ack_call CHECK (
-        local_ack_call_id IS NULL OR acked_locally
+    -- Every row rule of an event, one per name; see _ledger_events_rules above.
+    CONSTRAINT ledger_events_rules CHECK (
+        _ledger_events_rules(
+            lane, type, delivery_key, seq, delivered_at, delivered_by, failed_at,
+            batch_id, batch_started_at, delivery_attempts, acked_locally,
+            local_ack_call_id
+        )
     )
 ) WITH (
     fillfactor = 90,

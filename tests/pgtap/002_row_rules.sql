@@ -1,12 +1,13 @@
--- The row rules of runs and attempts (the runs_rules and attempts_rules
--- CHECK constraints, which call _runs_rules and _attempts_rules): each rule
+-- The row rules of runs, attempts and ledger_events (the runs_rules,
+-- attempts_rules and ledger_events_rules CHECK constraints, which call
+-- _runs_rules, _attempts_rules and _ledger_events_rules): each rule
 -- rejects a row that breaks it with SQLSTATE 23514 and the message a CHECK
 -- constraint of the rule's name gives, so the error still says which rule.
 -- Each statement below breaks exactly one rule of a legal row, unless it says
 -- two: then the first broken rule by name is reported, as PostgreSQL orders
 -- separate CHECK constraints.
 BEGIN;
-SELECT plan(38);
+SELECT plan(53);
 
 SELECT tests.insert_run('rr');
 SELECT tests.insert_run('ra');
@@ -181,6 +182,78 @@ SELECT lives_ok(
     'a completed attempt with its outcome is accepted'
 );
 
+-- ledger_events: one legal pending event, then each rule broken once.
+INSERT INTO runrelay.ledger_events (run_id, lane, seq, type, payload, delivery_key, created_at, next_attempt_at)
+VALUES ('rr', 'lifecycle', 1, 'run.queued', '{}', 'rr:1', now(), now());
+SELECT throws_ok(
+    $$ UPDATE runrelay.ledger_events SET acked_locally = TRUE WHERE run_id = 'rr' $$,
+    '23514', 'new row for relation "ledger_events" violates check constraint "ledger_acked_locally_delivered"',
+    'ledger_events: acknowledged locally but not delivered breaks ledger_acked_locally_delivered'
+);
+SELECT throws_ok(
+    $$ UPDATE runrelay.ledger_events SET batch_id = gen_random_uuid(), batch_started_at = now() WHERE run_id = 'rr' $$,
+    '23514', 'new row for relation "ledger_events" violates check constraint "ledger_batch_delivered"',
+    'ledger_events: a delivery batch on an undelivered event breaks ledger_batch_delivered'
+);
+SELECT throws_ok(
+    $$ UPDATE runrelay.ledger_events
+       SET batch_id = gen_random_uuid(), delivered_at = now(), delivered_by = 'r' WHERE run_id = 'rr' $$,
+    '23514', 'new row for relation "ledger_events" violates check constraint "ledger_batch_started"',
+    'ledger_events: a batch without its start breaks ledger_batch_started'
+);
+SELECT throws_ok(
+    $$ UPDATE runrelay.ledger_events SET delivered_at = now() WHERE run_id = 'rr' $$,
+    '23514', 'new row for relation "ledger_events" violates check constraint "ledger_delivered_by"',
+    'ledger_events: delivered by nobody breaks ledger_delivered_by'
+);
+SELECT throws_ok(
+    $$ UPDATE runrelay.ledger_events SET delivered_at = now(), delivered_by = 'r', failed_at = now() WHERE run_id = 'rr' $$,
+    '23514', 'new row for relation "ledger_events" violates check constraint "ledger_delivered_not_failed"',
+    'ledger_events: delivered and failed breaks ledger_delivered_not_failed'
+);
+SELECT throws_ok(
+    $$ UPDATE runrelay.ledger_events SET delivery_attempts = -1 WHERE run_id = 'rr' $$,
+    '23514', 'new row for relation "ledger_events" violates check constraint "ledger_delivery_attempts"',
+    'ledger_events: negative delivery attempts break ledger_delivery_attempts'
+);
+SELECT throws_ok(
+    $$ UPDATE runrelay.ledger_events SET delivery_key = '' WHERE run_id = 'rr' $$,
+    '23514', 'new row for relation "ledger_events" violates check constraint "ledger_delivery_key_length"',
+    'ledger_events: an empty delivery key breaks ledger_delivery_key_length'
+);
+SELECT throws_ok(
+    $$ UPDATE runrelay.ledger_events SET lane = 'audit' WHERE run_id = 'rr' $$,
+    '23514', 'new row for relation "ledger_events" violates check constraint "ledger_lane"',
+    'ledger_events: an unknown lane breaks ledger_lane'
+);
+SELECT throws_ok(
+    $$ UPDATE runrelay.ledger_events SET local_ack_call_id = gen_random_uuid() WHERE run_id = 'rr' $$,
+    '23514', 'new row for relation "ledger_events" violates check constraint "ledger_local_ack_call"',
+    'ledger_events: a local-ack call on an event not acknowledged locally breaks ledger_local_ack_call'
+);
+SELECT throws_ok(
+    $$ UPDATE runrelay.ledger_events SET seq = 0 WHERE run_id = 'rr' $$,
+    '23514', 'new row for relation "ledger_events" violates check constraint "ledger_seq_positive"',
+    'ledger_events: seq 0 breaks ledger_seq_positive'
+);
+SELECT throws_ok(
+    $$ UPDATE runrelay.ledger_events SET type = repeat('t', 201) WHERE run_id = 'rr' $$,
+    '23514', 'new row for relation "ledger_events" violates check constraint "ledger_type_length"',
+    'ledger_events: a type over 200 characters breaks ledger_type_length'
+);
+SELECT throws_ok(
+    $$ UPDATE runrelay.ledger_events SET lane = 'audit', type = '' WHERE run_id = 'rr' $$,
+    '23514', 'new row for relation "ledger_events" violates check constraint "ledger_lane"',
+    'ledger_events: two rules broken report the first by name'
+);
+SELECT lives_ok(
+    $$ UPDATE runrelay.ledger_events
+       SET delivered_at = now(), delivered_by = 'r', batch_id = gen_random_uuid(), batch_started_at = now(),
+           acked_locally = TRUE, local_ack_call_id = gen_random_uuid(), delivery_attempts = 1
+       WHERE run_id = 'rr' $$,
+    'a delivered event with its batch and local acknowledgement is accepted'
+);
+
 SELECT volatility_is(
     'runrelay', '_runs_rules',
     ARRAY[
@@ -197,22 +270,32 @@ SELECT volatility_is(
     ],
     'immutable', '_attempts_rules is IMMUTABLE'
 );
+SELECT volatility_is(
+    'runrelay', '_ledger_events_rules',
+    ARRAY[
+        'text', 'text', 'text', 'bigint', 'timestamp with time zone', 'text', 'timestamp with time zone',
+        'uuid', 'timestamp with time zone', 'integer', 'boolean', 'uuid'
+    ],
+    'immutable', '_ledger_events_rules is IMMUTABLE'
+);
 SELECT
     ok(
         NOT has_function_privilege('public', p.oid, 'EXECUTE'),
         p.proname || ' is not executable by PUBLIC'
     )
 FROM pg_catalog.pg_proc AS p
-WHERE p.pronamespace = 'runrelay'::regnamespace AND p.proname IN ('_runs_rules', '_attempts_rules')
+WHERE p.pronamespace = 'runrelay'::regnamespace AND p.proname IN ('_runs_rules', '_attempts_rules', '_ledger_events_rules')
 ORDER BY p.proname;
 SELECT is(
     (
         SELECT array_agg(c.conname::text ORDER BY c.conname)
         FROM pg_catalog.pg_constraint AS c
-        WHERE c.conrelid IN ('runrelay.runs'::regclass, 'runrelay.attempts'::regclass) AND c.contype = 'c'
+        WHERE
+            c.conrelid IN ('runrelay.runs'::regclass, 'runrelay.attempts'::regclass, 'runrelay.ledger_events'::regclass)
+            AND c.contype = 'c'
     ),
-    ARRAY['attempts_rules', 'runs_rules'],
-    'runs and attempts each have one CHECK, which calls their rules function'
+    ARRAY['attempts_rules', 'ledger_events_rules', 'runs_rules'],
+    'runs, attempts and ledger_events each have one CHECK, which calls their rules function'
 );
 
 SELECT * FROM finish();

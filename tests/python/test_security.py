@@ -87,7 +87,7 @@ ADMIN_VIEWS = frozenset({"run_stats", "ledger_stats"})
 # CHECK must give a row the same answer whenever it is evaluated, so they read
 # only their arguments (plpgsql/schema/02_runs.sql).
 VOLATILITY_ALLOW_LIST: frozenset[str] = frozenset(
-    {"_runnable", "_fence_of", "_runs_rules", "_attempts_rules"}
+    {"_runnable", "_fence_of", "_runs_rules", "_attempts_rules", "_ledger_events_rules"}
 )
 
 RANDOM_TOKEN = "6b1c3c52-7d4e-4a8f-9e0a-1f2b3c4d5e6f"
@@ -313,7 +313,9 @@ def test_definer_functions_pin_search_path_and_helpers_are_unreachable(
 
 
 def test_every_function_is_volatile_unless_allow_listed(db: psycopg.Connection) -> None:
-    reviewed = frozenset({"_runnable", "_fence_of", "_runs_rules", "_attempts_rules"})
+    reviewed = frozenset(
+        {"_runnable", "_fence_of", "_runs_rules", "_attempts_rules", "_ledger_events_rules"}
+    )
     assert reviewed == VOLATILITY_ALLOW_LIST, "the reviewed allow-list"
     assert_all_volatile(db, "runrelay")
 

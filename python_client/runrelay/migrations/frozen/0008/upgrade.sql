@@ -152,43 +152,43 @@ COMMENT ON FUNCTION _attempts_rules(
 'The row rules of attempts (the attempts_rules CHECK): true, or a 23514 error naming the rule the row breaks.';
 
 ALTER TABLE runs
-    DROP CONSTRAINT runs_run_id_length,
-    DROP CONSTRAINT runs_queue_length,
-    DROP CONSTRAINT runs_status,
-    DROP CONSTRAINT runs_finished_iff_terminal,
-    DROP CONSTRAINT runs_wait_iff_waiting,
-    DROP CONSTRAINT runs_wake_at_only_waiting,
-    DROP CONSTRAINT runs_payload_retention,
-    DROP CONSTRAINT runs_max_attempts,
-    DROP CONSTRAINT runs_attempt_count,
-    DROP CONSTRAINT runs_started_has_attempt,
-    DROP CONSTRAINT runs_key_position_iff_key,
-    DROP CONSTRAINT runs_key_held_only_queued,
-    DROP CONSTRAINT runs_completed_has_result,
-    DROP CONSTRAINT runs_ledger_seq,
-    ADD CONSTRAINT runs_rules CHECK (
-        _runs_rules(
-            run_id, queue, status, finished_at, wait, wake_at, payload_retention,
-            max_attempts, attempt_count, concurrency_key, key_position, key_held,
-            result, ledger_seq
-        )
-    );
+DROP CONSTRAINT runs_run_id_length,
+DROP CONSTRAINT runs_queue_length,
+DROP CONSTRAINT runs_status,
+DROP CONSTRAINT runs_finished_iff_terminal,
+DROP CONSTRAINT runs_wait_iff_waiting,
+DROP CONSTRAINT runs_wake_at_only_waiting,
+DROP CONSTRAINT runs_payload_retention,
+DROP CONSTRAINT runs_max_attempts,
+DROP CONSTRAINT runs_attempt_count,
+DROP CONSTRAINT runs_started_has_attempt,
+DROP CONSTRAINT runs_key_position_iff_key,
+DROP CONSTRAINT runs_key_held_only_queued,
+DROP CONSTRAINT runs_completed_has_result,
+DROP CONSTRAINT runs_ledger_seq,
+ADD CONSTRAINT runs_rules CHECK (
+    _runs_rules(
+        run_id, queue, status, finished_at, wait, wake_at, payload_retention,
+        max_attempts, attempt_count, concurrency_key, key_position, key_held,
+        result, ledger_seq
+    )
+);
 
 ALTER TABLE attempts
-    DROP CONSTRAINT attempts_attempt,
-    DROP CONSTRAINT attempts_status,
-    DROP CONSTRAINT attempts_running_has_lease,
-    DROP CONSTRAINT attempts_finished_iff_ended,
-    DROP CONSTRAINT attempts_waiting_has_wait,
-    DROP CONSTRAINT attempts_received_has_result,
-    DROP CONSTRAINT attempts_outcome,
-    DROP CONSTRAINT attempts_outcome_op,
-    ADD CONSTRAINT attempts_rules CHECK (
-        _attempts_rules(
-            attempt, status, lease_expires_at, finished_at, wait,
-            runner_result_received_at, runner_result, outcome, outcome_op
-        )
-    );
+DROP CONSTRAINT attempts_attempt,
+DROP CONSTRAINT attempts_status,
+DROP CONSTRAINT attempts_running_has_lease,
+DROP CONSTRAINT attempts_finished_iff_ended,
+DROP CONSTRAINT attempts_waiting_has_wait,
+DROP CONSTRAINT attempts_received_has_result,
+DROP CONSTRAINT attempts_outcome,
+DROP CONSTRAINT attempts_outcome_op,
+ADD CONSTRAINT attempts_rules CHECK (
+    _attempts_rules(
+        attempt, status, lease_expires_at, finished_at, wait,
+        runner_result_received_at, runner_result, outcome, outcome_op
+    )
+);
 -- ==== end: row rules of runs and attempts ==================================
 
 -- ==== ledger lease watermark ===============================================
@@ -380,3 +380,88 @@ CREATE INDEX ledger_created_idx ON ledger_events (created_at, event_id);
 CREATE INDEX ledger_local_ack_call_idx ON ledger_events (local_ack_call_id)
 WHERE local_ack_call_id IS NOT NULL;
 -- ==== end: ledger lease watermark ==========================================
+
+-- ==== row rules of ledger_events ===========================================
+-- As the row rules of runs and attempts above: the event table's CHECK
+-- constraints (as the lease watermark section leaves them) become one CHECK
+-- calling _ledger_events_rules (plpgsql/schema/06_ledger.sql), with the same
+-- rules, names and errors. Every lifecycle event is a statement that writes
+-- this table, two per job. Added valid: every existing row passed the same
+-- rules a moment ago.
+CREATE FUNCTION _ledger_events_rules(
+    p_lane text,
+    p_type text,
+    p_delivery_key text,
+    p_seq bigint,
+    p_delivered_at timestamptz,
+    p_delivered_by text,
+    p_failed_at timestamptz,
+    p_batch_id uuid,
+    p_batch_started_at timestamptz,
+    p_delivery_attempts integer,
+    p_acked_locally boolean,
+    p_local_ack_call_id uuid
+)
+RETURNS boolean
+LANGUAGE plpgsql
+IMMUTABLE
+PARALLEL SAFE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_broken text;
+BEGIN
+    v_broken := CASE
+        WHEN NOT (NOT p_acked_locally OR p_delivered_at IS NOT NULL)
+            THEN 'ledger_acked_locally_delivered'
+        WHEN NOT (p_batch_id IS NULL OR p_delivered_at IS NOT NULL)
+            THEN 'ledger_batch_delivered'
+        WHEN NOT ((p_batch_id IS NULL) = (p_batch_started_at IS NULL))
+            THEN 'ledger_batch_started'
+        WHEN NOT ((p_delivered_at IS NULL) = (p_delivered_by IS NULL))
+            THEN 'ledger_delivered_by'
+        WHEN NOT (p_delivered_at IS NULL OR p_failed_at IS NULL)
+            THEN 'ledger_delivered_not_failed'
+        WHEN NOT (p_delivery_attempts >= 0) THEN 'ledger_delivery_attempts'
+        WHEN NOT (length(p_delivery_key) BETWEEN 1 AND 400)
+            THEN 'ledger_delivery_key_length'
+        WHEN NOT (p_lane IN ('lifecycle', 'observability')) THEN 'ledger_lane'
+        WHEN NOT (p_local_ack_call_id IS NULL OR p_acked_locally)
+            THEN 'ledger_local_ack_call'
+        WHEN NOT (p_seq >= 1) THEN 'ledger_seq_positive'
+        WHEN NOT (length(p_type) BETWEEN 1 AND 200) THEN 'ledger_type_length'
+    END;
+    IF v_broken IS NULL THEN
+        RETURN TRUE;
+    END IF;
+    RAISE EXCEPTION 'new row for relation "ledger_events" violates check constraint "%"', v_broken
+        USING ERRCODE = 'check_violation', CONSTRAINT = v_broken, TABLE = 'ledger_events';
+END;
+$$;
+
+COMMENT ON FUNCTION _ledger_events_rules(
+    text, text, text, bigint, timestamptz, text, timestamptz, uuid, timestamptz,
+    integer, boolean, uuid
+) IS
+'The row rules of ledger_events (the ledger_events_rules CHECK): true, or a 23514 error naming the rule the row breaks.';
+
+ALTER TABLE ledger_events
+DROP CONSTRAINT ledger_lane,
+DROP CONSTRAINT ledger_type_length,
+DROP CONSTRAINT ledger_delivery_key_length,
+DROP CONSTRAINT ledger_seq_positive,
+DROP CONSTRAINT ledger_delivered_not_failed,
+DROP CONSTRAINT ledger_delivered_by,
+DROP CONSTRAINT ledger_batch_started,
+DROP CONSTRAINT ledger_batch_delivered,
+DROP CONSTRAINT ledger_delivery_attempts,
+DROP CONSTRAINT ledger_acked_locally_delivered,
+DROP CONSTRAINT ledger_local_ack_call,
+ADD CONSTRAINT ledger_events_rules CHECK (
+    _ledger_events_rules(
+        lane, type, delivery_key, seq, delivered_at, delivered_by, failed_at,
+        batch_id, batch_started_at, delivery_attempts, acked_locally,
+        local_ack_call_id
+    )
+);
+-- ==== end: row rules of ledger_events ======================================
