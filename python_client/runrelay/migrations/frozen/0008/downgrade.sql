@@ -48,6 +48,19 @@ ALTER TABLE ledger_events RENAME TO ledger;
 ALTER INDEX ledger_events_pkey RENAME TO ledger_pkey;
 ALTER SEQUENCE ledger_events_event_id_seq RENAME TO ledger_event_id_seq;
 ALTER TABLE ledger RENAME CONSTRAINT ledger_events_run_id_fkey TO ledger_run_id_fkey;
+-- Back to PostgreSQL 18's names for a table called ledger (see upgrade.sql).
+DO $rename$
+DECLARE
+    v_name text;
+BEGIN
+    FOR v_name IN
+        SELECT c.conname FROM pg_catalog.pg_constraint AS c
+        WHERE c.conrelid = 'ledger'::regclass AND c.contype = 'n' AND c.conname LIKE 'ledger\_events\_%\_not\_null'
+    LOOP
+        EXECUTE format('ALTER TABLE ledger RENAME CONSTRAINT %I TO %I', v_name, 'ledger_' || substr(v_name, 15));
+    END LOOP;
+END
+$rename$;
 
 DROP INDEX ledger_lane_seq_idx;
 DROP INDEX ledger_created_idx;

@@ -355,6 +355,22 @@ ALTER TABLE ledger RENAME TO ledger_events;
 ALTER INDEX ledger_pkey RENAME TO ledger_events_pkey;
 ALTER SEQUENCE ledger_event_id_seq RENAME TO ledger_events_event_id_seq;
 ALTER TABLE ledger_events RENAME CONSTRAINT ledger_run_id_fkey TO ledger_events_run_id_fkey;
+-- PostgreSQL 18 names NOT NULL constraints after their table
+-- (ledger_lane_not_null); a table created as ledger_events has
+-- ledger_events_lane_not_null. Earlier versions keep no such constraint rows,
+-- so there this renames nothing.
+DO $rename$
+DECLARE
+    v_name text;
+BEGIN
+    FOR v_name IN
+        SELECT c.conname FROM pg_catalog.pg_constraint AS c
+        WHERE c.conrelid = 'ledger_events'::regclass AND c.contype = 'n' AND c.conname LIKE 'ledger\_%\_not\_null'
+    LOOP
+        EXECUTE format('ALTER TABLE ledger_events RENAME CONSTRAINT %I TO %I', v_name, 'ledger_events_' || substr(v_name, 8));
+    END LOOP;
+END
+$rename$;
 
 ALTER TABLE ledger_events
 ADD CONSTRAINT ledger_delivered_not_failed CHECK (
