@@ -11,8 +11,9 @@
 --
 -- Steps, each one statement for the whole batch:
 --   1. lock the run rows, in the given order, waiting (the caller bounds the
---      wait). Attempt rows are written only under their run's row lock, so
---      with the runs held they cannot change: the UPDATE of step 4 locks them
+--      wait), reading what the fence needs of them and where each row is.
+--      Attempt rows are written only under their run's row lock, so with
+--      the runs held they cannot change: the UPDATE of step 4 locks them
 --      without waiting, and no step locks them ahead;
 --   2. decide every item in a fresh snapshot: the fence (_fence_of: fence_lost,
 --      cancelled, or a replay's recorded outcome) and whether a cancel marker
@@ -22,9 +23,21 @@
 --   4. the items that passed are completed together: one statement for
 --      their attempts, one for their runs, one lifecycle write of
 --      run.completed, then the end-of-run bookkeeping (_ended).
--- Each row is reached by a primary-key probe (LATERAL ... LIMIT 1), so the
--- plans are probes whatever the statistics say: joined by key against the
--- item list, a young install's plan could read the whole table.
+-- Each row is found once, by a primary-key probe (LATERAL ... LIMIT 1, so
+-- the plan is a probe whatever the statistics say: joined by key against the
+-- item list, a young install's plan could read the whole table), and updated
+-- where it was found (by ctid), not looked up again.
+--
+-- enable_seqscan is off for the routine's statements. A worker's session
+-- makes its generic plans early, often while attempts is nearly empty (a new
+-- install; a bench that loads runs and starts at once), and keeps them until
+-- an ANALYZE: planned on 40 attempts, the UPDATE of step 4 hashed a scan of
+-- the whole table, and step 2's probes read it too, for every batch, as it
+-- grew to thousands of rows. With no sequential scan to choose, every
+-- statement here is the probe it is written as, whatever the table's size
+-- when it was planned (tests/python/test_plans_young_install.py). The
+-- setting holds for the helpers called from here too; every one of them is
+-- written as probes.
 -- Answers each item's outcome, in the order given.
 CREATE FUNCTION _complete(
     p_run_ids text[],
@@ -37,6 +50,7 @@ RETURNS text[]
 LANGUAGE plpgsql
 VOLATILE
 SET search_path FROM CURRENT
+SET enable_seqscan = off
 AS $$
 DECLARE
     v_outcomes text[];
@@ -49,34 +63,46 @@ DECLARE
     v_payloads jsonb[];
     v_keys text[];
     v_now timestamptz;
+    v_counts integer[];
+    v_tid tid;
+    v_run_tids tid[];
+    v_attempt_tids tid[];
+    v_rtids tid[] := '{}'::tid[];
+    v_atids tid[] := '{}'::tid[];
 BEGIN
-    PERFORM 1
+    -- 1. The run rows, locked in the given order; what the fence reads of
+    -- them (a locked row is its latest version), and where each is.
+    SELECT array_agg(r.attempt_count ORDER BY g.i), array_agg(r.tid ORDER BY g.i)
+    INTO v_counts, v_run_tids
     FROM generate_subscripts(p_run_ids, 1) AS g (i)
-    CROSS JOIN LATERAL (
-        SELECT 1 FROM runs AS r WHERE r.run_id = p_run_ids[g.i] LIMIT 1 FOR NO KEY UPDATE
-    ) AS r
-    ORDER BY g.i;
+    LEFT JOIN LATERAL (
+        SELECT r.attempt_count, r.ctid AS tid
+        FROM runs AS r
+        WHERE r.run_id = p_run_ids[g.i]
+        LIMIT 1
+        FOR NO KEY UPDATE
+    ) AS r ON TRUE;
 
+    -- 2. A fresh snapshot: the attempts, the fence and the cancel markers.
     SELECT
         array_agg(_fence_of(
-            r.run_id, r.attempt_count, a.attempt, a.lease_token, a.status, a.outcome_op, a.outcome,
-            p_tokens[g.i], 'complete'
+            CASE WHEN v_counts[g.i] IS NOT NULL THEN p_run_ids[g.i] END, v_counts[g.i],
+            a.attempt, a.lease_token, a.status, a.outcome_op, a.outcome, p_tokens[g.i], 'complete'
         ) ORDER BY g.i),
         -- A probe per item (NOT EXISTS may become a hash anti join over
         -- every pending marker).
-        array_agg((SELECT TRUE FROM cancellations AS c WHERE c.run_id = p_run_ids[g.i]) IS NOT NULL ORDER BY g.i)
-    INTO v_outcomes, v_marked
+        array_agg((SELECT TRUE FROM cancellations AS c WHERE c.run_id = p_run_ids[g.i]) IS NOT NULL ORDER BY g.i),
+        array_agg(a.tid ORDER BY g.i)
+    INTO v_outcomes, v_marked, v_attempt_tids
     FROM generate_subscripts(p_run_ids, 1) AS g (i)
     LEFT JOIN LATERAL (
-        SELECT r.run_id, r.attempt_count FROM runs AS r WHERE r.run_id = p_run_ids[g.i] LIMIT 1
-    ) AS r ON TRUE
-    LEFT JOIN LATERAL (
-        SELECT a.attempt, a.lease_token, a.status, a.outcome_op, a.outcome
+        SELECT a.attempt, a.lease_token, a.status, a.outcome_op, a.outcome, a.ctid AS tid
         FROM attempts AS a
         WHERE a.run_id = p_run_ids[g.i] AND a.attempt = p_attempts[g.i]
         LIMIT 1
     ) AS a ON TRUE;
 
+    -- 3. One item at a time, only where needed.
     FOR v_i IN 1 .. cardinality(p_run_ids) LOOP
         IF v_outcomes[v_i] IS NULL AND v_marked[v_i] THEN
             SELECT r.* INTO v_run FROM runs AS r WHERE r.run_id = p_run_ids[v_i];
@@ -88,10 +114,15 @@ BEGIN
             IF jsonb_array_length(p_events[v_i]) > 0 THEN
                 PERFORM _check_keys_unused('final_events', p_events[v_i]);
                 PERFORM _append(p_run_ids[v_i], p_events[v_i]);
+                -- The append wrote a new version of the run row.
+                SELECT r.ctid INTO v_tid FROM runs AS r WHERE r.run_id = p_run_ids[v_i];
+                v_run_tids[v_i] := v_tid;
             END IF;
             v_ids := v_ids || p_run_ids[v_i];
             v_attempts := v_attempts || p_attempts[v_i];
             v_results := v_results || p_results[v_i];
+            v_rtids := v_rtids || v_run_tids[v_i];
+            v_atids := v_atids || v_attempt_tids[v_i];
             v_outcomes[v_i] := 'completed';
         END IF;
     END LOOP;
@@ -99,18 +130,14 @@ BEGIN
         RETURN v_outcomes;
     END IF;
 
-    -- Updated by ctid, found by a primary-key probe: the rows cannot move
-    -- meanwhile (the runs are locked; attempts change only under them).
+    -- 4. Updated where steps 1 and 2 found them: the rows cannot have moved
+    -- since (the runs are locked, attempts change only under them, and a run
+    -- that took final_events was found again).
     v_now := _now();
     UPDATE attempts AS a
     SET status = 'completed', finished_at = v_now, outcome = 'completed', outcome_op = 'complete'
     FROM generate_subscripts(v_ids, 1) AS g (i)
-    CROSS JOIN LATERAL (
-        SELECT t.ctid AS tid FROM attempts AS t
-        WHERE t.run_id = v_ids[g.i] AND t.attempt = v_attempts[g.i]
-        LIMIT 1
-    ) AS x
-    WHERE a.ctid = x.tid;
+    WHERE a.ctid = v_atids[g.i];
     WITH runs_done AS (
         UPDATE runs AS r
         SET status = 'completed',
@@ -121,10 +148,7 @@ BEGIN
             updated_at = v_now,
             ledger_seq = r.ledger_seq + 1
         FROM generate_subscripts(v_ids, 1) AS g (i)
-        CROSS JOIN LATERAL (
-            SELECT t.ctid AS tid FROM runs AS t WHERE t.run_id = v_ids[g.i] LIMIT 1
-        ) AS x
-        WHERE r.ctid = x.tid
+        WHERE r.ctid = v_rtids[g.i]
         RETURNING g.i, r.ledger_seq AS seq, r.concurrency_key
     )
     SELECT

@@ -267,3 +267,47 @@ def test_a_bulk_enqueue_of_1000_runs_is_index_probes(
         assert any("INSERT INTO runs" in plan for plan in captured)
         bad += walks(captured)
     assert not bad, "\n\n".join(bad[:5])
+
+
+def test_completions_planned_on_small_tables_stay_probes_as_they_grow(
+    db: psycopg.Connection, plans: Callable[[], list[str]]
+) -> None:
+    """A worker's session makes its generic plans early, often while the
+    tables are nearly empty (a new install, or runs loaded just before the
+    workers start), and keeps them until an ANALYZE. Completions planned
+    when attempts held a few dozen rows must still be probes once the tables
+    hold 100 000 rows each: batches, a single completion and the fused call."""
+    db.execute("SET auto_explain.log_min_duration = -1")
+    for table in BIG:
+        db.execute(f"ALTER TABLE runrelay.{table} SET (autovacuum_enabled = false)")
+    for i in range(120):
+        call(db, "enqueue_run", run_id=f"g-{i}", queue="grow")
+    db.execute("ANALYZE " + ", ".join(f"runrelay.{table}" for table in BIG))
+
+    def fenced(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [
+            {"run_id": r["run_id"], "attempt": r["attempt"], "lease_token": str(r["lease_token"])}
+            for r in rows
+        ]
+
+    def rounds(n: int) -> None:
+        for _ in range(n):
+            rows = call(db, "claim_attempts", worker="w", queues=["grow"], max_runs=10)
+            done = call(db, "complete_attempts", items=fenced(rows))
+            assert [r["outcome"] for r in done] == ["completed"] * 10
+            (one,) = call(db, "claim_attempts", worker="w", queues=["grow"])
+            assert scalar(db, "complete_attempt", **fenced([one])[0]) == "completed"
+            (one,) = call(db, "claim_attempts", worker="w", queues=["grow"])
+            rows = call(db, "settle_and_claim", items=fenced([one]), worker="w", max_runs=0)
+            assert [r["outcome"] for r in rows] == ["completed"]
+
+    rounds(8)  # plpgsql switches to generic plans after 5 executions
+    prefill(db)  # the tables grow; no ANALYZE tells the planner
+    db.execute("SET auto_explain.log_min_duration = 0")
+    db.execute("SET auto_explain.log_analyze = on")
+    plans()
+    rounds(1)
+    captured = plans()
+    assert any("UPDATE attempts" in plan for plan in captured)
+    bad = walks(captured)
+    assert not bad, "\n\n".join(bad[:5])
