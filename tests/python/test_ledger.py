@@ -368,7 +368,9 @@ def test_acks_stay_o_batch_after_a_long_delivered_history(db: psycopg.Connection
         )
         plans = take()
         assert sum(r["kind"] == "delivered" for r in out) == 100
-        assert "Seq Scan" not in plans, plans
+        # The run and its one lane row may be read by a scan once autovacuum
+        # has analyzed their one-row tables; the events' table never.
+        assert "Seq Scan on ledger_events" not in plans, plans
         for plan in plans.split("duration: "):
             if "ORDER BY l.seq" in plan and "LIMIT 1" in plan:  # a head lookup
                 assert _max_buffers(plan) < 30, plan
