@@ -1274,6 +1274,22 @@ class Checker:
                 return deeper
         return None
 
+    def _blocked_again(self, event_id: int, after: float, before: float) -> bool:
+        """Whether a fail_ledger that may have committed between `after` and
+        `before` (monotonic seconds) blocked the event: it ran at some point
+        in that window and answered `blocked` for it."""
+        for f in self.calls:
+            if f["fn"] != "fail_ledger" or f["type"] != "ok":
+                continue
+            if f["t1"] < after or f["t0"] > before:
+                continue
+            if any(
+                r.get("event_id") == event_id and r.get("outcome") == "blocked"
+                for r in f.get("result") or []
+            ):
+                return True
+        return False
+
     def _compare(self, c: dict[str, Any], original: dict[str, Any], replay: dict[str, Any]) -> None:
         fn = c["fn"]
         if replay["type"] != "ok":
@@ -1335,6 +1351,10 @@ class Checker:
             and value not in (None, "0", "f")
             and result not in (0, False)
         ):
+            if fn == "requeue_ledger_event" and self._blocked_again(
+                c["args"]["event_id"], c["t0"], replay["t0"]
+            ):
+                return  # failed again by a relay in between: requeued afresh, correctly
             self.bad("I9", f"{label}: first {value}, replay {result} (applied twice)")
 
     # I10 --------------------------------------------------------------------

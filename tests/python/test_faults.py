@@ -91,6 +91,27 @@ def test_checker_i5_tells_a_lapsed_lease_from_a_redelivery_under_a_live_lease() 
         assert len(checker.violations) == violations, checker.violations
 
 
+def test_checker_i9_allows_a_requeue_replay_after_the_event_failed_again() -> None:
+    """The checker itself, on a timeline a chaos run recorded: a requeue
+    commits and its reply is lost; a relay claims the event and fails it
+    permanently; the replay of the requeue then finds it failed again and
+    requeues it (true) - correctly, not twice. Without that failure in
+    between, a replay answering true is an I9 violation."""
+    original = {"function": "requeue_ledger_event", "columns": ["value"], "rows": [["t"]],
+                "fault": "drop_reply_after_commit", "committed": True}  # fmt: skip
+    first = {"index": 0, "fn": "requeue_ledger_event", "args": {"event_id": 7}, "type": "info",
+             "t0": 10.0, "t1": 10.03, "replay_of": None, "original": original}  # fmt: skip
+    failed = {"index": 1, "fn": "fail_ledger", "args": {"event_ids": [7]}, "type": "ok",
+              "t0": 10.04, "t1": 10.05, "replay_of": None,
+              "result": [{"event_id": 7, "outcome": "blocked"}]}  # fmt: skip
+    replay = {"index": 2, "fn": "requeue_ledger_event", "args": {"event_id": 7}, "type": "ok",
+              "t0": 10.06, "t1": 10.07, "replay_of": 0, "result": True}  # fmt: skip
+    for calls, violations in (([first, failed, replay], 0), ([first, replay], 1)):
+        checker = Checker(calls, None)  # type: ignore[arg-type]
+        checker.i9_replays()
+        assert len(checker.violations) == violations, checker.violations
+
+
 def semantic_checksum(conn: psycopg.Connection) -> str:
     """Every table's contents except lease expiries and heartbeat times: what a
     harmless repeat (a lease extended again) may change."""
