@@ -25,6 +25,20 @@
 -- claim that acknowledged it locally); local_ack_call_id: the same, only for
 -- a local acknowledgement, indexed for claim_ledger's replays (only
 -- transport-only events ever write it, so a delivery stays HOT).
+--
+-- HOT needs room on the row's page for the new version, and a relay
+-- acknowledges a whole batch at once: at fillfactor 90 about one delivery
+-- in ten of a batch of 100 found room, at 50 nearly all do (measured in
+-- bench/notes.md), for a heap about twice as large while events are
+-- pending. prune() reclaims it.
+--
+-- run_id has no foreign key, here or on the other ledger tables: every
+-- event is written by a call that holds its run's row lock or has just
+-- inserted the run (runs.ledger_seq gives the seq), so an event of no run
+-- cannot be written, and the key's check cost more than any other part of
+-- an enqueue (a KEY SHARE lock per row, two per new run). Deleting or
+-- truncating runs takes their ledger rows with them by trigger
+-- (08_run_history.sql), as ON DELETE CASCADE did.
 -- _ledger_events_rules(): the row rules of a ledger event, called by the
 -- ledger_events_rules CHECK below. Built as _runs_rules (02_runs.sql) is,
 -- for the same reason (PostgreSQL 15 rebuilds every CHECK expression of a
@@ -91,7 +105,7 @@ COMMENT ON FUNCTION _ledger_events_rules(
 
 CREATE TABLE ledger_events (
     event_id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    run_id text NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+    run_id text NOT NULL,
     lane text NOT NULL,
     seq bigint NOT NULL,
     type text NOT NULL,
@@ -122,10 +136,10 @@ CREATE TABLE ledger_events (
         )
     )
 ) WITH (
-    fillfactor = 90,
     autovacuum_vacuum_scale_factor = 0.01,
     autovacuum_vacuum_insert_scale_factor = 0.01,
-    autovacuum_analyze_scale_factor = 0.02
+    autovacuum_analyze_scale_factor = 0.02,
+    fillfactor = 50
 );
 
 -- Each run lane's events in order. Not partial: a predicate on the delivery
@@ -167,7 +181,7 @@ WHERE local_ack_call_id IS NOT NULL;
 -- a re-claim of the head leases exactly them, never more. Both end when
 -- the head passes their last seq (_refresh_lane).
 CREATE TABLE ledger_lanes (
-    run_id text NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+    run_id text NOT NULL,
     lane text NOT NULL,
     head_seq bigint,
     available_at timestamptz,
@@ -221,7 +235,7 @@ WHERE lease_call_id IS NOT NULL;
 -- looked at the lane again). Rows are rare and short-lived: discovery takes
 -- them first and ledger_next_due_at reports them as due.
 CREATE TABLE ledger_wakeups (
-    run_id text NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+    run_id text NOT NULL,
     lane text NOT NULL,
     first_seq bigint NOT NULL,
     created_at timestamptz NOT NULL,

@@ -11,9 +11,15 @@ SELECT
     c.detail
 FROM pg_catalog.pg_proc AS p
 INNER JOIN pg_catalog.pg_language AS l ON p.prolang = l.oid
+-- A trigger function is checked against the table and transition table of
+-- its trigger.
+LEFT JOIN pg_catalog.pg_trigger AS t ON p.oid = t.tgfoid AND NOT t.tgisinternal
 CROSS JOIN
     LATERAL plpgsql_check_function_tb(
         p.oid,
+        relid => coalesce(t.tgrelid, 0),
+        oldtable => t.tgoldtable,
+        newtable => t.tgnewtable,
         extra_warnings => TRUE,
         performance_warnings => FALSE,
         security_warnings => TRUE

@@ -872,6 +872,7 @@ class Checker:
             self.i1_i10_images,
             self.i2_one_live_attempt,
             self.i3_ledger_order,
+            self.i3_ledger_rows_have_runs,
             self.i4_leases,
             self.i5_redeliveries,
             self.i6_nothing_lost,
@@ -927,6 +928,28 @@ class Checker:
                              f" after attempt {args['attempt'] + 1} was claimed")  # fmt: skip
 
     # I3 ---------------------------------------------------------------------
+    def i3_ledger_rows_have_runs(self) -> None:
+        """Every ledger event, lane and wake-up belongs to a run. The ledger
+        tables have no foreign key to runs (schema/06_ledger.sql): that every
+        writer holds its run's row lock, or has just inserted the run, is
+        what keeps this true, so the checker asserts it."""
+        orphans = self.conn.execute(
+            """
+            SELECT t.name, count(*), min(t.run_id)
+            FROM (
+                SELECT 'ledger_events' AS name, l.run_id FROM runrelay.ledger_events AS l
+                UNION ALL
+                SELECT 'ledger_lanes', ll.run_id FROM runrelay.ledger_lanes AS ll
+                UNION ALL
+                SELECT 'ledger_wakeups', w.run_id FROM runrelay.ledger_wakeups AS w
+            ) AS t
+            WHERE NOT EXISTS (SELECT FROM runrelay.runs AS r WHERE r.run_id = t.run_id)
+            GROUP BY t.name ORDER BY t.name
+            """
+        ).fetchall()
+        for name, count, run_id in orphans:
+            self.bad("I3", f"{count} {name} rows of no run (e.g. {run_id})")
+
     def i3_ledger_order(self) -> None:
         rows = self.conn.execute(
             """

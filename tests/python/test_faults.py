@@ -112,6 +112,24 @@ def test_checker_i9_allows_a_requeue_replay_after_the_event_failed_again() -> No
         assert len(checker.violations) == violations, checker.violations
 
 
+def test_checker_i3_finds_ledger_rows_of_no_run(db: psycopg.Connection) -> None:
+    """The checker itself: the ledger tables have no foreign key to runs, so
+    an event, lane or wake-up of a run that does not exist is reported (and
+    nothing is reported while every row has its run)."""
+    db.execute("SELECT runrelay.enqueue_run(run_id => 'kept')")
+    checker = Checker([], db)
+    checker.i3_ledger_rows_have_runs()
+    assert checker.violations == []
+    db.execute("SET session_replication_role = replica")  # no triggers: a run vanishes alone
+    db.execute("DELETE FROM runrelay.runs WHERE run_id = 'kept'")
+    db.execute("RESET session_replication_role")
+    checker.i3_ledger_rows_have_runs()
+    assert checker.violations == [
+        "I3: 1 ledger_events rows of no run (e.g. kept)",
+        "I3: 1 ledger_lanes rows of no run (e.g. kept)",
+    ]
+
+
 def semantic_checksum(conn: psycopg.Connection) -> str:
     """Every table's contents except lease expiries and heartbeat times: what a
     harmless repeat (a lease extended again) may change."""

@@ -45,11 +45,14 @@ BEGIN
         SELECT p.oid::regprocedure AS name
         FROM pg_catalog.pg_proc AS p
         WHERE p.pronamespace = current_schema()::regnamespace
-          -- A function a table constraint calls is the table's (state).
+          -- A function a table constraint or trigger calls is the
+          -- table's (state).
           AND NOT EXISTS (
               SELECT 1
               FROM pg_catalog.pg_depend AS d
-              WHERE d.classid = 'pg_catalog.pg_constraint'::regclass
+              WHERE d.classid IN (
+                  'pg_catalog.pg_constraint'::regclass, 'pg_catalog.pg_trigger'::regclass
+              )
                 AND d.refclassid = 'pg_catalog.pg_proc'::regclass
                 AND d.refobjid = p.oid
           )

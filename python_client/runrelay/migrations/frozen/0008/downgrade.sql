@@ -2,6 +2,25 @@
 -- delimited by a header and an end line, so that sections written
 -- separately merge side by side.
 
+-- ==== fillfactor of ledger_events ==========================================
+ALTER TABLE ledger_events SET (fillfactor = 90);
+-- ==== end: fillfactor of ledger_events =====================================
+
+-- ==== ledger tables without foreign keys ===================================
+-- The foreign keys come back (validated: the triggers left no ledger row
+-- of a deleted run), and the triggers that stood in for them go.
+DROP TRIGGER runs_truncated ON runs;
+DROP TRIGGER runs_deleted ON runs;
+DROP FUNCTION _runs_truncated();
+DROP FUNCTION _runs_deleted();
+ALTER TABLE ledger_events
+ADD CONSTRAINT ledger_events_run_id_fkey FOREIGN KEY (run_id) REFERENCES runs (run_id) ON DELETE CASCADE;
+ALTER TABLE ledger_lanes
+ADD CONSTRAINT ledger_lanes_run_id_fkey FOREIGN KEY (run_id) REFERENCES runs (run_id) ON DELETE CASCADE;
+ALTER TABLE ledger_wakeups
+ADD CONSTRAINT ledger_wakeups_run_id_fkey FOREIGN KEY (run_id) REFERENCES runs (run_id) ON DELETE CASCADE;
+-- ==== end: ledger tables without foreign keys ==============================
+
 -- ==== row rules of ledger_events ===========================================
 -- The separate CHECK constraints come back, as the lease watermark section
 -- below expects to find them; then the rules function goes.
