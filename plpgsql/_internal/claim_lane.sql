@@ -58,6 +58,8 @@ AS $$
 DECLARE
     -- The lane lock is held: a lease granted now runs from now.
     v_now timestamptz := _clock_now();
+    -- When the answer is read, for lease_remaining_ms.
+    v_answered timestamptz;
     v_lane ledger_lanes;
     v_head ledger_events;
     v_target ledger_events;
@@ -191,10 +193,11 @@ BEGIN
             blocked = FALSE
         WHERE ll.run_id = p_run_id AND ll.lane = p_lane
         RETURNING ll.* INTO v_lane;
+        v_answered := _clock_now();
         RETURN QUERY
         SELECT x.*
         FROM ledger_events AS l
-        CROSS JOIN LATERAL _ledger_row('claimed', l, v_lane.batch_id, v_lane.lease_expires_at, _clock_now()) AS x
+        CROSS JOIN LATERAL _ledger_row('claimed', l, v_lane.batch_id, v_lane.lease_expires_at, v_answered) AS x
         WHERE
             l.run_id = p_run_id AND l.lane = p_lane
             AND l.seq >= v_head.seq AND l.seq <= v_last

@@ -21,9 +21,11 @@
 -- call's local acks and the leases it took that this relay still holds — and
 -- writes nothing (no lease is extended, no claim-next runs).
 -- The events of event_ids this relay delivered (not acknowledged locally),
--- as ack_ledger reports them, in seq order: a fresh call's and its replay's
--- delivered rows come from here alike. PL/pgSQL, so the plan is cached (a SQL
--- function with a SET clause is planned again on every call).
+-- as ack_ledger reports them, in seq order: a replay's delivered rows come
+-- from here, and a fresh call's when some of event_ids were delivered
+-- before it (a fresh call that acknowledges all of event_ids reports the
+-- rows it wrote, which are the same rows). PL/pgSQL, so the plan is cached
+-- (a SQL function with a SET clause is planned again on every call).
 CREATE FUNCTION _ack_ledger_delivered(p_relay text, p_run_id text, p_event_ids bigint[])
 RETURNS SETOF ack_ledger_result
 LANGUAGE plpgsql
@@ -48,6 +50,32 @@ $$;
 COMMENT ON FUNCTION _ack_ledger_delivered(text, text, bigint[]) IS
 'The events of event_ids a relay delivered, as ack_ledger reports them (kind delivered, lag_ms).';
 
+-- The lane of event_ids' events of run_id (NULL if none is the run's);
+-- 22023 if they are of both lanes.
+CREATE FUNCTION _ack_ledger_lane(p_run_id text, p_event_ids bigint[])
+RETURNS text
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_lane text;
+    v_lanes integer;
+BEGIN
+    SELECT min(l.lane), count(DISTINCT l.lane) INTO v_lane, v_lanes
+    FROM ledger_events AS l
+    WHERE l.event_id = ANY(p_event_ids) AND l.run_id = p_run_id;
+    IF v_lanes > 1 THEN
+        PERFORM _invalid('event_ids', 'mixes events of both lanes',
+            'Acknowledge each lane''s events in their own call.');
+    END IF;
+    RETURN v_lane;
+END;
+$$;
+
+COMMENT ON FUNCTION _ack_ledger_lane(text, bigint[]) IS
+'The lane of an ack''s events (22023 if they mix both lanes).';
+
 CREATE FUNCTION ack_ledger(
     relay text,
     run_id text,
@@ -66,13 +94,15 @@ DECLARE
     v_caller_lock_timeout text := _bound_lock_wait();
     v_now timestamptz;
     v_lane text;
-    v_lanes integer;
+    v_all boolean;
     v_lane_row ledger_lanes;
     v_event ledger_events;
     v_ack bigint[] := '{}'::bigint[];
     v_last_seq bigint;
     v_from bigint;
     v_call uuid;
+    -- When a replay's answer is read, for lease_remaining_ms.
+    v_answered timestamptz;
 BEGIN
     PERFORM _require_read_committed();
     PERFORM _check_id('relay', ack_ledger.relay);
@@ -82,14 +112,16 @@ BEGIN
     IF ack_ledger.batch IS NULL THEN
         PERFORM _invalid('batch', 'must not be null', 'Pass true or false.');
     END IF;
-    SELECT min(l.lane), count(DISTINCT l.lane) INTO v_lane, v_lanes
+    -- The lane is the first event's. That no event of event_ids is of the
+    -- other lane is known once all of them are found in this lane's leased
+    -- prefix below (the steady state); otherwise it is checked there, with
+    -- every id looked up. An unknown first id: every id looked up now.
+    SELECT l.lane INTO v_lane
     FROM ledger_events AS l
-    WHERE l.event_id = ANY(ack_ledger.event_ids) AND l.run_id = ack_ledger.run_id;
-    IF v_lanes > 1 THEN
-        PERFORM _invalid('event_ids', 'mixes events of both lanes',
-            'Acknowledge each lane''s events in their own call.');
+    WHERE l.event_id = ack_ledger.event_ids[1] AND l.run_id = ack_ledger.run_id;
+    IF v_lane IS NULL THEN
+        v_lane := coalesce(_ack_ledger_lane(ack_ledger.run_id, ack_ledger.event_ids), 'lifecycle');
     END IF;
-    v_lane := coalesce(v_lane, 'lifecycle');
 
     SELECT ll.* INTO v_lane_row
     FROM ledger_lanes AS ll
@@ -116,6 +148,12 @@ BEGIN
             v_last_seq := v_event.seq;
         END LOOP;
     END IF;
+    -- Every id found in the prefix: one lane, and the delivered rows to
+    -- report are exactly those acknowledged now.
+    v_all := cardinality(v_ack) = cardinality(ack_ledger.event_ids);
+    IF NOT v_all THEN
+        PERFORM _ack_ledger_lane(ack_ledger.run_id, ack_ledger.event_ids);
+    END IF;
 
     IF cardinality(v_ack) = 0 THEN
         -- Nothing left to acknowledge. If this relay delivered some of
@@ -134,10 +172,11 @@ BEGIN
         IF FOUND THEN
             RETURN QUERY SELECT * FROM _ack_ledger_delivered(ack_ledger.relay, ack_ledger.run_id, ack_ledger.event_ids);
             -- Its local acks (on the events), then its lease (on the lane).
+            v_answered := _clock_now();
             RETURN QUERY
             SELECT x.*
             FROM ledger_events AS l
-            CROSS JOIN LATERAL _ledger_row('local_ack', l, NULL, NULL, _clock_now()) AS x
+            CROSS JOIN LATERAL _ledger_row('local_ack', l, NULL, NULL, v_answered) AS x
             WHERE
                 l.local_ack_call_id = v_call
                 AND l.run_id = ack_ledger.run_id AND l.lane = v_lane AND l.seq > v_last_seq
@@ -148,7 +187,7 @@ BEGIN
                 SELECT x.*
                 FROM ledger_events AS l
                 CROSS JOIN LATERAL _ledger_row(
-                    'claimed', l, v_lane_row.batch_id, v_lane_row.lease_expires_at, _clock_now()
+                    'claimed', l, v_lane_row.batch_id, v_lane_row.lease_expires_at, v_answered
                 ) AS x
                 WHERE
                     l.run_id = ack_ledger.run_id AND l.lane = v_lane AND l.seq >= v_from
@@ -165,13 +204,21 @@ BEGIN
     END IF;
 
     v_call := gen_random_uuid();
-    IF cardinality(v_ack) > 0 THEN
+    IF v_all THEN
+        RETURN QUERY
+        SELECT x.*
+        FROM _acknowledge(ack_ledger.run_id, v_ack, ack_ledger.relay, v_now, FALSE, v_call) AS a
+        CROSS JOIN LATERAL _ledger_row('delivered', a, NULL, NULL, NULL) AS x
+        ORDER BY a.seq;
+    ELSE
         PERFORM _acknowledge(ack_ledger.run_id, v_ack, ack_ledger.relay, v_now, FALSE, v_call);
+        -- Also those of event_ids this relay delivered in an earlier call.
+        RETURN QUERY SELECT * FROM _ack_ledger_delivered(ack_ledger.relay, ack_ledger.run_id, ack_ledger.event_ids);
+    END IF;
+    IF cardinality(v_ack) > 0 THEN
         -- The acknowledged events were an unbroken prefix: nothing before them remains.
         v_from := v_last_seq + 1;
     END IF;
-
-    RETURN QUERY SELECT * FROM _ack_ledger_delivered(ack_ledger.relay, ack_ledger.run_id, ack_ledger.event_ids);
 
     IF ack_ledger.claim_next > 0 THEN
         RETURN QUERY

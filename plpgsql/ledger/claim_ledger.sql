@@ -48,6 +48,8 @@ DECLARE
     v_run_id text;
     v_visited text[] := '{}'::text[];
     v_count integer;
+    -- When a replay's answer is read, for lease_remaining_ms.
+    v_answered timestamptz;
 BEGIN
     PERFORM _require_read_committed();
     PERFORM _check_id('relay', claim_ledger.relay);
@@ -63,6 +65,7 @@ BEGIN
     IF claim_ledger.call_id IS NOT NULL THEN
         -- Its local acks (tagged on the events), then the lease it took
         -- (on the lane), while this relay still holds it.
+        v_answered := _clock_now();
         RETURN QUERY
         SELECT
             c.kind, c.event_id, c.run_id, c.seq, c.type, c.payload, c.delivery_key, c.created_at, c.frozen,
@@ -87,7 +90,7 @@ BEGIN
         ) AS r
         CROSS JOIN LATERAL _ledger_row(
             CASE WHEN (r.l).acked_locally THEN 'local_ack' ELSE 'claimed' END, r.l, r.batch_id,
-            r.lease_expires_at, _clock_now()
+            r.lease_expires_at, v_answered
         ) AS c
         ORDER BY c.run_id, c.seq;
         GET DIAGNOSTICS v_count = ROW_COUNT;

@@ -60,6 +60,8 @@ DECLARE
     v_retentions text[] := '{}'::text[];
     v_keys text[] := '{}'::text[];
     v_now timestamptz;
+    v_valid boolean;
+    v_max_payload_bytes integer := (SELECT s.max_payload_bytes FROM settings AS s);
 BEGIN
     PERFORM _require_read_committed();
     IF enqueue_runs.items IS NULL OR jsonb_typeof(enqueue_runs.items) <> 'array' THEN
@@ -72,90 +74,129 @@ BEGIN
     END IF;
     v_now := _now();
 
+    -- The common case in one statement: every item well-formed and valid,
+    -- its parameters read with enqueue_run's defaults. If any is not (or a
+    -- run_at does not cast), the loop below reads the items again one by
+    -- one, in order, and raises for the first bad one.
     BEGIN
-        FOR v_item, v_index IN
-            SELECT e.value, e.n - 1
+        SELECT
+            bool_and(
+                _enqueue_item_well_formed(i.item)
+                AND _enqueue_valid(
+                    i.run_id, i.queue, i.payload, i.run_at, i.priority, i.max_attempts, i.retention, i.concurrency_key,
+                    v_max_payload_bytes
+                )
+            ),
+            array_agg(i.run_id ORDER BY i.n),
+            array_agg(i.queue ORDER BY i.n),
+            array_agg(i.payload ORDER BY i.n),
+            array_agg(i.run_at ORDER BY i.n),
+            array_agg(i.priority ORDER BY i.n),
+            array_agg(i.max_attempts ORDER BY i.n),
+            array_agg(i.retention ORDER BY i.n),
+            array_agg(i.concurrency_key ORDER BY i.n)
+        INTO v_valid, v_run_ids, v_queues, v_payloads, v_run_ats, v_priorities, v_max_attempts_all, v_retentions, v_keys
+        FROM (
+            SELECT
+                e.n,
+                e.value AS item,
+                e.value ->> 'run_id' AS run_id,
+                CASE WHEN e.value ? 'queue' THEN e.value ->> 'queue' ELSE 'default' END AS queue,
+                CASE WHEN e.value ? 'payload' THEN nullif(e.value -> 'payload', 'null') ELSE '{}' END AS payload,
+                -- enqueue_run's defaults: a missing run_at is now(), a null one the database clock.
+                CASE
+                    WHEN e.value ? 'run_at' THEN coalesce((e.value ->> 'run_at')::timestamptz, v_now) ELSE now()
+                END AS run_at,
+                CASE WHEN e.value ? 'priority' THEN (e.value ->> 'priority')::integer ELSE 0 END AS priority,
+                CASE WHEN e.value ? 'max_attempts' THEN (e.value ->> 'max_attempts')::integer ELSE 3 END AS max_attempts,
+                CASE WHEN e.value ? 'payload_retention' THEN e.value ->> 'payload_retention' ELSE 'keep' END AS retention,
+                e.value ->> 'concurrency_key' AS concurrency_key
             FROM jsonb_array_elements(enqueue_runs.items) WITH ORDINALITY AS e (value, n)
-        LOOP
-            v_at := 'items[' || v_index || ']';
-            -- The shape of an item: an object of known keys, each a JSON
-            -- value of its parameter's type (or null). One expression on the
-            -- common path; which key is wrong is worked out only on failure.
-            IF jsonb_typeof(v_item) IS DISTINCT FROM 'object'
-                OR (v_item - v_parameters) <> '{}'::jsonb
-                OR jsonb_typeof(v_item -> 'run_id') NOT IN ('string', 'null')
-                OR jsonb_typeof(v_item -> 'queue') NOT IN ('string', 'null')
-                OR jsonb_typeof(v_item -> 'run_at') NOT IN ('string', 'null')
-                OR jsonb_typeof(v_item -> 'payload_retention') NOT IN ('string', 'null')
-                OR jsonb_typeof(v_item -> 'concurrency_key') NOT IN ('string', 'null')
-                OR (jsonb_typeof(v_item -> 'priority') = 'number'
-                    AND (v_item ->> 'priority') !~ '^-?[0-9]{1,9}$')
-                OR jsonb_typeof(v_item -> 'priority') NOT IN ('number', 'null')
-                OR (jsonb_typeof(v_item -> 'max_attempts') = 'number'
-                    AND (v_item ->> 'max_attempts') !~ '^-?[0-9]{1,9}$')
-                OR jsonb_typeof(v_item -> 'max_attempts') NOT IN ('number', 'null') THEN
-                IF jsonb_typeof(v_item) IS DISTINCT FROM 'object' THEN
-                    PERFORM _invalid(v_at, format('must be a JSON object (got %s)', jsonb_typeof(v_item)), v_hint);
-                END IF;
-                SELECT min(k.name) INTO v_name FROM jsonb_object_keys(v_item - v_parameters) AS k (name);
-                IF v_name IS NOT NULL THEN
-                    PERFORM _invalid(v_at || '.' || v_name, 'is not a parameter of enqueue_run', v_hint);
-                END IF;
-                SELECT min(p.name) INTO v_name
-                FROM unnest(ARRAY['priority', 'max_attempts']) AS p (name)
-                WHERE jsonb_typeof(v_item -> p.name) NOT IN ('number', 'null');
-                IF v_name IS NOT NULL THEN
-                    PERFORM _invalid(v_at || '.' || v_name,
-                        format('must be a JSON integer (got %s)', jsonb_typeof(v_item -> v_name)),
-                        'Pass an integer.');
-                END IF;
-                SELECT min(p.name) INTO v_name
-                FROM unnest(ARRAY['priority', 'max_attempts']) AS p (name)
-                WHERE jsonb_typeof(v_item -> p.name) = 'number' AND (v_item ->> p.name) !~ '^-?[0-9]{1,9}$';
-                IF v_name IS NOT NULL THEN
-                    PERFORM _invalid(v_at || '.' || v_name,
-                        format('must be an integer of at most 9 digits (got %s)', v_item ->> v_name),
-                        'Pass an integer.');
-                END IF;
-                SELECT min(p.name) INTO v_name
-                FROM unnest(v_parameters) AS p (name)
-                WHERE jsonb_typeof(v_item -> p.name) NOT IN ('string', 'null');
-                PERFORM _invalid(v_at || '.' || v_name,
-                    format('must be a JSON string (got %s)', jsonb_typeof(v_item -> v_name)), v_hint);
-            END IF;
-
-            v_run_id := v_item ->> 'run_id';
-            v_queue := CASE WHEN v_item ? 'queue' THEN v_item ->> 'queue' ELSE 'default' END;
-            v_payload := CASE WHEN v_item ? 'payload' THEN nullif(v_item -> 'payload', 'null') ELSE '{}' END;
-            v_casting := TRUE;
-            -- enqueue_run's defaults: a missing run_at is now(), a null one the database clock.
-            v_run_at := CASE WHEN v_item ? 'run_at' THEN coalesce((v_item ->> 'run_at')::timestamptz, v_now) ELSE now() END;
-            v_casting := FALSE;
-            v_priority := CASE WHEN v_item ? 'priority' THEN (v_item ->> 'priority')::integer ELSE 0 END;
-            v_max_attempts := CASE WHEN v_item ? 'max_attempts' THEN (v_item ->> 'max_attempts')::integer ELSE 3 END;
-            v_retention := CASE WHEN v_item ? 'payload_retention' THEN v_item ->> 'payload_retention' ELSE 'keep' END;
-            v_key := v_item ->> 'concurrency_key';
-            PERFORM _check_enqueue(v_at || '.', v_run_id, v_queue, v_payload, v_run_at, v_priority,
-                v_max_attempts, v_retention, v_key);
-
-            v_run_ids := v_run_ids || v_run_id;
-            v_queues := v_queues || v_queue;
-            v_payloads := v_payloads || v_payload;
-            v_run_ats := v_run_ats || v_run_at;
-            v_priorities := v_priorities || v_priority;
-            v_max_attempts_all := v_max_attempts_all || v_max_attempts;
-            v_retentions := v_retentions || v_retention;
-            v_keys := v_keys || v_key;
-        END LOOP;
+        ) AS i;
     EXCEPTION
         WHEN data_exception THEN
-            -- Only the run_at cast is caught here; every other error passes on.
-            IF NOT v_casting THEN
-                RAISE;
-            END IF;
-            PERFORM _invalid(v_at || '.run_at', format('is not a timestamp (%s)', SQLERRM),
-                'Pass a timestamp with time zone in ISO 8601, e.g. 2030-01-01T00:00:00Z.');
+            v_valid := FALSE;
     END;
+
+    IF NOT coalesce(v_valid, FALSE) THEN
+        v_run_ids := '{}'::text[];
+        v_queues := '{}'::text[];
+        v_payloads := '{}'::jsonb[];
+        v_run_ats := '{}'::timestamptz[];
+        v_priorities := '{}'::integer[];
+        v_max_attempts_all := '{}'::integer[];
+        v_retentions := '{}'::text[];
+        v_keys := '{}'::text[];
+        BEGIN
+            FOR v_item, v_index IN
+                SELECT e.value, e.n - 1
+                FROM jsonb_array_elements(enqueue_runs.items) WITH ORDINALITY AS e (value, n)
+            LOOP
+                v_at := 'items[' || v_index || ']';
+                IF NOT _enqueue_item_well_formed(v_item) THEN
+                    IF jsonb_typeof(v_item) IS DISTINCT FROM 'object' THEN
+                        PERFORM _invalid(v_at, format('must be a JSON object (got %s)', jsonb_typeof(v_item)), v_hint);
+                    END IF;
+                    SELECT min(k.name) INTO v_name FROM jsonb_object_keys(v_item - v_parameters) AS k (name);
+                    IF v_name IS NOT NULL THEN
+                        PERFORM _invalid(v_at || '.' || v_name, 'is not a parameter of enqueue_run', v_hint);
+                    END IF;
+                    SELECT min(p.name) INTO v_name
+                    FROM unnest(ARRAY['priority', 'max_attempts']) AS p (name)
+                    WHERE jsonb_typeof(v_item -> p.name) NOT IN ('number', 'null');
+                    IF v_name IS NOT NULL THEN
+                        PERFORM _invalid(v_at || '.' || v_name,
+                            format('must be a JSON integer (got %s)', jsonb_typeof(v_item -> v_name)),
+                            'Pass an integer.');
+                    END IF;
+                    SELECT min(p.name) INTO v_name
+                    FROM unnest(ARRAY['priority', 'max_attempts']) AS p (name)
+                    WHERE jsonb_typeof(v_item -> p.name) = 'number' AND (v_item ->> p.name) !~ '^-?[0-9]{1,9}$';
+                    IF v_name IS NOT NULL THEN
+                        PERFORM _invalid(v_at || '.' || v_name,
+                            format('must be an integer of at most 9 digits (got %s)', v_item ->> v_name),
+                            'Pass an integer.');
+                    END IF;
+                    SELECT min(p.name) INTO v_name
+                    FROM unnest(v_parameters) AS p (name)
+                    WHERE jsonb_typeof(v_item -> p.name) NOT IN ('string', 'null');
+                    PERFORM _invalid(v_at || '.' || v_name,
+                        format('must be a JSON string (got %s)', jsonb_typeof(v_item -> v_name)), v_hint);
+                END IF;
+
+                v_run_id := v_item ->> 'run_id';
+                v_queue := CASE WHEN v_item ? 'queue' THEN v_item ->> 'queue' ELSE 'default' END;
+                v_payload := CASE WHEN v_item ? 'payload' THEN nullif(v_item -> 'payload', 'null') ELSE '{}' END;
+                v_casting := TRUE;
+                -- enqueue_run's defaults: a missing run_at is now(), a null one the database clock.
+                v_run_at := CASE WHEN v_item ? 'run_at' THEN coalesce((v_item ->> 'run_at')::timestamptz, v_now) ELSE now() END;
+                v_casting := FALSE;
+                v_priority := CASE WHEN v_item ? 'priority' THEN (v_item ->> 'priority')::integer ELSE 0 END;
+                v_max_attempts := CASE WHEN v_item ? 'max_attempts' THEN (v_item ->> 'max_attempts')::integer ELSE 3 END;
+                v_retention := CASE WHEN v_item ? 'payload_retention' THEN v_item ->> 'payload_retention' ELSE 'keep' END;
+                v_key := v_item ->> 'concurrency_key';
+                PERFORM _check_enqueue(v_at || '.', v_run_id, v_queue, v_payload, v_run_at, v_priority,
+                    v_max_attempts, v_retention, v_key);
+
+                v_run_ids := v_run_ids || v_run_id;
+                v_queues := v_queues || v_queue;
+                v_payloads := v_payloads || v_payload;
+                v_run_ats := v_run_ats || v_run_at;
+                v_priorities := v_priorities || v_priority;
+                v_max_attempts_all := v_max_attempts_all || v_max_attempts;
+                v_retentions := v_retentions || v_retention;
+                v_keys := v_keys || v_key;
+            END LOOP;
+        EXCEPTION
+            WHEN data_exception THEN
+                -- Only the run_at cast is caught here; every other error passes on.
+                IF NOT v_casting THEN
+                    RAISE;
+                END IF;
+                PERFORM _invalid(v_at || '.run_at', format('is not a timestamp (%s)', SQLERRM),
+                    'Pass a timestamp with time zone in ISO 8601, e.g. 2030-01-01T00:00:00Z.');
+        END;
+    END IF;
 
     RETURN QUERY
     SELECT * FROM _enqueue(

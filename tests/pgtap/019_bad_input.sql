@@ -4,7 +4,7 @@
 -- (lowered to 1024 here); lease_seconds clamped, never rejected; and nothing
 -- changed by a call that raises. 020 covers the other worker functions.
 BEGIN;
-SELECT plan(64);
+SELECT plan(70);
 
 UPDATE runrelay.settings SET max_payload_bytes = 1024;
 SELECT tests.start_run('bi');
@@ -35,6 +35,27 @@ SELECT throws_ok(
 );
 SELECT throws_ok(
     $$SELECT runrelay.enqueue_run(run_id => 'b1', max_attempts => NULL)$$, '22023', NULL, 'enqueue_run: null max_attempts'
+);
+SELECT throws_ok(
+    $$SELECT runrelay.enqueue_run(run_id => 'b1', max_attempts => 1001)$$, '22023', NULL, 'enqueue_run: max_attempts 1001'
+);
+SELECT throws_ok(
+    $$SELECT runrelay.enqueue_run(run_id => 'b1', priority => 1000001)$$, '22023', NULL, 'enqueue_run: priority 1000001'
+);
+SELECT throws_ok(
+    $$SELECT runrelay.enqueue_run(run_id => 'b1', priority => -1000001)$$, '22023', NULL, 'enqueue_run: priority -1000001'
+);
+SELECT throws_ok(
+    $$SELECT runrelay.enqueue_run(run_id => 'b1', concurrency_key => E'\t\n')$$, '22023', NULL,
+    'enqueue_run: a whitespace concurrency_key'
+);
+SELECT lives_ok(
+    $$SELECT runrelay.enqueue_run(run_id => 'b-edge1', priority => 1000000, max_attempts => 1000)$$,
+    'enqueue_run: priority 1000000 and max_attempts 1000 are accepted'
+);
+SELECT lives_ok(
+    $$SELECT runrelay.enqueue_run(run_id => 'b-edge2', priority => -1000000, concurrency_key => repeat('k', 200))$$,
+    'enqueue_run: priority -1000000 and a 200-character concurrency_key are accepted'
 );
 SELECT throws_ok(
     $$SELECT runrelay.enqueue_run(run_id => 'b1', payload_retention => 'forever')$$, '22023', NULL,

@@ -339,6 +339,37 @@ def test_concurrent_relays_never_take_the_same_run(
     assert sorted(taken) == sorted(f"r{i}" for i in range(200))
 
 
+def test_claimed_and_acknowledged_rows_are_formatted_inline(db: psycopg.Connection) -> None:
+    """Every row a claim or an acknowledgement answers is formatted by
+    _ledger_row, which the planner expands into the statement (a
+    set-returning SQL function whose arguments are not volatile) instead of
+    calling it once per row: no function scan of it in any plan, first calls
+    and generic plans alike, replays included."""
+    enqueue(db, "fmt")
+    db.execute(
+        "SELECT runrelay.append_events('fmt', (SELECT jsonb_agg(jsonb_build_object("
+        "'type', 'e', 'lane', 'observability')) FROM generate_series(1, 200)))"
+    )
+    take = _explained(db)
+    claim = {"relay": "r", "lane": "observability", "run_id": "fmt", "batch": True}
+    rows = call(db, "claim_ledger", max_events=5, call_id=str(uuid.uuid4()), **claim)
+    plans = take()
+    for _ in range(8):  # past the switch to generic plans
+        ids = [r["event_id"] for r in rows if r["kind"] == "claimed"]
+        out = call(
+            db, "ack_ledger", relay="r", run_id="fmt", event_ids=ids, claim_next=5, batch=True
+        )
+        replay = call(
+            db, "ack_ledger", relay="r", run_id="fmt", event_ids=ids, claim_next=5, batch=True
+        )
+        assert [r["event_id"] for r in replay] == [r["event_id"] for r in out]
+        rows = [r for r in out if r["kind"] == "claimed"]
+        assert len(rows) == 5 and sum(r["kind"] == "delivered" for r in out) == 5
+        plans += take()
+    assert "_ledger_row" in plans  # the statements that format rows were captured
+    assert not re.search(r"Function Scan on (\w+\.)?_ledger_row", plans), plans
+
+
 def test_acks_stay_o_batch_after_a_long_delivered_history(db: psycopg.Connection) -> None:
     """A hot run's delivered events stay at the start of its
     ledger_lane_seq_idx range (the index has no delivery predicate), and

@@ -85,9 +85,26 @@ ADMIN_VIEWS = frozenset({"run_stats", "ledger_stats"})
 # decision statement (plpgsql/_internal/fence.sql). And the tables' rules
 # functions, which the runs_rules and attempts_rules CHECK constraints call: a
 # CHECK must give a row the same answer whenever it is evaluated, so they read
-# only their arguments (plpgsql/schema/02_runs.sql).
+# only their arguments (plpgsql/schema/02_runs.sql). _ledger_row, the format
+# of a claimed or acknowledged event: it reads only its arguments, and the
+# planner inlines a set-returning SQL function into the claim or
+# acknowledgement that calls it only if it is not volatile
+# (plpgsql/_internal/ledger_row.sql). _enqueue_valid and
+# _enqueue_item_well_formed, the enqueue argument rules as expressions: they
+# read only their arguments (the payload cap is passed in) and are inlined
+# into enqueue_runs' one-statement check of all its items
+# (plpgsql/_internal/validate.sql).
 VOLATILITY_ALLOW_LIST: frozenset[str] = frozenset(
-    {"_runnable", "_fence_of", "_runs_rules", "_attempts_rules", "_ledger_events_rules"}
+    {
+        "_runnable",
+        "_fence_of",
+        "_runs_rules",
+        "_attempts_rules",
+        "_ledger_events_rules",
+        "_ledger_row",
+        "_enqueue_valid",
+        "_enqueue_item_well_formed",
+    }
 )
 
 RANDOM_TOKEN = "6b1c3c52-7d4e-4a8f-9e0a-1f2b3c4d5e6f"
@@ -201,6 +218,7 @@ def functions(conn: psycopg.Connection, schema: str) -> list[dict[str, Any]]:
             """SELECT p.oid, p.proname AS name, p.oid::regprocedure::text AS signature,
                       p.prosecdef, p.proconfig, p.provolatile,
                       p.prosqlbody IS NOT NULL AS prebound,
+                      p.prorettype = 'pg_catalog.trigger'::regtype AS is_trigger,
                       p.proowner = n.nspowner AS owned_by_schema_owner,
                       coalesce(p.proacl, acldefault('f', p.proowner))::text[] AS acl,
                       EXISTS (
@@ -231,6 +249,18 @@ def relations(conn: psycopg.Connection, schema: str) -> list[tuple[str, str]]:
         [schema],
     ).fetchall()
     return [(r[0], r[1]) for r in rows]
+
+
+def assert_cannot_execute(conn: psycopg.Connection, schema: str, f: dict[str, Any]) -> None:
+    """The current role cannot run `f`: a call with NULL arguments is refused
+    (42501). A trigger function cannot be called at all, by anyone, so for
+    one the current role must lack EXECUTE on it."""
+    if f["is_trigger"]:
+        row = conn.execute("SELECT has_function_privilege(%s, 'EXECUTE')", [f["oid"]]).fetchone()
+        assert row == (False,), f"{f['signature']} is executable"
+        return
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        conn.execute(null_args_call(conn, schema, f["oid"], f["name"]))
 
 
 def null_args_call(conn: psycopg.Connection, schema: str, oid: int, name: str) -> sql.Composed:
@@ -314,7 +344,16 @@ def test_definer_functions_pin_search_path_and_helpers_are_unreachable(
 
 def test_every_function_is_volatile_unless_allow_listed(db: psycopg.Connection) -> None:
     reviewed = frozenset(
-        {"_runnable", "_fence_of", "_runs_rules", "_attempts_rules", "_ledger_events_rules"}
+        {
+            "_runnable",
+            "_fence_of",
+            "_runs_rules",
+            "_attempts_rules",
+            "_ledger_events_rules",
+            "_ledger_row",
+            "_enqueue_valid",
+            "_enqueue_item_well_formed",
+        }
     )
     assert reviewed == VOLATILITY_ALLOW_LIST, "the reviewed allow-list"
     assert_all_volatile(db, "runrelay")
@@ -376,8 +415,7 @@ def assert_privilege_matrix(
                     rows = call_in(conn, schema, f["name"], **kwargs)
                     assert check(rows), (role, f["name"], rows)
                 else:
-                    with pytest.raises(psycopg.errors.InsufficientPrivilege):
-                        conn.execute(null_args_call(conn, schema, f["oid"], f["name"]))
+                    assert_cannot_execute(conn, schema, f)
 
     # No direct table, view or sequence access.
     for role in expected:
@@ -496,8 +534,7 @@ def test_unprivileged_login_role_is_refused_everything_over_its_own_session(
     with psycopg.connect(login_url(db_url, nobody), autocommit=True) as own:
         assert own.execute("SELECT current_user").fetchone() == (nobody,)
         for f in functions(db, "runrelay"):
-            with pytest.raises(psycopg.errors.InsufficientPrivilege):
-                own.execute(null_args_call(db, "runrelay", f["oid"], f["name"]))
+            assert_cannot_execute(own, "runrelay", f)
             if f["name"] in ALLOWED_CALLS:
                 with pytest.raises(psycopg.errors.InsufficientPrivilege):
                     call_in(own, "runrelay", f["name"], **ALLOWED_CALLS[f["name"]][0])
