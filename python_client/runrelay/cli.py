@@ -15,6 +15,7 @@ import importlib
 import json
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -178,7 +179,24 @@ def _probe(args: argparse.Namespace, url: str) -> None:
         Client(conn, schema=args.schema).get_schema_version()
 
 
+class _StoppedBeforeStart(Exception):
+    """SIGTERM arrived before a loop installed its own handlers."""
+
+
+def _stop_before_start() -> None:
+    """Until a loop installs its own SIGTERM handling, SIGTERM ends the
+    command with exit 0: nothing was claimed yet, so stopping now is the
+    graceful stop (an orchestrator may stop a process that is still opening
+    its pool). The loop's install_signal_handlers replaces this."""
+
+    def stop(_signum: int, _frame: Any) -> None:
+        raise _StoppedBeforeStart
+
+    signal.signal(signal.SIGTERM, stop)
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
+    _stop_before_start()
     url = _require_url(args)
     handler: Callable[..., Any] = _load(args.handler)
     options: dict[str, Any] = {
@@ -243,6 +261,7 @@ def _sink(args: argparse.Namespace) -> Any:
 
 
 def cmd_relay(args: argparse.Namespace) -> int:
+    _stop_before_start()
     from .relay import Relay
 
     url = _require_url(args)
@@ -262,6 +281,8 @@ def cmd_relay(args: argparse.Namespace) -> int:
 
 
 def cmd_maintain(args: argparse.Namespace) -> int:
+    if not args.once:
+        _stop_before_start()
     from .maintenance import Maintenance
 
     client = _pooled_client(args, _require_url(args), 2)
@@ -277,6 +298,7 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     maintenance.install_signal_handlers()
     maintenance.run()
     return 0
+
 
 
 @contextmanager
@@ -489,6 +511,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code
     except KeyboardInterrupt:
         return 130
+    except _StoppedBeforeStart:
+        return 0
     except Exception as exc:
         reason = _unreachable(exc)
         if reason is None:

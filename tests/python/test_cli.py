@@ -131,3 +131,41 @@ def test_worker_is_fused_unless_no_fused() -> None:
     parser = build_parser()
     assert parser.parse_args(["worker", "m:f"]).fused is True
     assert parser.parse_args(["worker", "m:f", "--no-fused"]).fused is False
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["worker", "json:loads"], ["relay", "--jsonl", "/tmp/never-written.jsonl"], ["maintain"]],
+    ids=lambda a: a[0],
+)
+def test_sigterm_while_still_connecting_is_a_clean_stop(args: list[str]) -> None:
+    """An orchestrator may stop a loop that is still opening its pool: that is
+    a graceful stop (nothing was claimed), exit 0 and no traceback, not death
+    by the signal. The database here accepts the connection and never
+    answers, so the command is still connecting when SIGTERM comes."""
+    import signal
+    import socket
+    import time
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        port = silent.getsockname()[1]
+        url = f"postgresql://runrelay@127.0.0.1:{port}/nothing?connect_timeout=60"
+        environ = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "runrelay.cli", *args, "--database-url", url],
+            env=environ,
+            cwd=REPO,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        # The command is connecting once the server sees the connection.
+        silent.settimeout(60)
+        conn, _ = silent.accept()
+        with conn:
+            time.sleep(0.2)
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err, err
