@@ -300,7 +300,6 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     return 0
 
 
-
 @contextmanager
 def _demo_database(url: str | None) -> Iterator[str]:
     """DATABASE_URL when given, otherwise a throwaway embedded PostgreSQL (the
