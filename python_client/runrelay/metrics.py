@@ -42,6 +42,7 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Histogram,
+    disable_created_metrics,
     start_http_server,
 )
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -326,7 +327,13 @@ def serve_process_metrics(host: str, port: int) -> CollectorRegistry:
     memory and Python metrics, and whatever loops record into it) on
     http://host:port/ from a daemon thread, and return it for the loops
     (`runrelay worker|relay --metrics-port`). Raises OSError when the
-    address cannot be bound."""
+    address cannot be bound.
+
+    The process is runrelay's own, so it also drops the `*_created` series
+    prometheus_client adds for every counter and histogram by default (a
+    process-wide switch a library must leave to its application): they
+    double the series and Prometheus needs none of them to compute rates."""
+    disable_created_metrics()  # type: ignore[no-untyped-call]
     start_http_server(port, addr=host, registry=REGISTRY)
     return REGISTRY
 
