@@ -220,17 +220,24 @@ class StatsCollector:
 
     def collect(self) -> Iterator[Metric]:
         started = time.perf_counter()
+        rows = self._scrape()
+        seconds = time.perf_counter() - started
+        yield from _health_families(rows is not None, seconds)
+        if rows is not None:
+            yield from stats_families(rows)
+
+    def _scrape(self) -> list[StatsRow] | None:
+        """The views' rows, or None when the database could not be read
+        (the connection is then dropped, to be reopened next time)."""
         with self._lock:
             try:
                 rows = self._read()
             except psycopg.Error as exc:
                 self._drop_connection()
                 self._note(False, first_line(exc))
-                yield from _health_families(False, time.perf_counter() - started)
-                return
-        self._note(True, "")
-        yield from _health_families(True, time.perf_counter() - started)
-        yield from stats_families(rows)
+                return None
+            self._note(True, "")
+            return rows
 
     def _read(self) -> list[StatsRow]:
         if self._conn is None or self._conn.closed:
