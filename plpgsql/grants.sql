@@ -53,7 +53,8 @@ BEGIN
             ('fail_ledger', 'relay'),
             ('ledger_next_due_at', 'relay'),
             ('requeue_ledger_event', 'admin'),
-            ('prune', 'admin')
+            ('prune', 'admin'),
+            ('list_runs', 'admin')
         ) AS g (function_name, role_suffix)
         INNER JOIN pg_catalog.pg_proc AS p
             ON

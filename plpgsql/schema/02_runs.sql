@@ -165,3 +165,21 @@ CREATE INDEX runs_key_live_idx ON runs (concurrency_key, key_position)
 WHERE
 concurrency_key IS NOT NULL
 AND status IN ('queued', 'running', 'waiting');
+
+-- Operators' listings (list_runs, purge_runs; plpgsql/admin/): every run but
+-- the running ones, newest first within each (queue, status), and the same
+-- per concurrency key. Running runs are left out so that a claim, which
+-- turns a queued run into a running one on every job, adds no entry here
+-- (a partial index gets an entry only for a row version that matches its
+-- predicate); list_runs reads the running runs through their running
+-- attempts (attempts_lease_expiry_idx) instead, O(runs in flight). The
+-- other writes of runs add one entry to each (the second only for keyed
+-- runs): an enqueue, a completion, a failure, a suspension, a wake. Their
+-- columns never change once written (status aside, which every such write
+-- changes and the claim indexes' predicates already name), so updates that
+-- were HOT stay HOT.
+CREATE INDEX runs_list_idx ON runs (queue, status, created_at, run_id) INCLUDE (finished_at)
+WHERE status <> 'running';
+
+CREATE INDEX runs_key_list_idx ON runs (concurrency_key, created_at, run_id)
+WHERE concurrency_key IS NOT NULL AND status <> 'running';

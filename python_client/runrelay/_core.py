@@ -266,6 +266,21 @@ OPERATIONS: dict[str, Operation] = {
             _scalar,
             set_returning=False,
         ),
+        Operation(
+            "list_runs",
+            (
+                ("queue", "text"),
+                ("status", "text"),
+                ("concurrency_key", "text"),
+                ("created_after", "timestamptz"),
+                ("created_before", "timestamptz"),
+                ("finished_before", "timestamptz"),
+                ("after_created_at", "timestamptz"),
+                ("after_run_id", "text"),
+                ("max_rows", "integer"),
+            ),
+            _each(t.RunSummary, status=t.RunStatus),
+        ),
     )
 }
 

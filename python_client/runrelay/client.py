@@ -51,6 +51,7 @@ from .types import (
     RenewedLease,
     RunnerTerminal,
     RunnerTerminalOutcome,
+    RunSummary,
     SettleAndClaimRow,
     SignalOutcome,
     SuspendOutcome,
@@ -612,6 +613,38 @@ class _Methods:
         """Delete delivered events older than the cut-off -> int."""
         values = {"delivered_before": delivered_before, "max_rows": max_rows}
         return _Call("prune", values, conn)
+
+    # Admin: finding, inspecting and acting on runs (docs/admin.md) ---------
+    @_operation
+    def list_runs(
+        self,
+        queue: str | None = None,
+        status: str | None = None,
+        concurrency_key: str | None = None,
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+        finished_before: datetime | None = None,
+        after_created_at: datetime | None = None,
+        after_run_id: str | None = None,
+        max_rows: int = 100,
+        *,
+        conn: Any = None,
+    ) -> _Call[list[RunSummary]]:
+        """One page of runs, newest first -> list[RunSummary]. The next page:
+        pass the last row's created_at and run_id as after_created_at and
+        after_run_id."""
+        values = {
+            "queue": queue,
+            "status": None if status is None else str(status),
+            "concurrency_key": concurrency_key,
+            "created_after": created_after,
+            "created_before": created_before,
+            "finished_before": finished_before,
+            "after_created_at": after_created_at,
+            "after_run_id": after_run_id,
+            "max_rows": max_rows,
+        }
+        return _Call("list_runs", values, conn)
 
     @_operation
     def get_schema_version(self, *, conn: Any = None) -> _Call[str]:

@@ -273,3 +273,23 @@ class RenewedLease:
 class LedgerFailure:
     event_id: int
     outcome: LedgerFailOutcome
+
+
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    """One row of list_runs: a run without its payload, result and resume."""
+
+    run_id: str
+    queue: str
+    status: RunStatus
+    priority: int
+    concurrency_key: str | None
+    key_held: bool
+    run_at: datetime
+    attempt_count: int
+    max_attempts: int
+    wait: JSON
+    error: JSON
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None

@@ -1227,6 +1227,7 @@ def round_trip_calls(now: datetime) -> dict[str, tuple[tuple[Any, ...], dict[str
         "ledger_next_due_at": ((), {}),
         "requeue_ledger_event": ((1,), {}),
         "prune": ((now - timedelta(days=1),), {}),
+        "list_runs": ((), {"queue": "rt-none"}),
         "run_stats": ((), {}),
         "ledger_stats": ((), {}),
     }
@@ -1432,6 +1433,8 @@ def test_every_method_returns_its_declared_type(
 
         await call("reap_expired", conn=ahead)  # a's lease lapses two hours ahead
         await call("prune", db_now(db) + timedelta(hours=3))
+        page = await call("list_runs", max_rows=2)
+        await call("list_runs", after_created_at=page[-1].created_at, after_run_id=page[-1].run_id)
 
     drive(scenario)
     assert set(seen) == set(_core.OPERATIONS), "a method is not checked"

@@ -128,6 +128,17 @@ def base_calls(w: World) -> dict[str, dict[str, Any]]:
         "ledger_next_due_at": {"lane": "lifecycle", "run_id": "l"},
         "requeue_ledger_event": {"event_id": w["leased"]},
         "prune": {"delivered_before": "2000-01-01T00:00:00Z", "max_rows": 10},
+        "list_runs": {
+            "queue": "wq",
+            "status": "running",
+            "concurrency_key": "k",
+            "created_after": "2000-01-01T00:00:00Z",
+            "created_before": "2100-01-01T00:00:00Z",
+            "finished_before": "2100-01-01T00:00:00Z",
+            "after_created_at": "2100-01-01T00:00:00Z",
+            "after_run_id": "w",
+            "max_rows": 10,
+        },
     }
 
 
@@ -155,6 +166,12 @@ NULLABLE = {
     ("fail_ledger", "retry_at"),
     ("ledger_next_due_at", "lane"),
     ("ledger_next_due_at", "run_id"),
+    ("list_runs", "queue"),
+    ("list_runs", "status"),
+    ("list_runs", "concurrency_key"),
+    ("list_runs", "created_after"),
+    ("list_runs", "created_before"),
+    ("list_runs", "finished_before"),
 }
 
 # Identifier parameters: 1 to 200 characters, not blank.
@@ -184,6 +201,9 @@ IDENTIFIERS = [
     ("release_ledger", "relay"),
     ("fail_ledger", "relay"),
     ("ledger_next_due_at", "run_id"),
+    ("list_runs", "queue"),
+    ("list_runs", "concurrency_key"),
+    ("list_runs", "after_run_id"),
 ]
 
 
@@ -276,6 +296,7 @@ def test_identifier_bounds_and_blanks(
         ("enqueue_run", "payload_retention"),
         ("claim_ledger", "lane"),
         ("ledger_next_due_at", "lane"),
+        ("list_runs", "status"),
     ],
 )
 def test_enumerated_text_parameters(
@@ -380,6 +401,7 @@ INT_LIMITS = [
     ("claim_ledger", "max_events", 1, 1000),
     ("ack_ledger", "claim_next", 0, 1000),
     ("prune", "max_rows", 1, 1_000_000),
+    ("list_runs", "max_rows", 1, 1000),
     ("heartbeat", "attempt", 1, 2**31 - 1),
     ("complete_attempt", "attempt", 1, 2**31 - 1),
     ("fail_attempt", "attempt", 1, 2**31 - 1),
@@ -477,6 +499,10 @@ TIMESTAMPS = [
     ("release_attempt", "run_at"),
     ("fail_ledger", "retry_at"),
     ("prune", "delivered_before"),
+    ("list_runs", "created_after"),
+    ("list_runs", "created_before"),
+    ("list_runs", "finished_before"),
+    ("list_runs", "after_created_at"),
 ]
 
 

@@ -194,6 +194,20 @@ def tour(db: psycopg.Connection, n: int) -> None:
     scalar(db, "ledger_next_due_at")
     scalar(db, "ledger_next_due_at", lane="lifecycle", run_id=b)
     scalar(db, "prune", delivered_before="2000-01-01T00:00:00Z", max_rows=10)
+    admin_tour(db, n, a)
+
+
+def admin_tour(db: psycopg.Connection, n: int, run_id: str) -> None:
+    """The admin functions (docs/admin.md) on the tour's runs."""
+    page = call(db, "list_runs", max_rows=5)
+    assert len(page) == 5
+    last = page[-1]
+    call(db, "list_runs", after_created_at=last["created_at"], after_run_id=last["run_id"])
+    assert call(db, "list_runs", queue="tour", status="completed", max_rows=3)
+    assert call(db, "list_runs", status="failed")
+    call(db, "list_runs", status="running")
+    assert call(db, "list_runs", concurrency_key=f"k{n}")
+    call(db, "list_runs", finished_before="2000-01-01T00:00:00Z")
 
 
 def bulk_items(n: int, count: int) -> list[dict[str, Any]]:

@@ -70,7 +70,14 @@ GRANTS: dict[str, frozenset[str]] = {
             "get_schema_version",
         }
     ),
-    "admin": frozenset({"requeue_ledger_event", "prune", "get_schema_version"}),
+    "admin": frozenset(
+        {
+            "requeue_ledger_event",
+            "prune",
+            "list_runs",
+            "get_schema_version",
+        }
+    ),
 }
 API = frozenset().union(*GRANTS.values())
 ADMIN_VIEWS = frozenset({"run_stats", "ledger_stats"})
@@ -178,6 +185,7 @@ def _allowed_calls() -> dict[str, tuple[dict[str, Any], Callable[[list[tuple[Any
         "ledger_next_due_at": ({"run_id": "sec-absent"}, first_is(None)),
         "requeue_ledger_event": ({"event_id": -1}, first_is(False)),
         "prune": ({"delivered_before": far}, first_is(0)),
+        "list_runs": ({"queue": "sec-none"}, empty),
     }
 
 

@@ -1,0 +1,198 @@
+"""The admin functions at a million runs (docs/admin.md): every nested
+statement's plan, captured with auto_explain past PL/pgSQL's switch to
+generic plans, reads index ranges only, never a sequential scan of runs or
+attempts, and touches a bounded number of buffers, whatever the filters and
+however deep the page."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+from conftest import reset
+from sqlapi import call
+
+RUNS = 1_000_000
+RUNNING = 200
+QUEUES = 4
+
+
+@pytest.fixture(scope="module")
+def million(db_url: str) -> Iterator[str]:
+    """1 000 000 runs over four queues, loaded in bulk: 90 % completed, 5 %
+    failed, 2 % cancelled, 1 % waiting, the rest queued but for 200 running
+    (with their running attempts); every tenth run keyed (1 000 keys of 100
+    runs). created_at one second apart, oldest first; an ended run ended a
+    second after it was created."""
+    with psycopg.connect(db_url, autocommit=True) as c:
+        reset(c)
+        c.execute(
+            """
+            INSERT INTO runrelay.runs (run_id, queue, status, payload, run_at, max_attempts,
+                                       attempt_count, result, wait, error, concurrency_key,
+                                       key_position, created_at, updated_at, finished_at)
+            SELECT 'm-' || i, 'q' || (i %% %(queues)s), s.status, '{}', now(), 3,
+                   CASE WHEN s.status = 'queued' THEN 0 ELSE 1 END,
+                   CASE WHEN s.status = 'completed' THEN '{}'::jsonb END,
+                   CASE WHEN s.status = 'waiting' THEN '{"kind": "event", "name": "go"}'::jsonb END,
+                   CASE WHEN s.status = 'failed' THEN '{"e": 1}'::jsonb END,
+                   CASE WHEN i %% 10 = 0 THEN 'key-' || (i %% 1000) END,
+                   CASE WHEN i %% 10 = 0 THEN i END,
+                   now() - make_interval(secs => %(runs)s - i), now(),
+                   CASE WHEN s.status IN ('completed', 'failed', 'cancelled')
+                        THEN now() - make_interval(secs => %(runs)s - i - 1) END
+            FROM generate_series(1, %(runs)s) AS i
+            CROSS JOIN LATERAL (SELECT CASE
+                WHEN i %% 100 < 90 THEN 'completed'
+                WHEN i %% 100 < 95 THEN 'failed'
+                WHEN i %% 100 < 97 THEN 'cancelled'
+                WHEN i %% 100 < 98 THEN 'waiting'
+                WHEN i %% 5000 = 99 THEN 'running'
+                ELSE 'queued' END AS status) AS s
+            """,
+            {"runs": RUNS, "queues": QUEUES},
+        )
+        c.execute(
+            """
+            INSERT INTO runrelay.attempts (run_id, attempt, worker, lease_token, status,
+                                           claimed_at, heartbeat_at, lease_expires_at, wait)
+            SELECT r.run_id, 1, 'w', gen_random_uuid(),
+                   CASE r.status WHEN 'running' THEN 'running' ELSE 'waiting' END,
+                   now(), now(), now() + interval '1 hour', r.wait
+            FROM runrelay.runs AS r WHERE r.status IN ('running', 'waiting')
+            """
+        )
+        c.execute("VACUUM ANALYZE runrelay.runs, runrelay.attempts")
+        running = c.execute("SELECT count(*) FROM runrelay.runs WHERE status = 'running'")
+        assert running.fetchone() == (RUNNING,)
+    yield db_url
+    with psycopg.connect(db_url, autocommit=True) as c:
+        reset(c)
+
+
+def explained(conn: psycopg.Connection) -> Callable[[], list[str]]:
+    """Every nested statement's plan with its buffers, as auto_explain logs it."""
+    captured: list[str] = []
+    conn.add_notice_handler(lambda d: captured.append(d.message_primary or ""))
+    conn.execute("LOAD 'auto_explain'")
+    for setting in (
+        "auto_explain.log_min_duration = 0",
+        "auto_explain.log_nested_statements = on",
+        "auto_explain.log_level = notice",
+        "auto_explain.log_analyze = on",
+        "auto_explain.log_buffers = on",
+        "auto_explain.log_timing = off",
+    ):
+        conn.execute(f"SET {setting}")
+
+    def take() -> list[str]:
+        out = list(captured)
+        captured.clear()
+        return out
+
+    return take
+
+
+def nested(plans: list[str]) -> list[str]:
+    """The statements inside the function (the top-level call's own count
+    includes them all and, on a first call, loading the catalog)."""
+    return [p for p in plans if 'Query Text: SELECT * FROM runrelay."' not in p]
+
+
+def buffers(plan: str) -> int:
+    return max((int(x) for x in re.findall(r"(?:hit|read)=(\d+)", plan)), default=0)
+
+
+def assert_seeks(plans: list[str], limit: int) -> None:
+    inner = nested(plans)
+    assert inner, plans
+    text = "\n".join(inner)
+    assert "Seq Scan on runs" not in text, text
+    assert "Seq Scan on attempts" not in text, text
+    worst = max(inner, key=buffers)
+    assert buffers(worst) < limit, worst
+
+
+def created(conn: psycopg.Connection, run_id: str) -> datetime:
+    row = conn.execute("SELECT created_at FROM runrelay.runs WHERE run_id = %s", [run_id])
+    value = row.fetchone()
+    assert value is not None
+    return value[0]
+
+
+def test_list_runs_reads_index_ranges_at_a_million_runs(million: str) -> None:
+    """A page costs its rows (one primary-key probe each, about four
+    buffers), the index entries of each (queue, status) range up to the page
+    size (a few buffers: index-only), and, when running runs can match, two
+    probes per run in flight (running runs are not in runs_list_idx, so a
+    claim writes nothing there). Nothing grows with the million."""
+    with psycopg.connect(million, autocommit=True) as conn:
+        take = explained(conn)
+        deep = created(conn, "m-100000")
+        now = conn.execute("SELECT now()").fetchone()
+        assert now is not None
+        cases: list[dict[str, Any]] = [
+            {"max_rows": 50},
+            {"max_rows": 1000},
+            {"status": "failed", "max_rows": 50},
+            {"status": "failed", "queue": "q1", "max_rows": 50},
+            {"status": "queued", "max_rows": 100},
+            {"status": "running", "max_rows": 100},
+            {"queue": "q2", "max_rows": 100, "after_created_at": deep, "after_run_id": "m-100000"},
+            {"status": "completed", "after_created_at": deep, "after_run_id": "m-100000"},
+            {"concurrency_key": "key-10", "max_rows": 50},
+            {"concurrency_key": "key-10", "status": "completed", "max_rows": 20},
+            {"finished_before": now[0] - timedelta(days=5), "max_rows": 100},
+            {"created_after": now[0] - timedelta(hours=1), "status": "failed"},
+        ]
+        for kwargs in cases:
+            rows = kwargs.get("max_rows", 100)
+            running = kwargs.get("status", "running") == "running"
+            running = running and "finished_before" not in kwargs
+            limit = 5 * rows + (6 * RUNNING if running else 0) + 100
+            for _ in range(7):  # past PL/pgSQL's switch to a generic plan
+                take()
+                got = call(conn, "list_runs", **kwargs)
+                assert len(got) == rows, kwargs
+                keys = [(r["created_at"], r["run_id"]) for r in got]
+                assert keys == sorted(keys, reverse=True), kwargs
+                assert_seeks(take(), limit)
+
+
+def wal_records(conn: psycopg.Connection, query: str, drop_listing_indexes: bool) -> int:
+    """WAL records a call writes, in a transaction that is rolled back, with
+    or without the listing indexes (dropped inside that transaction). The
+    second of two runs: the first may also prune a page or warm a cache,
+    which the next one finds done."""
+    records = []
+    for _ in range(2):
+        with conn.transaction(force_rollback=True):
+            if drop_listing_indexes:
+                conn.execute("DROP INDEX runrelay.runs_list_idx, runrelay.runs_key_list_idx")
+            plan = conn.execute(f"EXPLAIN (ANALYZE, WAL, FORMAT JSON) {query}").fetchone()
+            assert plan is not None
+            records.append(int(plan[0][0]["Plan"]["WAL Records"]))
+    return records[-1]
+
+
+@pytest.mark.parametrize("key", [None, "k"])
+def test_a_claim_writes_no_listing_index_entry(db: psycopg.Connection, key: str | None) -> None:
+    """The price of list_runs on the worker path, counted exactly: a claim
+    (queued -> running) writes the same WAL records with or without the
+    listing indexes; an enqueue and a completion write one more each (two
+    for a keyed run), the new index entries."""
+    call(db, "enqueue_run", run_id="seed", queue="q", concurrency_key=key)
+    new_key = "NULL" if key is None else f"'{key}-2'"
+    enqueue = f"SELECT * FROM runrelay.enqueue_run('new', 'q', concurrency_key => {new_key})"
+    claim = "SELECT * FROM runrelay.claim_attempts('w', ARRAY['q'])"
+    per_index = 1 if key is None else 2
+    assert wal_records(db, enqueue, False) == wal_records(db, enqueue, True) + per_index
+    assert wal_records(db, claim, False) == wal_records(db, claim, True)
+    (claimed,) = call(db, "claim_attempts", worker="w", queues=["q"])
+    complete = f"SELECT runrelay.complete_attempt('seed', 1, '{claimed['lease_token']}')"
+    assert wal_records(db, complete, False) == wal_records(db, complete, True) + per_index
