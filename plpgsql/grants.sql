@@ -54,7 +54,10 @@ BEGIN
             ('ledger_next_due_at', 'relay'),
             ('requeue_ledger_event', 'admin'),
             ('prune', 'admin'),
-            ('list_runs', 'admin')
+            ('list_runs', 'admin'),
+            ('get_run', 'admin'),
+            ('run_attempts', 'admin'),
+            ('run_ledger_events', 'admin')
         ) AS g (function_name, role_suffix)
         INNER JOIN pg_catalog.pg_proc AS p
             ON

@@ -281,6 +281,22 @@ OPERATIONS: dict[str, Operation] = {
             ),
             _each(t.RunSummary, status=t.RunStatus),
         ),
+        Operation("get_run", (("run_id", "text"),), _one(t.RunDetail, status=t.RunStatus)),
+        Operation(
+            "run_attempts",
+            (("run_id", "text"), ("after_attempt", "integer"), ("max_rows", "integer")),
+            _each(t.RunAttempt, status=t.AttemptStatus),
+        ),
+        Operation(
+            "run_ledger_events",
+            (
+                ("run_id", "text"),
+                ("lane", "text"),
+                ("after_seq", "bigint"),
+                ("max_rows", "integer"),
+            ),
+            _each(t.RunLedgerEvent, lane=t.Lane, state=t.EventState),
+        ),
     )
 }
 

@@ -49,6 +49,9 @@ from .types import (
     ReapedAttempt,
     ReleaseOutcome,
     RenewedLease,
+    RunAttempt,
+    RunDetail,
+    RunLedgerEvent,
     RunnerTerminal,
     RunnerTerminalOutcome,
     RunSummary,
@@ -645,6 +648,39 @@ class _Methods:
             "max_rows": max_rows,
         }
         return _Call("list_runs", values, conn)
+
+    @_operation
+    def get_run(self, run_id: str, *, conn: Any = None) -> _Call[RunDetail | None]:
+        """One run with every column and its pending cancellation -> RunDetail | None."""
+        return _Call("get_run", {"run_id": run_id}, conn)
+
+    @_operation
+    def run_attempts(
+        self, run_id: str, after_attempt: int = 0, max_rows: int = 100, *, conn: Any = None
+    ) -> _Call[list[RunAttempt]]:
+        """A run's attempts in order, a page at a time -> list[RunAttempt]."""
+        values = {"run_id": run_id, "after_attempt": after_attempt, "max_rows": max_rows}
+        return _Call("run_attempts", values, conn)
+
+    @_operation
+    def run_ledger_events(
+        self,
+        run_id: str,
+        lane: str | None = None,
+        after_seq: int = 0,
+        max_rows: int = 100,
+        *,
+        conn: Any = None,
+    ) -> _Call[list[RunLedgerEvent]]:
+        """A run's ledger events with their delivery state, in seq order, a page
+        at a time -> list[RunLedgerEvent]."""
+        values = {
+            "run_id": run_id,
+            "lane": None if lane is None else str(lane),
+            "after_seq": after_seq,
+            "max_rows": max_rows,
+        }
+        return _Call("run_ledger_events", values, conn)
 
     @_operation
     def get_schema_version(self, *, conn: Any = None) -> _Call[str]:

@@ -140,6 +140,26 @@ class Lane(enum.StrEnum):
     OBSERVABILITY = "observability"
 
 
+class AttemptStatus(enum.StrEnum):
+    RUNNING = "running"
+    WAITING = "waiting"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    LOST = "lost"
+    RESUMED = "resumed"
+    RELEASED = "released"
+
+
+class EventState(enum.StrEnum):
+    """A ledger event's delivery state (the `ledger` view's state)."""
+
+    PENDING = "pending"
+    LEASED = "leased"
+    DELIVERED = "delivered"
+    FAILED = "failed"
+
+
 @dataclass(frozen=True, slots=True)
 class EnqueueItem:
     """One run for `Client.enqueue_runs`: enqueue_run's keyword arguments,
@@ -293,3 +313,71 @@ class RunSummary:
     created_at: datetime
     updated_at: datetime
     finished_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class RunDetail:
+    """get_run: every column of a run, and its pending cancellation."""
+
+    run_id: str
+    queue: str
+    status: RunStatus
+    priority: int
+    concurrency_key: str | None
+    key_held: bool
+    payload: JSON
+    payload_retention: str
+    run_at: datetime
+    max_attempts: int
+    attempt_count: int
+    wait: JSON
+    wake_at: datetime | None
+    resume: JSON
+    result: JSON
+    error: JSON
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+    cancel_requested: bool
+    cancel_reason: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class RunAttempt:
+    """One row of run_attempts (no lease token: the worker's credential)."""
+
+    attempt: int
+    worker: str
+    status: AttemptStatus
+    claimed_at: datetime
+    heartbeat_at: datetime | None
+    lease_expires_at: datetime | None
+    finished_at: datetime | None
+    outcome: str | None
+    error: JSON
+    wait: JSON
+    runner_result: JSON
+    runner_result_received_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class RunLedgerEvent:
+    """One row of run_ledger_events: an event and its delivery state."""
+
+    event_id: int
+    lane: Lane
+    seq: int
+    type: str
+    payload: JSON
+    delivery_key: str
+    transport_only: bool
+    created_at: datetime
+    state: EventState
+    lease_owner: str | None
+    lease_expires_at: datetime | None
+    delivery_attempts: int
+    next_attempt_at: datetime
+    failed_at: datetime | None
+    last_error: JSON
+    delivered_at: datetime | None
+    delivered_by: str | None

@@ -6,7 +6,10 @@ BEGIN;
 
 CREATE TEMPORARY TABLE admin_fn (name text, call text) ON COMMIT DROP;
 INSERT INTO admin_fn VALUES
-('list_runs', $$SELECT * FROM runrelay.list_runs(queue => 'sec-none')$$);
+('list_runs', $$SELECT * FROM runrelay.list_runs(queue => 'sec-none')$$),
+('get_run', $$SELECT * FROM runrelay.get_run('sec-none')$$),
+('run_attempts', $$SELECT * FROM runrelay.run_attempts('sec-none')$$),
+('run_ledger_events', $$SELECT * FROM runrelay.run_ledger_events('sec-none')$$);
 -- Read by the roles below while they call each function.
 GRANT SELECT ON admin_fn TO public;
 

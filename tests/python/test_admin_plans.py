@@ -196,3 +196,26 @@ def test_a_claim_writes_no_listing_index_entry(db: psycopg.Connection, key: str 
     (claimed,) = call(db, "claim_attempts", worker="w", queues=["q"])
     complete = f"SELECT runrelay.complete_attempt('seed', 1, '{claimed['lease_token']}')"
     assert wal_records(db, complete, False) == wal_records(db, complete, True) + per_index
+
+
+def test_inspecting_one_run_is_primary_key_ranges_at_a_million_runs(million: str) -> None:
+    """get_run, run_attempts and run_ledger_events read one run's rows by
+    their keys: a page of a run's 500 events costs the page."""
+    with psycopg.connect(million, autocommit=True) as conn:
+        events = [{"type": "e", "lane": "observability"}] * 250 + [{"type": "l"}] * 250
+        call(conn, "append_events", run_id="m-99", events=events)
+        take = explained(conn)
+        for _ in range(7):
+            take()
+            (run,) = call(conn, "get_run", run_id="m-99")
+            assert run["status"] == "running"
+            assert_seeks(take(), 20)
+            (attempt,) = call(conn, "run_attempts", run_id="m-99")
+            assert attempt["status"] == "running"
+            assert_seeks(take(), 20)
+            page = call(conn, "run_ledger_events", run_id="m-99", after_seq=100, max_rows=50)
+            assert [e["seq"] for e in page] == list(range(101, 151))
+            assert_seeks(take(), 300)
+            page = call(conn, "run_ledger_events", run_id="m-99", lane="lifecycle", max_rows=50)
+            assert [e["seq"] for e in page] == list(range(251, 301))
+            assert_seeks(take(), 300)

@@ -1228,6 +1228,9 @@ def round_trip_calls(now: datetime) -> dict[str, tuple[tuple[Any, ...], dict[str
         "requeue_ledger_event": ((1,), {}),
         "prune": ((now - timedelta(days=1),), {}),
         "list_runs": ((), {"queue": "rt-none"}),
+        "get_run": (("rt",), {}),
+        "run_attempts": (("rt",), {}),
+        "run_ledger_events": (("rt",), {"max_rows": 5}),
         "run_stats": ((), {}),
         "ledger_stats": ((), {}),
     }
@@ -1435,6 +1438,10 @@ def test_every_method_returns_its_declared_type(
         await call("prune", db_now(db) + timedelta(hours=3))
         page = await call("list_runs", max_rows=2)
         await call("list_runs", after_created_at=page[-1].created_at, after_run_id=page[-1].run_id)
+        await call("get_run", "missing")  # no such run: None
+        await call("get_run", "c")
+        await call("run_attempts", "c")
+        await call("run_ledger_events", "a")
 
     drive(scenario)
     assert set(seen) == set(_core.OPERATIONS), "a method is not checked"
@@ -1444,5 +1451,5 @@ def test_every_method_returns_its_declared_type(
         if typing.get_origin(declared_result(name)) is list and not any(values)
     }
     assert empty == set(), "a list result was only ever checked empty"
-    for optional in ("read_runner_terminal", "ledger_next_due_at"):
+    for optional in ("read_runner_terminal", "ledger_next_due_at", "get_run"):
         assert None in seen[optional] and any(v is not None for v in seen[optional]), optional

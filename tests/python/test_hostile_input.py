@@ -139,6 +139,9 @@ def base_calls(w: World) -> dict[str, dict[str, Any]]:
             "after_run_id": "w",
             "max_rows": 10,
         },
+        "get_run": {"run_id": "w"},
+        "run_attempts": {"run_id": "w", "after_attempt": 0, "max_rows": 10},
+        "run_ledger_events": {"run_id": "l", "lane": "lifecycle", "after_seq": 0, "max_rows": 10},
     }
 
 
@@ -172,6 +175,7 @@ NULLABLE = {
     ("list_runs", "created_after"),
     ("list_runs", "created_before"),
     ("list_runs", "finished_before"),
+    ("run_ledger_events", "lane"),
 }
 
 # Identifier parameters: 1 to 200 characters, not blank.
@@ -204,6 +208,9 @@ IDENTIFIERS = [
     ("list_runs", "queue"),
     ("list_runs", "concurrency_key"),
     ("list_runs", "after_run_id"),
+    ("get_run", "run_id"),
+    ("run_attempts", "run_id"),
+    ("run_ledger_events", "run_id"),
 ]
 
 
@@ -297,6 +304,7 @@ def test_identifier_bounds_and_blanks(
         ("claim_ledger", "lane"),
         ("ledger_next_due_at", "lane"),
         ("list_runs", "status"),
+        ("run_ledger_events", "lane"),
     ],
 )
 def test_enumerated_text_parameters(
@@ -402,6 +410,10 @@ INT_LIMITS = [
     ("ack_ledger", "claim_next", 0, 1000),
     ("prune", "max_rows", 1, 1_000_000),
     ("list_runs", "max_rows", 1, 1000),
+    ("run_attempts", "after_attempt", 0, 2**31 - 1),
+    ("run_attempts", "max_rows", 1, 1000),
+    ("run_ledger_events", "after_seq", 0, 2**63 - 1),
+    ("run_ledger_events", "max_rows", 1, 1000),
     ("heartbeat", "attempt", 1, 2**31 - 1),
     ("complete_attempt", "attempt", 1, 2**31 - 1),
     ("fail_attempt", "attempt", 1, 2**31 - 1),

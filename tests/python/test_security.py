@@ -75,6 +75,9 @@ GRANTS: dict[str, frozenset[str]] = {
             "requeue_ledger_event",
             "prune",
             "list_runs",
+            "get_run",
+            "run_attempts",
+            "run_ledger_events",
             "get_schema_version",
         }
     ),
@@ -186,6 +189,9 @@ def _allowed_calls() -> dict[str, tuple[dict[str, Any], Callable[[list[tuple[Any
         "requeue_ledger_event": ({"event_id": -1}, first_is(False)),
         "prune": ({"delivered_before": far}, first_is(0)),
         "list_runs": ({"queue": "sec-none"}, empty),
+        "get_run": ({"run_id": "sec-absent"}, empty),
+        "run_attempts": ({"run_id": "sec-absent"}, empty),
+        "run_ledger_events": ({"run_id": "sec-absent"}, empty),
     }
 
 
