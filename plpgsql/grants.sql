@@ -57,7 +57,8 @@ BEGIN
             ('list_runs', 'admin'),
             ('get_run', 'admin'),
             ('run_attempts', 'admin'),
-            ('run_ledger_events', 'admin')
+            ('run_ledger_events', 'admin'),
+            ('retry_run', 'admin')
         ) AS g (function_name, role_suffix)
         INNER JOIN pg_catalog.pg_proc AS p
             ON

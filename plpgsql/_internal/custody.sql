@@ -1,7 +1,7 @@
 -- Custody locks. The one lock order every writer follows:
 --
---   0. a call id's advisory lock (signal_run, cancel_run with a call_id;
---      calls.sql): at most one per call, before anything else;
+--   0. a call id's advisory lock (signal_run, cancel_run, retry_run with a
+--      call_id; calls.sql): at most one per call, before anything else;
 --   1. the advisory locks of the runs' concurrency keys, ascending by lock id
 --      (only for runs that have a key);
 --   2. run rows, ascending by run_id COLLATE "C";

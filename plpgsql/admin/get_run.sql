@@ -1,6 +1,7 @@
 -- get_run(): one run as an operator needs to see it: every column of the
--- run, and whether a cancellation is pending (a cancel marker no writer has
--- applied yet, with its reason).
+-- run (series_start: the attempts after it are the current attempt series,
+-- see retry_run), and whether a cancellation is pending (a cancel marker no
+-- writer has applied yet, with its reason).
 --
 -- No row when the run does not exist. Reads only: one primary-key probe of
 -- runs and one of cancellations, no lock, no write.
@@ -16,6 +17,7 @@ CREATE TYPE run_detail AS (
     run_at timestamptz,
     max_attempts integer,
     attempt_count integer,
+    series_start integer,
     wait jsonb,
     wake_at timestamptz,
     resume jsonb,
@@ -41,7 +43,7 @@ BEGIN
     RETURN QUERY
     SELECT
         r.run_id, r.queue, r.status, r.priority, r.concurrency_key, r.key_held, r.payload,
-        r.payload_retention, r.run_at, r.max_attempts, r.attempt_count, r.wait, r.wake_at, r.resume,
+        r.payload_retention, r.run_at, r.max_attempts, r.attempt_count, r.series_start, r.wait, r.wake_at, r.resume,
         r.result, r.error, r.created_at, r.updated_at, r.finished_at,
         c.run_id IS NOT NULL, c.reason
     FROM runs AS r

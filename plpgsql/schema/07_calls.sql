@@ -1,7 +1,8 @@
--- Calls of signal_run and cancel_run made with a call_id, and what they
--- answered, so that the same call repeated after a lost reply answers the
--- same and writes nothing (SPEC: "Replays are exact"). Claims remember their
--- call_id on the rows they take instead (attempts.call_id, ledger.call_id).
+-- Calls of signal_run, cancel_run and retry_run made with a call_id, and
+-- what they answered, so that the same call repeated after a lost reply
+-- answers the same and writes nothing (SPEC: "Replays are exact"). Claims
+-- remember their call_id on the rows they take instead (attempts.call_id,
+-- ledger.call_id).
 --
 -- A row is written in the transaction of the call's effect, and only when
 -- the call changed something (a signal stored or delivered, a pending
@@ -27,6 +28,7 @@ CREATE TABLE calls (
     CONSTRAINT calls_outcome CHECK (
         (function_name = 'signal_run' AND outcome IN ('resumed', 'stored', 'terminal'))
         OR (function_name = 'cancel_run' AND outcome IN ('cancelled', 'cancel_requested'))
+        OR (function_name = 'retry_run' AND outcome = 'retried')
     ),
     CONSTRAINT calls_arguments_digest CHECK (octet_length(arguments_digest) = 32)
 );

@@ -297,6 +297,19 @@ OPERATIONS: dict[str, Operation] = {
             ),
             _each(t.RunLedgerEvent, lane=t.Lane, state=t.EventState),
         ),
+        Operation(
+            "retry_run",
+            (
+                ("run_id", "text"),
+                ("max_attempts", "integer"),
+                ("run_at", "timestamptz"),
+                ("reason", "text"),
+                ("requested_by", "text"),
+                ("call_id", "uuid"),
+            ),
+            _enum(t.RetryOutcome),
+            set_returning=False,
+        ),
     )
 }
 

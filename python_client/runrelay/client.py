@@ -49,6 +49,7 @@ from .types import (
     ReapedAttempt,
     ReleaseOutcome,
     RenewedLease,
+    RetryOutcome,
     RunAttempt,
     RunDetail,
     RunLedgerEvent,
@@ -681,6 +682,29 @@ class _Methods:
             "max_rows": max_rows,
         }
         return _Call("run_ledger_events", values, conn)
+
+    @_operation
+    def retry_run(
+        self,
+        run_id: str,
+        max_attempts: int | None = None,
+        run_at: datetime | None = None,
+        reason: str | None = None,
+        requested_by: str | None = None,
+        call_id: uuid.UUID | None = None,
+        *,
+        conn: Any = None,
+    ) -> _Call[RetryOutcome]:
+        """Queue a failed or cancelled run again as a new attempt series -> RetryOutcome."""
+        values = {
+            "run_id": run_id,
+            "max_attempts": max_attempts,
+            "run_at": run_at,
+            "reason": reason,
+            "requested_by": requested_by,
+            "call_id": call_id,
+        }
+        return _Call("retry_run", values, conn)
 
     @_operation
     def get_schema_version(self, *, conn: Any = None) -> _Call[str]:

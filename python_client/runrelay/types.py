@@ -109,6 +109,12 @@ class CancelOutcome(enum.StrEnum):
     NOT_FOUND = "not_found"
 
 
+class RetryOutcome(enum.StrEnum):
+    RETRIED = "retried"
+    NOT_RETRYABLE = "not_retryable"
+    NOT_FOUND = "not_found"
+
+
 class RunnerTerminalOutcome(enum.StrEnum):
     RECORDED = "recorded"
     DUPLICATE = "duplicate"
@@ -330,6 +336,7 @@ class RunDetail:
     run_at: datetime
     max_attempts: int
     attempt_count: int
+    series_start: int
     wait: JSON
     wake_at: datetime | None
     resume: JSON

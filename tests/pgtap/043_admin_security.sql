@@ -9,7 +9,8 @@ INSERT INTO admin_fn VALUES
 ('list_runs', $$SELECT * FROM runrelay.list_runs(queue => 'sec-none')$$),
 ('get_run', $$SELECT * FROM runrelay.get_run('sec-none')$$),
 ('run_attempts', $$SELECT * FROM runrelay.run_attempts('sec-none')$$),
-('run_ledger_events', $$SELECT * FROM runrelay.run_ledger_events('sec-none')$$);
+('run_ledger_events', $$SELECT * FROM runrelay.run_ledger_events('sec-none')$$),
+('retry_run', $$SELECT runrelay.retry_run('sec-none')$$);
 -- Read by the roles below while they call each function.
 GRANT SELECT ON admin_fn TO public;
 

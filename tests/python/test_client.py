@@ -1231,6 +1231,7 @@ def round_trip_calls(now: datetime) -> dict[str, tuple[tuple[Any, ...], dict[str
         "get_run": (("rt",), {}),
         "run_attempts": (("rt",), {}),
         "run_ledger_events": (("rt",), {"max_rows": 5}),
+        "retry_run": (("missing",), {}),
         "run_stats": ((), {}),
         "ledger_stats": ((), {}),
     }
@@ -1442,6 +1443,7 @@ def test_every_method_returns_its_declared_type(
         await call("get_run", "c")
         await call("run_attempts", "c")
         await call("run_ledger_events", "a")
+        await call("retry_run", "c", reason="fixed", requested_by="ops")
 
     drive(scenario)
     assert set(seen) == set(_core.OPERATIONS), "a method is not checked"

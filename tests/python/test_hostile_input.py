@@ -142,6 +142,14 @@ def base_calls(w: World) -> dict[str, dict[str, Any]]:
         "get_run": {"run_id": "w"},
         "run_attempts": {"run_id": "w", "after_attempt": 0, "max_rows": 10},
         "run_ledger_events": {"run_id": "l", "lane": "lifecycle", "after_seq": 0, "max_rows": 10},
+        "retry_run": {
+            "run_id": "w",
+            "max_attempts": 3,
+            "run_at": "2020-01-01T00:00:00Z",
+            "reason": "r",
+            "requested_by": "ops",
+            "call_id": str(uuid.uuid4()),
+        },
     }
 
 
@@ -176,6 +184,11 @@ NULLABLE = {
     ("list_runs", "created_before"),
     ("list_runs", "finished_before"),
     ("run_ledger_events", "lane"),
+    ("retry_run", "max_attempts"),
+    ("retry_run", "run_at"),
+    ("retry_run", "reason"),
+    ("retry_run", "requested_by"),
+    ("retry_run", "call_id"),
 }
 
 # Identifier parameters: 1 to 200 characters, not blank.
@@ -211,6 +224,8 @@ IDENTIFIERS = [
     ("get_run", "run_id"),
     ("run_attempts", "run_id"),
     ("run_ledger_events", "run_id"),
+    ("retry_run", "run_id"),
+    ("retry_run", "requested_by"),
 ]
 
 
@@ -414,6 +429,7 @@ INT_LIMITS = [
     ("run_attempts", "max_rows", 1, 1000),
     ("run_ledger_events", "after_seq", 0, 2**63 - 1),
     ("run_ledger_events", "max_rows", 1, 1000),
+    ("retry_run", "max_attempts", 1, 1000),
     ("heartbeat", "attempt", 1, 2**31 - 1),
     ("complete_attempt", "attempt", 1, 2**31 - 1),
     ("fail_attempt", "attempt", 1, 2**31 - 1),
@@ -515,6 +531,7 @@ TIMESTAMPS = [
     ("list_runs", "created_before"),
     ("list_runs", "finished_before"),
     ("list_runs", "after_created_at"),
+    ("retry_run", "run_at"),
 ]
 
 

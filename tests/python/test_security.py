@@ -78,6 +78,7 @@ GRANTS: dict[str, frozenset[str]] = {
             "get_run",
             "run_attempts",
             "run_ledger_events",
+            "retry_run",
             "get_schema_version",
         }
     ),
@@ -192,6 +193,7 @@ def _allowed_calls() -> dict[str, tuple[dict[str, Any], Callable[[list[tuple[Any
         "get_run": ({"run_id": "sec-absent"}, empty),
         "run_attempts": ({"run_id": "sec-absent"}, empty),
         "run_ledger_events": ({"run_id": "sec-absent"}, empty),
+        "retry_run": ({"run_id": "sec-absent"}, first_is("not_found")),
     }
 
 

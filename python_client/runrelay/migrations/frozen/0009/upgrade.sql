@@ -13,3 +13,110 @@ WHERE status <> 'running';
 CREATE INDEX runs_key_list_idx ON runs (concurrency_key, created_at, run_id)
 WHERE concurrency_key IS NOT NULL AND status <> 'running';
 -- ==== end: operators' listings =============================================
+
+-- ==== attempt series ========================================================
+-- retry_run starts a new attempt series for an ended run: runs.series_start
+-- (plpgsql/schema/02_runs.sql) is the attempt number after which failures
+-- count against max_attempts; 0 for every existing run, whose attempts are
+-- all its first series, so nothing changes for them. The rules of a run gain
+-- runs_series_start (0 <= series_start <= attempt_count): _runs_rules takes
+-- one more argument, so the new function replaces the old one under the
+-- same constraint name. The constraint is added valid (one scan of runs
+-- inside the migration's transaction): every row has series_start 0.
+-- calls records retry_run's replays.
+CREATE FUNCTION _runs_rules(
+    p_run_id text,
+    p_queue text,
+    p_status text,
+    p_finished_at timestamptz,
+    p_wait jsonb,
+    p_wake_at timestamptz,
+    p_payload_retention text,
+    p_max_attempts integer,
+    p_attempt_count integer,
+    p_concurrency_key text,
+    p_key_position bigint,
+    p_key_held boolean,
+    p_result jsonb,
+    p_ledger_seq bigint,
+    p_series_start integer
+)
+RETURNS boolean
+LANGUAGE plpgsql
+IMMUTABLE
+PARALLEL SAFE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_broken text;
+BEGIN
+    v_broken := CASE
+        WHEN NOT (p_attempt_count >= 0) THEN 'runs_attempt_count'
+        WHEN NOT (p_status <> 'completed' OR p_result IS NOT NULL)
+            THEN 'runs_completed_has_result'
+        WHEN NOT (
+            (p_status IN ('completed', 'failed', 'cancelled'))
+            = (p_finished_at IS NOT NULL)
+        ) THEN 'runs_finished_iff_terminal'
+        WHEN NOT (
+            NOT p_key_held OR (p_concurrency_key IS NOT NULL AND p_status = 'queued')
+        ) THEN 'runs_key_held_only_queued'
+        WHEN NOT ((p_concurrency_key IS NULL) = (p_key_position IS NULL))
+            THEN 'runs_key_position_iff_key'
+        WHEN NOT (p_ledger_seq >= 0) THEN 'runs_ledger_seq'
+        WHEN NOT (p_max_attempts BETWEEN 1 AND 1000) THEN 'runs_max_attempts'
+        WHEN NOT (p_payload_retention IN ('keep', 'drop_on_delivery'))
+            THEN 'runs_payload_retention'
+        WHEN NOT (length(p_queue) BETWEEN 1 AND 200) THEN 'runs_queue_length'
+        WHEN NOT (length(p_run_id) BETWEEN 1 AND 200) THEN 'runs_run_id_length'
+        WHEN NOT (p_series_start BETWEEN 0 AND p_attempt_count) THEN 'runs_series_start'
+        WHEN NOT (p_status NOT IN ('running', 'waiting') OR p_attempt_count >= 1)
+            THEN 'runs_started_has_attempt'
+        WHEN NOT (
+            p_status IN (
+                'queued', 'running', 'waiting', 'completed', 'failed', 'cancelled'
+            )
+        ) THEN 'runs_status'
+        WHEN NOT ((p_status = 'waiting') = (p_wait IS NOT NULL))
+            THEN 'runs_wait_iff_waiting'
+        WHEN NOT (p_wake_at IS NULL OR p_status = 'waiting')
+            THEN 'runs_wake_at_only_waiting'
+    END;
+    IF v_broken IS NULL THEN
+        RETURN TRUE;
+    END IF;
+    RAISE EXCEPTION 'new row for relation "runs" violates check constraint "%"', v_broken
+        USING ERRCODE = 'check_violation', CONSTRAINT = v_broken, TABLE = 'runs';
+END;
+$$;
+
+COMMENT ON FUNCTION _runs_rules(
+    text, text, text, timestamptz, jsonb, timestamptz, text, integer, integer,
+    text, bigint, boolean, jsonb, bigint, integer
+) IS
+'The row rules of runs (the runs_rules CHECK): true, or a 23514 error naming the rule the row breaks.';
+
+ALTER TABLE runs
+ADD COLUMN series_start integer NOT NULL DEFAULT 0,
+DROP CONSTRAINT runs_rules,
+ADD CONSTRAINT runs_rules CHECK (
+    _runs_rules(
+        run_id, queue, status, finished_at, wait, wake_at, payload_retention,
+        max_attempts, attempt_count, concurrency_key, key_position, key_held,
+        result, ledger_seq, series_start
+    )
+);
+
+DROP FUNCTION _runs_rules(
+    text, text, text, timestamptz, jsonb, timestamptz, text, integer, integer,
+    text, bigint, boolean, jsonb, bigint
+);
+
+ALTER TABLE calls
+DROP CONSTRAINT calls_outcome,
+ADD CONSTRAINT calls_outcome CHECK (
+    (function_name = 'signal_run' AND outcome IN ('resumed', 'stored', 'terminal'))
+    OR (function_name = 'cancel_run' AND outcome IN ('cancelled', 'cancel_requested'))
+    OR (function_name = 'retry_run' AND outcome = 'retried')
+);
+-- ==== end: attempt series ===================================================

@@ -1,0 +1,204 @@
+"""The admin functions that write (docs/admin.md), racing the API.
+
+Races use real sessions: a session holds a lock in an open transaction, the
+competitor queues behind it (confirmed through pg_stat_activity), then the
+holder commits or rolls back. The scheduler's invariants are checked over
+the whole database afterwards (lifecycle.check_database, which knows
+run.retried).
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import psycopg
+import pytest
+
+from lifecycle import check_database
+from sqlapi import (
+    backend_pid,
+    call,
+    claim_one,
+    enqueue,
+    events,
+    fenced,
+    run_row,
+    scalar,
+    table_checksum,
+    wait_until_blocked,
+)
+
+Connect = Callable[..., psycopg.Connection]
+
+
+def _in_thread(fn: Callable[[], Any]) -> Future[Any]:
+    pool = ThreadPoolExecutor(max_workers=1)
+    future = pool.submit(fn)
+    pool.shutdown(wait=False)
+    return future
+
+
+def failed_run(db: psycopg.Connection, run_id: str, **kwargs: Any) -> None:
+    enqueue(db, run_id, queue=run_id, max_attempts=1, **kwargs)
+    claim = claim_one(db, queues=[run_id])
+    assert scalar(db, "fail_attempt", **fenced(claim), error={"e": 1}) == "failed"
+
+
+# --------------------------------------------------------------------------
+# retry_run
+
+
+@pytest.mark.parametrize("same_call", [False, True])
+def test_a_retry_waits_for_a_retry_in_flight_and_answers_after_it(
+    db: psycopg.Connection, connect: Connect, same_call: bool
+) -> None:
+    """Two retries of one failed run: the second waits for the first's
+    custody locks (or, with the same call_id, its call lock), then answers
+    not_retryable (the run is queued) or, as a replay, retried; the run is
+    retried once."""
+    failed_run(db, "f")
+    call_id = uuid.uuid4()
+    first = connect(autocommit=False)
+    assert scalar(first, "retry_run", run_id="f", call_id=call_id) == "retried"
+    second = connect()
+    kwargs = {"call_id": call_id} if same_call else {}
+    pending = _in_thread(lambda: scalar(second, "retry_run", run_id="f", **kwargs))
+    wait_until_blocked(db, backend_pid(second))
+    first.commit()
+    assert pending.result(timeout=10) == ("retried" if same_call else "not_retryable")
+    assert events(db, "f").count("run.retried") == 1
+    check_database(db)
+
+
+def test_a_retry_that_rolls_back_leaves_the_run_to_the_next(
+    db: psycopg.Connection, connect: Connect
+) -> None:
+    failed_run(db, "f")
+    first = connect(autocommit=False)
+    assert scalar(first, "retry_run", run_id="f") == "retried"
+    second = connect()
+    pending = _in_thread(lambda: scalar(second, "retry_run", run_id="f", reason="second"))
+    wait_until_blocked(db, backend_pid(second))
+    first.rollback()
+    assert pending.result(timeout=10) == "retried"
+    (retried,) = db.execute(
+        "SELECT payload ->> 'reason' FROM runrelay.ledger"
+        " WHERE run_id = 'f' AND type = 'run.retried'"
+    ).fetchall()
+    assert retried == ("second",)
+    check_database(db)
+
+
+def test_a_cancel_during_a_retry_sees_the_run_ended_and_one_after_cancels_it(
+    db: psycopg.Connection, connect: Connect
+) -> None:
+    """cancel_run never waits for custody locks: while a retry is in flight
+    it reads the run as committed, ended (already_terminal, nothing
+    written); once the retry committed it cancels the queued run. The
+    history is run.failed, run.retried, run.cancelled."""
+    failed_run(db, "f")
+    retry = connect(autocommit=False)
+    assert scalar(retry, "retry_run", run_id="f") == "retried"
+    canceller = connect()
+    assert scalar(canceller, "cancel_run", run_id="f", reason="early") == "already_terminal"
+    retry.commit()
+    assert run_row(db, "f")["status"] == "queued"
+    assert scalar(canceller, "cancel_run", run_id="f", reason="late") == "cancelled"
+    assert events(db, "f")[-3:] == ["run.failed", "run.retried", "run.cancelled"]
+    assert scalar(db, "retry_run", run_id="f") == "retried"  # cancelled: retryable again
+    check_database(db)
+
+
+def test_a_retry_of_a_keyed_run_waits_for_the_key_and_rejoins_behind_it(
+    db: psycopg.Connection, connect: Connect
+) -> None:
+    """The key lock is custody step 1: a writer of another run of the key
+    (here an enqueue in an open transaction) makes the retry wait; after it,
+    the retried run is held behind the key's new live run."""
+    failed_run(db, "k1", concurrency_key="k")
+    producer = connect(autocommit=False)
+    call(producer, "enqueue_run", run_id="k2", queue="k2", concurrency_key="k")
+    operator = connect()
+    pending = _in_thread(lambda: scalar(operator, "retry_run", run_id="k1"))
+    wait_until_blocked(db, backend_pid(operator))
+    producer.commit()
+    assert pending.result(timeout=10) == "retried"
+    assert run_row(db, "k1")["key_held"] is True
+    assert run_row(db, "k2")["key_held"] is False
+    check_database(db)
+
+
+def test_a_retry_waits_no_longer_than_the_callers_lock_timeout(
+    db: psycopg.Connection, connect: Connect
+) -> None:
+    failed_run(db, "f")
+    holder = connect(autocommit=False)
+    holder.execute("SELECT 1 FROM runrelay.runs WHERE run_id = 'f' FOR UPDATE")
+    operator = connect()
+    operator.execute("SET lock_timeout = '200ms'")
+    before = table_checksum(db)
+    with pytest.raises(psycopg.errors.LockNotAvailable):
+        scalar(operator, "retry_run", run_id="f")
+    assert table_checksum(db) == before
+    assert operator.execute("SHOW lock_timeout").fetchone() == ("200ms",)
+    holder.rollback()
+    assert scalar(operator, "retry_run", run_id="f") == "retried"
+
+
+def test_retries_cancels_and_workers_racing_keep_every_invariant(
+    db: psycopg.Connection, connect: Connect
+) -> None:
+    """Operators retry and cancel while workers claim, fail and complete, over
+    the same 20 runs (half of them on one concurrency key); every run's
+    history is a legal path of the state machine, its failures fit the
+    budget of its series, and attempts stay dense."""
+    for i in range(20):
+        enqueue(db, f"r{i}", queue="race", max_attempts=2, concurrency_key="k" if i % 2 else None)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def worker(n: int) -> None:
+        conn = connect()
+        try:
+            while not stop.is_set():
+                rows = call(conn, "claim_attempts", worker=f"w{n}", queues=["race"])
+                for row in rows:
+                    if int(row["attempt"]) % 2:
+                        scalar(conn, "fail_attempt", **fenced(row), error={"n": n}, retry_at=None)
+                    else:
+                        scalar(conn, "complete_attempt", **fenced(row))
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    def operator(n: int) -> None:
+        conn = connect()
+        try:
+            for i in range(200):
+                run_id = f"r{(i * 7 + n) % 20}"
+                if i % 3 == 0:
+                    scalar(conn, "cancel_run", run_id=run_id, reason=f"op{n}")
+                else:
+                    scalar(conn, "retry_run", run_id=run_id, requested_by=f"op{n}")
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    db.execute("UPDATE runrelay.settings SET retry_base_seconds = 0.001, retry_max_seconds = 0.01")
+    workers = [threading.Thread(target=worker, args=(n,)) for n in range(3)]
+    operators = [threading.Thread(target=operator, args=(n,)) for n in range(2)]
+    for t in workers + operators:
+        t.start()
+    for t in operators:
+        t.join(timeout=120)
+    stop.set()
+    for t in workers:
+        t.join(timeout=60)
+    assert errors == []
+    retried = db.execute(
+        "SELECT count(*) FROM runrelay.ledger WHERE type = 'run.retried'"
+    ).fetchone()
+    assert retried is not None and retried[0] > 0
+    check_database(db)
