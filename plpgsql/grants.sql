@@ -58,7 +58,9 @@ BEGIN
             ('get_run', 'admin'),
             ('run_attempts', 'admin'),
             ('run_ledger_events', 'admin'),
-            ('retry_run', 'admin')
+            ('retry_run', 'admin'),
+            ('list_blocked_heads', 'admin'),
+            ('requeue_blocked_heads', 'admin')
         ) AS g (function_name, role_suffix)
         INNER JOIN pg_catalog.pg_proc AS p
             ON

@@ -55,7 +55,8 @@
 --                    lanes as an appender.
 --   reap_expired     one run at a time, each by _try_lock_run (SKIP LOCKED).
 --   cancel_run       one run, SKIP LOCKED; its attempts ascending.
---   fail_ledger, renew_ledger_lease, release_ledger, requeue_ledger_event
+--   fail_ledger, renew_ledger_lease, release_ledger, requeue_ledger_event,
+--   requeue_blocked_heads
 --                    lanes by _lock_event_lanes (the lane order), waiting.
 --   ack_ledger, claim_ledger  one lane (discovery: one at a time, SKIP LOCKED).
 -- A caller's transaction that spans several calls composes their locks in

@@ -310,6 +310,22 @@ OPERATIONS: dict[str, Operation] = {
             _enum(t.RetryOutcome),
             set_returning=False,
         ),
+        Operation(
+            "list_blocked_heads",
+            (
+                ("lane", "text"),
+                ("run_id", "text"),
+                ("after_run_id", "text"),
+                ("after_lane", "text"),
+                ("max_rows", "integer"),
+            ),
+            _each(t.BlockedHead, lane=t.Lane),
+        ),
+        Operation(
+            "requeue_blocked_heads",
+            (("run_id", "text"), ("lane", "text"), ("max_lanes", "integer")),
+            _each(t.RequeuedLane, lane=t.Lane),
+        ),
     )
 }
 

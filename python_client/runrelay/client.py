@@ -35,6 +35,7 @@ from . import _core
 from .errors import translate
 from .types import (
     AppendedEvent,
+    BlockedHead,
     CancelOutcome,
     ClaimedAttempt,
     CompletedItem,
@@ -49,6 +50,7 @@ from .types import (
     ReapedAttempt,
     ReleaseOutcome,
     RenewedLease,
+    RequeuedLane,
     RetryOutcome,
     RunAttempt,
     RunDetail,
@@ -705,6 +707,44 @@ class _Methods:
             "call_id": call_id,
         }
         return _Call("retry_run", values, conn)
+
+    @_operation
+    def list_blocked_heads(
+        self,
+        lane: str | None = None,
+        run_id: str | None = None,
+        after_run_id: str | None = None,
+        after_lane: str | None = None,
+        max_rows: int = 100,
+        *,
+        conn: Any = None,
+    ) -> _Call[list[BlockedHead]]:
+        """Lanes blocked behind a failed head, a page at a time -> list[BlockedHead]."""
+        values = {
+            "lane": None if lane is None else str(lane),
+            "run_id": run_id,
+            "after_run_id": after_run_id,
+            "after_lane": None if after_lane is None else str(after_lane),
+            "max_rows": max_rows,
+        }
+        return _Call("list_blocked_heads", values, conn)
+
+    @_operation
+    def requeue_blocked_heads(
+        self,
+        run_id: str | None = None,
+        lane: str | None = None,
+        max_lanes: int = 100,
+        *,
+        conn: Any = None,
+    ) -> _Call[list[RequeuedLane]]:
+        """Unblock blocked lanes (one run's lane, a run's, or all) -> list[RequeuedLane]."""
+        values = {
+            "run_id": run_id,
+            "lane": None if lane is None else str(lane),
+            "max_lanes": max_lanes,
+        }
+        return _Call("requeue_blocked_heads", values, conn)
 
     @_operation
     def get_schema_version(self, *, conn: Any = None) -> _Call[str]:

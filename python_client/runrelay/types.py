@@ -388,3 +388,27 @@ class RunLedgerEvent:
     last_error: JSON
     delivered_at: datetime | None
     delivered_by: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class BlockedHead:
+    """One row of list_blocked_heads: a lane blocked behind its failed head."""
+
+    run_id: str
+    lane: Lane
+    event_id: int
+    seq: int
+    type: str
+    created_at: datetime
+    failed_at: datetime
+    delivery_attempts: int
+    last_error: JSON
+
+
+@dataclass(frozen=True, slots=True)
+class RequeuedLane:
+    """One row of requeue_blocked_heads: a lane and how many events it requeued."""
+
+    run_id: str
+    lane: Lane
+    requeued: int

@@ -10,7 +10,9 @@ INSERT INTO admin_fn VALUES
 ('get_run', $$SELECT * FROM runrelay.get_run('sec-none')$$),
 ('run_attempts', $$SELECT * FROM runrelay.run_attempts('sec-none')$$),
 ('run_ledger_events', $$SELECT * FROM runrelay.run_ledger_events('sec-none')$$),
-('retry_run', $$SELECT runrelay.retry_run('sec-none')$$);
+('retry_run', $$SELECT runrelay.retry_run('sec-none')$$),
+('list_blocked_heads', $$SELECT * FROM runrelay.list_blocked_heads(run_id => 'sec-none')$$),
+('requeue_blocked_heads', $$SELECT * FROM runrelay.requeue_blocked_heads(run_id => 'sec-none')$$);
 -- Read by the roles below while they call each function.
 GRANT SELECT ON admin_fn TO public;
 

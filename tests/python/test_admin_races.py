@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from lifecycle import check_database
+from lifecycle import check_database, check_lanes
 from sqlapi import (
     backend_pid,
     call,
@@ -202,3 +202,101 @@ def test_retries_cancels_and_workers_racing_keep_every_invariant(
     ).fetchone()
     assert retried is not None and retried[0] > 0
     check_database(db)
+
+
+# --------------------------------------------------------------------------
+# requeue_blocked_heads
+
+
+def blocked_lane(db: psycopg.Connection, run_id: str) -> int:
+    """A run whose lifecycle lane is blocked behind its failed run.queued."""
+    enqueue(db, run_id, queue=run_id)
+    (head,) = call(db, "claim_ledger", relay="r", run_id=run_id)
+    (failed,) = call(
+        db, "fail_ledger", relay="r", event_ids=[head["event_id"]], error={"x": 1}, permanent=True
+    )
+    assert failed["outcome"] == "blocked"
+    return int(head["event_id"])
+
+
+def test_a_requeue_waits_for_a_relay_holding_the_lane_and_requeues_after_it(
+    db: psycopg.Connection, connect: Connect
+) -> None:
+    """requeue_blocked_heads takes lane rows, waiting, like every relay call:
+    behind a relay's lane lock (a requeue_ledger_event in flight here), it
+    waits, then finds the head already requeued and answers no row; the lane
+    is claimable once, by one relay."""
+    head = blocked_lane(db, "b")
+    relay = connect(autocommit=False)
+    assert scalar(relay, "requeue_ledger_event", event_id=head) is True
+    operator = connect()
+    pending = _in_thread(lambda: call(operator, "requeue_blocked_heads", run_id="b"))
+    wait_until_blocked(db, backend_pid(operator))
+    relay.commit()
+    assert pending.result(timeout=10) == []
+    assert [r["type"] for r in call(db, "claim_ledger", relay="r2", run_id="b")] == ["run.queued"]
+
+
+def test_a_requeue_waits_no_longer_than_the_callers_lock_timeout(
+    db: psycopg.Connection, connect: Connect
+) -> None:
+    blocked_lane(db, "b")
+    holder = connect(autocommit=False)
+    holder.execute("SELECT 1 FROM runrelay.ledger_lanes WHERE run_id = 'b' FOR UPDATE")
+    operator = connect()
+    operator.execute("SET lock_timeout = '200ms'")
+    before = table_checksum(db)
+    with pytest.raises(psycopg.errors.LockNotAvailable):
+        call(operator, "requeue_blocked_heads", run_id="b")
+    assert table_checksum(db) == before
+    holder.rollback()
+    assert [r["requeued"] for r in call(operator, "requeue_blocked_heads", run_id="b")] == [1]
+
+
+def test_requeues_racing_relays_that_fail_again_leave_every_lane_consistent(
+    db: psycopg.Connection, connect: Connect
+) -> None:
+    """Operators requeue every blocked lane over and over while relays claim
+    and fail or deliver the heads: no deadlock, no error, and every lane
+    row still leads to its pending head (lifecycle.check_lanes)."""
+    for i in range(20):
+        blocked_lane(db, f"b{i}")
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def relay(n: int) -> None:
+        conn = connect()
+        try:
+            while not stop.is_set():
+                for row in call(conn, "claim_ledger", relay=f"r{n}"):
+                    if row["kind"] != "claimed":
+                        continue
+                    if row["event_id"] % 3 == n % 3:
+                        call(conn, "ack_ledger", relay=f"r{n}", run_id=row["run_id"],
+                             event_ids=[row["event_id"]])  # fmt: skip
+                    else:
+                        call(conn, "fail_ledger", relay=f"r{n}", event_ids=[row["event_id"]],
+                             error={"n": n}, permanent=True)  # fmt: skip
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    def operator() -> None:
+        conn = connect()
+        try:
+            for _ in range(100):
+                call(conn, "requeue_blocked_heads", max_lanes=7)
+                call(conn, "list_blocked_heads")
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    relays = [threading.Thread(target=relay, args=(n,)) for n in range(3)]
+    operators = [threading.Thread(target=operator) for _ in range(2)]
+    for t in relays + operators:
+        t.start()
+    for t in operators:
+        t.join(timeout=120)
+    stop.set()
+    for t in relays:
+        t.join(timeout=60)
+    assert errors == []
+    check_lanes(db)

@@ -1232,6 +1232,8 @@ def round_trip_calls(now: datetime) -> dict[str, tuple[tuple[Any, ...], dict[str
         "run_attempts": (("rt",), {}),
         "run_ledger_events": (("rt",), {"max_rows": 5}),
         "retry_run": (("missing",), {}),
+        "list_blocked_heads": ((), {"run_id": "rt"}),
+        "requeue_blocked_heads": ((), {"run_id": "missing"}),
         "run_stats": ((), {}),
         "ledger_stats": ((), {}),
     }
@@ -1426,6 +1428,10 @@ def test_every_method_returns_its_declared_type(
 
         (note,) = await call("claim_ledger", "relay-1", lane="observability", run_id="a")
         await call("renew_ledger_lease", "relay-1", [note.event_id])
+        await call("fail_ledger", "relay-1", [note.event_id], {"e": 1}, permanent=True)
+        await call("list_blocked_heads", lane="observability")
+        await call("requeue_blocked_heads", run_id="a")
+        (note,) = await call("claim_ledger", "relay-1", lane="observability", run_id="a")
         await call("fail_ledger", "relay-1", [note.event_id], {"e": 1})
         await call("ledger_next_due_at", lane="observability")
         await call("requeue_ledger_event", note.event_id)

@@ -150,6 +150,14 @@ def base_calls(w: World) -> dict[str, dict[str, Any]]:
             "requested_by": "ops",
             "call_id": str(uuid.uuid4()),
         },
+        "list_blocked_heads": {
+            "lane": "lifecycle",
+            "run_id": "l",
+            "after_run_id": "a",
+            "after_lane": "lifecycle",
+            "max_rows": 10,
+        },
+        "requeue_blocked_heads": {"run_id": "l", "lane": "lifecycle", "max_lanes": 10},
     }
 
 
@@ -189,6 +197,10 @@ NULLABLE = {
     ("retry_run", "reason"),
     ("retry_run", "requested_by"),
     ("retry_run", "call_id"),
+    ("list_blocked_heads", "lane"),
+    ("list_blocked_heads", "run_id"),
+    ("requeue_blocked_heads", "run_id"),
+    ("requeue_blocked_heads", "lane"),
 }
 
 # Identifier parameters: 1 to 200 characters, not blank.
@@ -226,6 +238,9 @@ IDENTIFIERS = [
     ("run_ledger_events", "run_id"),
     ("retry_run", "run_id"),
     ("retry_run", "requested_by"),
+    ("list_blocked_heads", "run_id"),
+    ("list_blocked_heads", "after_run_id"),
+    ("requeue_blocked_heads", "run_id"),
 ]
 
 
@@ -320,6 +335,9 @@ def test_identifier_bounds_and_blanks(
         ("ledger_next_due_at", "lane"),
         ("list_runs", "status"),
         ("run_ledger_events", "lane"),
+        ("list_blocked_heads", "lane"),
+        ("list_blocked_heads", "after_lane"),
+        ("requeue_blocked_heads", "lane"),
     ],
 )
 def test_enumerated_text_parameters(
@@ -430,6 +448,8 @@ INT_LIMITS = [
     ("run_ledger_events", "after_seq", 0, 2**63 - 1),
     ("run_ledger_events", "max_rows", 1, 1000),
     ("retry_run", "max_attempts", 1, 1000),
+    ("list_blocked_heads", "max_rows", 1, 1000),
+    ("requeue_blocked_heads", "max_lanes", 1, 1000),
     ("heartbeat", "attempt", 1, 2**31 - 1),
     ("complete_attempt", "attempt", 1, 2**31 - 1),
     ("fail_attempt", "attempt", 1, 2**31 - 1),

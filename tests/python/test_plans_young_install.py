@@ -194,11 +194,12 @@ def tour(db: psycopg.Connection, n: int) -> None:
     scalar(db, "ledger_next_due_at")
     scalar(db, "ledger_next_due_at", lane="lifecycle", run_id=b)
     scalar(db, "prune", delivered_before="2000-01-01T00:00:00Z", max_rows=10)
-    admin_tour(db, n, a)
+    admin_tour(db, n, a, f)
 
 
-def admin_tour(db: psycopg.Connection, n: int, run_id: str) -> None:
-    """The admin functions (docs/admin.md) on the tour's runs."""
+def admin_tour(db: psycopg.Connection, n: int, run_id: str, failed: str) -> None:
+    """The admin functions (docs/admin.md) on the tour's runs: run_id
+    completed, failed failed."""
     page = call(db, "list_runs", max_rows=5)
     assert len(page) == 5
     last = page[-1]
@@ -208,6 +209,15 @@ def admin_tour(db: psycopg.Connection, n: int, run_id: str) -> None:
     call(db, "list_runs", status="running")
     assert call(db, "list_runs", concurrency_key=f"k{n}")
     call(db, "list_runs", finished_before="2000-01-01T00:00:00Z")
+    assert call(db, "get_run", run_id=run_id)
+    assert call(db, "run_attempts", run_id=failed)
+    assert call(db, "run_ledger_events", run_id=run_id, max_rows=5)
+    assert scalar(db, "retry_run", run_id=failed, requested_by="tour") == "retried"
+    assert scalar(db, "cancel_run", run_id=failed, reason="stop") == "cancelled"
+    (head,) = call(db, "claim_ledger", relay="r3", run_id=failed)
+    call(db, "fail_ledger", relay="r3", event_ids=[head["event_id"]], error={}, permanent=True)
+    assert call(db, "list_blocked_heads", lane="lifecycle", max_rows=5)
+    assert call(db, "requeue_blocked_heads", run_id=failed)
 
 
 def bulk_items(n: int, count: int) -> list[dict[str, Any]]:

@@ -79,6 +79,8 @@ GRANTS: dict[str, frozenset[str]] = {
             "run_attempts",
             "run_ledger_events",
             "retry_run",
+            "list_blocked_heads",
+            "requeue_blocked_heads",
             "get_schema_version",
         }
     ),
@@ -194,6 +196,8 @@ def _allowed_calls() -> dict[str, tuple[dict[str, Any], Callable[[list[tuple[Any
         "run_attempts": ({"run_id": "sec-absent"}, empty),
         "run_ledger_events": ({"run_id": "sec-absent"}, empty),
         "retry_run": ({"run_id": "sec-absent"}, first_is("not_found")),
+        "list_blocked_heads": ({"run_id": "sec-absent"}, empty),
+        "requeue_blocked_heads": ({"run_id": "sec-absent"}, empty),
     }
 
 

@@ -2,6 +2,10 @@
 -- delimited by a header and an end line, so that sections written
 -- separately merge side by side.
 
+-- ==== blocked lanes ========================================================
+DROP INDEX ledger_lanes_blocked_idx;
+-- ==== end: blocked lanes ===================================================
+
 -- ==== attempt series ========================================================
 -- 0008 counts every failed or lost attempt of a run against max_attempts. A
 -- run retried under 0009 keeps the budget it has left: its max_attempts

@@ -120,3 +120,11 @@ ADD CONSTRAINT calls_outcome CHECK (
     OR (function_name = 'retry_run' AND outcome = 'retried')
 );
 -- ==== end: attempt series ===================================================
+
+-- ==== blocked lanes ========================================================
+-- list_blocked_heads and requeue_blocked_heads read the blocked lanes by
+-- run (plpgsql/schema/06_ledger.sql). Few rows: a lane is blocked only
+-- behind a failed head.
+CREATE INDEX ledger_lanes_blocked_idx ON ledger_lanes (run_id, lane)
+WHERE blocked;
+-- ==== end: blocked lanes ===================================================
