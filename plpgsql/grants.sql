@@ -60,7 +60,10 @@ BEGIN
             ('run_ledger_events', 'admin'),
             ('retry_run', 'admin'),
             ('list_blocked_heads', 'admin'),
-            ('requeue_blocked_heads', 'admin')
+            ('requeue_blocked_heads', 'admin'),
+            ('pause_queue', 'admin'),
+            ('resume_queue', 'admin'),
+            ('list_paused_queues', 'admin')
         ) AS g (function_name, role_suffix)
         INNER JOIN pg_catalog.pg_proc AS p
             ON

@@ -326,6 +326,16 @@ OPERATIONS: dict[str, Operation] = {
             (("run_id", "text"), ("lane", "text"), ("max_lanes", "integer")),
             _each(t.RequeuedLane, lane=t.Lane),
         ),
+        Operation(
+            "pause_queue",
+            (("queue", "text"), ("reason", "text"), ("requested_by", "text")),
+            _enum(t.PauseOutcome),
+            set_returning=False,
+        ),
+        Operation(
+            "resume_queue", (("queue", "text"),), _enum(t.ResumeOutcome), set_returning=False
+        ),
+        Operation("list_paused_queues", (), _each(t.PausedQueue)),
     )
 }
 

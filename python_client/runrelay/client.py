@@ -46,11 +46,14 @@ from .types import (
     HeartbeatResult,
     LedgerEvent,
     LedgerFailure,
+    PausedQueue,
+    PauseOutcome,
     PrepareOutcome,
     ReapedAttempt,
     ReleaseOutcome,
     RenewedLease,
     RequeuedLane,
+    ResumeOutcome,
     RetryOutcome,
     RunAttempt,
     RunDetail,
@@ -745,6 +748,29 @@ class _Methods:
             "max_lanes": max_lanes,
         }
         return _Call("requeue_blocked_heads", values, conn)
+
+    @_operation
+    def pause_queue(
+        self,
+        queue: str,
+        reason: str | None = None,
+        requested_by: str | None = None,
+        *,
+        conn: Any = None,
+    ) -> _Call[PauseOutcome]:
+        """Stop claims from taking runs of a queue -> PauseOutcome."""
+        values = {"queue": queue, "reason": reason, "requested_by": requested_by}
+        return _Call("pause_queue", values, conn)
+
+    @_operation
+    def resume_queue(self, queue: str, *, conn: Any = None) -> _Call[ResumeOutcome]:
+        """Let claims take runs of a paused queue again -> ResumeOutcome."""
+        return _Call("resume_queue", {"queue": queue}, conn)
+
+    @_operation
+    def list_paused_queues(self, *, conn: Any = None) -> _Call[list[PausedQueue]]:
+        """The paused queues -> list[PausedQueue]."""
+        return _Call("list_paused_queues", {}, conn)
 
     @_operation
     def get_schema_version(self, *, conn: Any = None) -> _Call[str]:

@@ -115,6 +115,16 @@ class RetryOutcome(enum.StrEnum):
     NOT_FOUND = "not_found"
 
 
+class PauseOutcome(enum.StrEnum):
+    PAUSED = "paused"
+    ALREADY_PAUSED = "already_paused"
+
+
+class ResumeOutcome(enum.StrEnum):
+    RESUMED = "resumed"
+    NOT_PAUSED = "not_paused"
+
+
 class RunnerTerminalOutcome(enum.StrEnum):
     RECORDED = "recorded"
     DUPLICATE = "duplicate"
@@ -412,3 +422,13 @@ class RequeuedLane:
     run_id: str
     lane: Lane
     requeued: int
+
+
+@dataclass(frozen=True, slots=True)
+class PausedQueue:
+    """One row of list_paused_queues."""
+
+    queue: str
+    reason: str | None
+    paused_by: str | None
+    paused_at: datetime

@@ -12,7 +12,10 @@ INSERT INTO admin_fn VALUES
 ('run_ledger_events', $$SELECT * FROM runrelay.run_ledger_events('sec-none')$$),
 ('retry_run', $$SELECT runrelay.retry_run('sec-none')$$),
 ('list_blocked_heads', $$SELECT * FROM runrelay.list_blocked_heads(run_id => 'sec-none')$$),
-('requeue_blocked_heads', $$SELECT * FROM runrelay.requeue_blocked_heads(run_id => 'sec-none')$$);
+('requeue_blocked_heads', $$SELECT * FROM runrelay.requeue_blocked_heads(run_id => 'sec-none')$$),
+('pause_queue', $$SELECT runrelay.pause_queue('sec-none')$$),
+('resume_queue', $$SELECT runrelay.resume_queue('sec-none')$$),
+('list_paused_queues', $$SELECT * FROM runrelay.list_paused_queues()$$);
 -- Read by the roles below while they call each function.
 GRANT SELECT ON admin_fn TO public;
 

@@ -10,6 +10,7 @@ run.retried).
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -300,3 +301,116 @@ def test_requeues_racing_relays_that_fail_again_leave_every_lane_consistent(
         t.join(timeout=60)
     assert errors == []
     check_lanes(db)
+
+
+# --------------------------------------------------------------------------
+# pause_queue, resume_queue
+
+
+def test_a_pause_waits_for_no_claim_and_stops_every_claim_that_starts_after_it(
+    db: psycopg.Connection, connect: Connect
+) -> None:
+    """A worker's claim in an open transaction holds runs of the queue:
+    pause_queue does not wait for it. A claim whose statement starts after
+    the pause committed takes nothing from the queue, also inside a
+    transaction that began before the pause (READ COMMITTED: each statement
+    sees what committed before it)."""
+    for i in range(6):
+        enqueue(db, f"p{i}", queue="p")
+    worker = connect(autocommit=False)
+    assert len(call(worker, "claim_attempts", worker="w1", queues=["p"], max_runs=2)) == 2
+    late = connect(autocommit=False)
+    late.execute("SELECT 1")  # its transaction is open before the pause
+    operator = connect()
+    operator.execute("SET lock_timeout = '1s'")
+    assert scalar(operator, "pause_queue", queue="p") == "paused"
+    assert call(late, "claim_attempts", worker="w2", queues=["p"], max_runs=10) == []
+    assert call(late, "claim_attempts", worker="w2", max_runs=10) == []
+    late.rollback()
+    worker.commit()  # the claim made before the pause stands
+    assert scalar(operator, "resume_queue", queue="p") == "resumed"
+    assert len(call(connect(), "claim_attempts", worker="w3", queues=["p"], max_runs=10)) == 4
+    check_database(db)
+
+
+def test_claims_racing_a_pause_take_no_run_of_the_queue_once_it_is_paused(
+    db: psycopg.Connection, connect: Connect
+) -> None:
+    """Four workers claim from every queue in a loop while an operator pauses
+    queue `p`: no attempt of `p` is opened by a claim that started after
+    the pause committed (an attempt's claimed_at is its claim's statement
+    time), and the other queue keeps being claimed."""
+    for i in range(400):
+        enqueue(db, f"p{i}", queue="p")
+        enqueue(db, f"o{i}", queue="o")
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def worker(n: int) -> None:
+        conn = connect()
+        try:
+            while not stop.is_set():
+                for row in call(conn, "claim_attempts", worker=f"w{n}", max_runs=2):
+                    scalar(conn, "complete_attempt", **fenced(row))
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    workers = [threading.Thread(target=worker, args=(n,)) for n in range(4)]
+    for t in workers:
+        t.start()
+    operator = connect()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        taken = db.execute("SELECT count(*) FROM runrelay.attempts WHERE run_id LIKE 'p%'")
+        row = taken.fetchone()
+        assert row is not None
+        if row[0] >= 20:
+            break
+    assert scalar(operator, "pause_queue", queue="p") == "paused"
+    after = operator.execute("SELECT clock_timestamp()").fetchone()
+    assert after is not None
+    while time.monotonic() < deadline:  # the other queue goes on
+        left = db.execute(
+            "SELECT count(*) FROM runrelay.runs WHERE queue = 'o' AND status = 'queued'"
+        )
+        row = left.fetchone()
+        assert row is not None
+        if row[0] == 0 or errors:
+            break
+    stop.set()
+    for t in workers:
+        t.join(timeout=60)
+    assert errors == []
+    assert row[0] == 0, "the other queue was not drained while p was paused"
+    late = db.execute(
+        "SELECT count(*) FROM runrelay.attempts AS a JOIN runrelay.runs AS r USING (run_id)"
+        " WHERE r.queue = 'p' AND a.claimed_at >= %s",
+        [after[0]],
+    ).fetchone()
+    assert late == (0,)
+    queued = db.execute(
+        "SELECT count(*) FROM runrelay.runs WHERE queue = 'p' AND status = 'queued'"
+    )
+    left_p = queued.fetchone()
+    assert left_p is not None and left_p[0] > 0
+    check_database(db)
+
+
+def test_two_pauses_of_one_queue_one_waits_for_the_other_boundedly(
+    db: psycopg.Connection, connect: Connect
+) -> None:
+    first = connect(autocommit=False)
+    assert scalar(first, "pause_queue", queue="q", reason="first") == "paused"
+    second = connect()
+    pending = _in_thread(lambda: scalar(second, "pause_queue", queue="q", reason="second"))
+    wait_until_blocked(db, backend_pid(second))
+    first.commit()
+    assert pending.result(timeout=10) == "already_paused"
+    rows = call(db, "list_paused_queues")
+    assert [(r["queue"], r["reason"]) for r in rows] == [("q", "first")]
+    holder = connect(autocommit=False)
+    assert scalar(holder, "resume_queue", queue="q") == "resumed"
+    second.execute("SET lock_timeout = '200ms'")
+    with pytest.raises(psycopg.errors.LockNotAvailable):
+        scalar(second, "pause_queue", queue="q")
+    holder.rollback()

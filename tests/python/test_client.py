@@ -1234,6 +1234,9 @@ def round_trip_calls(now: datetime) -> dict[str, tuple[tuple[Any, ...], dict[str
         "retry_run": (("missing",), {}),
         "list_blocked_heads": ((), {"run_id": "rt"}),
         "requeue_blocked_heads": ((), {"run_id": "missing"}),
+        "pause_queue": (("rt-paused",), {"reason": "test"}),
+        "resume_queue": (("rt-never-paused",), {}),
+        "list_paused_queues": ((), {}),
         "run_stats": ((), {}),
         "ledger_stats": ((), {}),
     }
@@ -1450,6 +1453,9 @@ def test_every_method_returns_its_declared_type(
         await call("run_attempts", "c")
         await call("run_ledger_events", "a")
         await call("retry_run", "c", reason="fixed", requested_by="ops")
+        await call("pause_queue", "frozen", reason="maintenance", requested_by="ops")
+        await call("list_paused_queues")
+        await call("resume_queue", "frozen")
 
     drive(scenario)
     assert set(seen) == set(_core.OPERATIONS), "a method is not checked"

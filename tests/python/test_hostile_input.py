@@ -158,6 +158,9 @@ def base_calls(w: World) -> dict[str, dict[str, Any]]:
             "max_rows": 10,
         },
         "requeue_blocked_heads": {"run_id": "l", "lane": "lifecycle", "max_lanes": 10},
+        "pause_queue": {"queue": "wq", "reason": "r", "requested_by": "ops"},
+        "resume_queue": {"queue": "wq"},
+        "list_paused_queues": {},
     }
 
 
@@ -201,6 +204,8 @@ NULLABLE = {
     ("list_blocked_heads", "run_id"),
     ("requeue_blocked_heads", "run_id"),
     ("requeue_blocked_heads", "lane"),
+    ("pause_queue", "reason"),
+    ("pause_queue", "requested_by"),
 }
 
 # Identifier parameters: 1 to 200 characters, not blank.
@@ -241,6 +246,9 @@ IDENTIFIERS = [
     ("list_blocked_heads", "run_id"),
     ("list_blocked_heads", "after_run_id"),
     ("requeue_blocked_heads", "run_id"),
+    ("pause_queue", "queue"),
+    ("pause_queue", "requested_by"),
+    ("resume_queue", "queue"),
 ]
 
 

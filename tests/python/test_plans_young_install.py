@@ -218,6 +218,11 @@ def admin_tour(db: psycopg.Connection, n: int, run_id: str, failed: str) -> None
     call(db, "fail_ledger", relay="r3", event_ids=[head["event_id"]], error={}, permanent=True)
     assert call(db, "list_blocked_heads", lane="lifecycle", max_rows=5)
     assert call(db, "requeue_blocked_heads", run_id=failed)
+    # A claim of every queue while one is paused: a skip scan of the queues.
+    assert scalar(db, "pause_queue", queue="bulk", reason="tour") == "paused"
+    assert call(db, "list_paused_queues")
+    assert call(db, "claim_attempts", worker="w", max_runs=2) == []
+    assert scalar(db, "resume_queue", queue="bulk") == "resumed"
 
 
 def bulk_items(n: int, count: int) -> list[dict[str, Any]]:

@@ -81,6 +81,9 @@ GRANTS: dict[str, frozenset[str]] = {
             "retry_run",
             "list_blocked_heads",
             "requeue_blocked_heads",
+            "pause_queue",
+            "resume_queue",
+            "list_paused_queues",
             "get_schema_version",
         }
     ),
@@ -198,6 +201,14 @@ def _allowed_calls() -> dict[str, tuple[dict[str, Any], Callable[[list[tuple[Any
         "retry_run": ({"run_id": "sec-absent"}, first_is("not_found")),
         "list_blocked_heads": ({"run_id": "sec-absent"}, empty),
         "requeue_blocked_heads": ({"run_id": "sec-absent"}, empty),
+        # Pausing writes (a paused_queues row); the matrix calls the functions
+        # in name order, so resume_queue then finds it paused.
+        "pause_queue": ({"queue": "sec-paused"}, first_is("paused")),
+        "resume_queue": (
+            {"queue": "sec-paused"},
+            lambda rows: rows in ([("resumed",)], [("not_paused",)]),
+        ),
+        "list_paused_queues": ({}, lambda rows: all(len(r) == 4 for r in rows)),
     }
 
 

@@ -2,6 +2,11 @@
 -- delimited by a header and an end line, so that sections written
 -- separately merge side by side.
 
+-- ==== paused queues ========================================================
+-- 0008's claims know no pause: every paused queue is resumed.
+DROP TABLE paused_queues;
+-- ==== end: paused queues ===================================================
+
 -- ==== blocked lanes ========================================================
 DROP INDEX ledger_lanes_blocked_idx;
 -- ==== end: blocked lanes ===================================================

@@ -128,3 +128,19 @@ ADD CONSTRAINT calls_outcome CHECK (
 CREATE INDEX ledger_lanes_blocked_idx ON ledger_lanes (run_id, lane)
 WHERE blocked;
 -- ==== end: blocked lanes ===================================================
+
+-- ==== paused queues ========================================================
+-- pause_queue and resume_queue; claims skip a queue listed here
+-- (plpgsql/schema/09_paused_queues.sql). Empty after the upgrade.
+CREATE TABLE paused_queues (
+    queue text PRIMARY KEY,
+    reason text,
+    paused_by text,
+    paused_at timestamptz NOT NULL,
+    CONSTRAINT paused_queues_queue_length CHECK (length(queue) BETWEEN 1 AND 200),
+    CONSTRAINT paused_queues_reason_length CHECK (reason IS NULL OR length(reason) <= 2000),
+    CONSTRAINT paused_queues_paused_by_length CHECK (
+        paused_by IS NULL OR length(paused_by) BETWEEN 1 AND 200
+    )
+) WITH (autovacuum_vacuum_threshold = 1, autovacuum_vacuum_scale_factor = 0);
+-- ==== end: paused queues ===================================================
