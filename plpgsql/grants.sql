@@ -63,7 +63,8 @@ BEGIN
             ('requeue_blocked_heads', 'admin'),
             ('pause_queue', 'admin'),
             ('resume_queue', 'admin'),
-            ('list_paused_queues', 'admin')
+            ('list_paused_queues', 'admin'),
+            ('purge_runs', 'admin')
         ) AS g (function_name, role_suffix)
         INNER JOIN pg_catalog.pg_proc AS p
             ON

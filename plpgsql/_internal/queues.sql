@@ -1,7 +1,7 @@
 -- The queues that have runs, found by skip scans: one index probe per queue,
 -- the next queue name after the last one, whatever the number of runs in
--- each. Callers that read one index range per queue (list_runs, and claims
--- while a queue is paused) use these instead of a scan of the table, so
+-- each. Callers that read one index range per queue (list_runs, purge_runs,
+-- and claims while a queue is paused) use these instead of a scan of the table, so
 -- their cost grows with the number of queues, never with the number of
 -- runs.
 

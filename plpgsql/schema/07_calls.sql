@@ -16,8 +16,9 @@
 -- and arguments (kept as a digest: a payload need not be stored twice), or it
 -- is refused with 22023. No foreign key to runs, for the reason the
 -- cancellations table has none: its KEY SHARE check would queue cancel_run
--- behind a claim's row lock. runrelay never deletes runs; an operator who
--- deletes runs by hand deletes their calls rows too (see docs/scheduler.md).
+-- behind a claim's row lock. purge_runs deletes a purged run's calls rows
+-- (calls_run_id_idx, below); an operator who deletes runs by hand deletes
+-- them too (see docs/scheduler.md).
 CREATE TABLE calls (
     call_id uuid PRIMARY KEY,
     function_name text NOT NULL,
@@ -32,3 +33,7 @@ CREATE TABLE calls (
     ),
     CONSTRAINT calls_arguments_digest CHECK (octet_length(arguments_digest) = 32)
 );
+
+-- purge_runs: the calls of the runs it deletes. A call with a call_id writes
+-- one more index entry; calls without one (most) write no row at all.
+CREATE INDEX calls_run_id_idx ON calls (run_id);

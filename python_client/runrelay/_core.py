@@ -336,6 +336,16 @@ OPERATIONS: dict[str, Operation] = {
             "resume_queue", (("queue", "text"),), _enum(t.ResumeOutcome), set_returning=False
         ),
         Operation("list_paused_queues", (), _each(t.PausedQueue)),
+        Operation(
+            "purge_runs",
+            (
+                ("finished_before", "timestamptz"),
+                ("max_rows", "integer"),
+                ("include_undelivered", "boolean"),
+            ),
+            _scalar,
+            set_returning=False,
+        ),
     )
 }
 

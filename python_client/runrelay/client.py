@@ -773,6 +773,24 @@ class _Methods:
         return _Call("list_paused_queues", {}, conn)
 
     @_operation
+    def purge_runs(
+        self,
+        finished_before: datetime,
+        max_rows: int = 1000,
+        include_undelivered: bool = False,
+        *,
+        conn: Any = None,
+    ) -> _Call[int]:
+        """Delete up to max_rows runs that ended before the cut-off, with all
+        their rows -> int (call again until 0)."""
+        values = {
+            "finished_before": finished_before,
+            "max_rows": max_rows,
+            "include_undelivered": include_undelivered,
+        }
+        return _Call("purge_runs", values, conn)
+
+    @_operation
     def get_schema_version(self, *, conn: Any = None) -> _Call[str]:
         """The Alembic revision of the installed functions -> str."""
         return _Call("get_schema_version", {}, conn)

@@ -15,7 +15,8 @@ INSERT INTO admin_fn VALUES
 ('requeue_blocked_heads', $$SELECT * FROM runrelay.requeue_blocked_heads(run_id => 'sec-none')$$),
 ('pause_queue', $$SELECT runrelay.pause_queue('sec-none')$$),
 ('resume_queue', $$SELECT runrelay.resume_queue('sec-none')$$),
-('list_paused_queues', $$SELECT * FROM runrelay.list_paused_queues()$$);
+('list_paused_queues', $$SELECT * FROM runrelay.list_paused_queues()$$),
+('purge_runs', $$SELECT runrelay.purge_runs('2000-01-01')$$);
 -- Read by the roles below while they call each function.
 GRANT SELECT ON admin_fn TO public;
 

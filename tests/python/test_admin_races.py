@@ -414,3 +414,77 @@ def test_two_pauses_of_one_queue_one_waits_for_the_other_boundedly(
     with pytest.raises(psycopg.errors.LockNotAvailable):
         scalar(second, "pause_queue", queue="q")
     holder.rollback()
+
+
+# --------------------------------------------------------------------------
+# purge_runs
+
+
+def ended_and_delivered(db: psycopg.Connection, run_id: str) -> None:
+    failed_run(db, run_id)
+    while rows := call(db, "claim_ledger", relay="d", run_id=run_id, max_events=100, batch=True):
+        ids = [r["event_id"] for r in rows if r["kind"] == "claimed"]
+        if ids:
+            call(db, "ack_ledger", relay="d", run_id=run_id, event_ids=ids)
+
+
+def test_a_purge_skips_a_run_a_retry_holds_and_a_retry_after_a_purge_finds_nothing(
+    db: psycopg.Connection, connect: Connect
+) -> None:
+    """purge_runs never waits for a run's lock: a run a retry holds is
+    skipped (and retried); a retry that waits behind a purge in flight
+    finds the run gone (not_found)."""
+    ended_and_delivered(db, "held")
+    ended_and_delivered(db, "gone")
+    later = db.execute("SELECT now() + interval '1 hour'").fetchone()
+    assert later is not None
+    retry = connect(autocommit=False)
+    assert scalar(retry, "retry_run", run_id="held") == "retried"
+    purge = connect(autocommit=False)
+    assert scalar(purge, "purge_runs", finished_before=later[0]) == 1  # "gone" only
+    operator = connect()
+    pending = _in_thread(lambda: scalar(operator, "retry_run", run_id="gone"))
+    wait_until_blocked(db, backend_pid(operator))
+    purge.commit()
+    assert pending.result(timeout=10) == "not_found"
+    retry.commit()
+    assert run_row(db, "held")["status"] == "queued"
+    assert db.execute("SELECT count(*) FROM runrelay.runs WHERE run_id = 'gone'").fetchone() == (0,)
+    check_database(db)
+
+
+def test_a_purge_waits_for_a_relay_on_a_lane_no_longer_than_the_callers_lock_timeout(
+    db: psycopg.Connection, connect: Connect
+) -> None:
+    """Deleting a run's ledger takes its lane rows: behind a relay's lane
+    lock the purge waits, boundedly (55P03, nothing deleted), and goes
+    through once the lane is free."""
+    ended_and_delivered(db, "r")
+    later = db.execute("SELECT now() + interval '1 hour'").fetchone()
+    assert later is not None
+    relay = connect(autocommit=False)
+    relay.execute("SELECT 1 FROM runrelay.ledger_lanes WHERE run_id = 'r' FOR UPDATE")
+    operator = connect()
+    operator.execute("SET lock_timeout = '200ms'")
+    before = table_checksum(db)
+    with pytest.raises(psycopg.errors.LockNotAvailable):
+        scalar(operator, "purge_runs", finished_before=later[0])
+    assert table_checksum(db) == before
+    relay.rollback()
+    assert scalar(operator, "purge_runs", finished_before=later[0]) == 1
+
+
+def test_an_append_to_an_ended_run_in_flight_keeps_it_from_a_purge(
+    db: psycopg.Connection, connect: Connect
+) -> None:
+    """An append holds the run's row: the purge skips the run, and once the
+    append committed the run has an undelivered event and is kept."""
+    ended_and_delivered(db, "r")
+    later = db.execute("SELECT now() + interval '1 hour'").fetchone()
+    assert later is not None
+    producer = connect(autocommit=False)
+    call(producer, "append_events", run_id="r", events=[{"type": "late"}])
+    assert scalar(connect(), "purge_runs", finished_before=later[0]) == 0
+    producer.commit()
+    assert scalar(connect(), "purge_runs", finished_before=later[0]) == 0
+    assert scalar(connect(), "purge_runs", finished_before=later[0], include_undelivered=True) == 1

@@ -1237,6 +1237,7 @@ def round_trip_calls(now: datetime) -> dict[str, tuple[tuple[Any, ...], dict[str
         "pause_queue": (("rt-paused",), {"reason": "test"}),
         "resume_queue": (("rt-never-paused",), {}),
         "list_paused_queues": ((), {}),
+        "purge_runs": ((now - timedelta(days=1),), {}),
         "run_stats": ((), {}),
         "ledger_stats": ((), {}),
     }
@@ -1446,6 +1447,7 @@ def test_every_method_returns_its_declared_type(
 
         await call("reap_expired", conn=ahead)  # a's lease lapses two hours ahead
         await call("prune", db_now(db) + timedelta(hours=3))
+        await call("purge_runs", db_now(db) - timedelta(days=1))
         page = await call("list_runs", max_rows=2)
         await call("list_runs", after_created_at=page[-1].created_at, after_run_id=page[-1].run_id)
         await call("get_run", "missing")  # no such run: None

@@ -161,6 +161,11 @@ def base_calls(w: World) -> dict[str, dict[str, Any]]:
         "pause_queue": {"queue": "wq", "reason": "r", "requested_by": "ops"},
         "resume_queue": {"queue": "wq"},
         "list_paused_queues": {},
+        "purge_runs": {
+            "finished_before": "2000-01-01T00:00:00Z",
+            "max_rows": 10,
+            "include_undelivered": False,
+        },
     }
 
 
@@ -458,6 +463,7 @@ INT_LIMITS = [
     ("retry_run", "max_attempts", 1, 1000),
     ("list_blocked_heads", "max_rows", 1, 1000),
     ("requeue_blocked_heads", "max_lanes", 1, 1000),
+    ("purge_runs", "max_rows", 1, 10_000),
     ("heartbeat", "attempt", 1, 2**31 - 1),
     ("complete_attempt", "attempt", 1, 2**31 - 1),
     ("fail_attempt", "attempt", 1, 2**31 - 1),
@@ -560,6 +566,7 @@ TIMESTAMPS = [
     ("list_runs", "finished_before"),
     ("list_runs", "after_created_at"),
     ("retry_run", "run_at"),
+    ("purge_runs", "finished_before"),
 ]
 
 

@@ -203,6 +203,8 @@ def test_the_callers_lock_timeout_is_unchanged_after_every_outcome(
     checked("pause_queue", queue="default")  # already_paused
     checked("resume_queue", queue="default")
     checked("resume_queue", queue="default")  # not_paused
+    checked("purge_runs", finished_before="2000-01-01")  # nothing ended then
+    checked("purge_runs", finished_before="2100-01-01", include_undelivered=True)
     conn.rollback()
 
 

@@ -223,6 +223,11 @@ def admin_tour(db: psycopg.Connection, n: int, run_id: str, failed: str) -> None
     assert call(db, "list_paused_queues")
     assert call(db, "claim_attempts", worker="w", max_runs=2) == []
     assert scalar(db, "resume_queue", queue="bulk") == "resumed"
+    # Five of the prefill's finished runs (delivered, with an attempt and a
+    # call record each) go, with their rows.
+    cut = db.execute("SELECT now() - interval '1 hour'").fetchone()
+    assert cut is not None
+    assert scalar(db, "purge_runs", finished_before=cut[0], max_rows=5) == 5
 
 
 def bulk_items(n: int, count: int) -> list[dict[str, Any]]:

@@ -84,6 +84,7 @@ GRANTS: dict[str, frozenset[str]] = {
             "pause_queue",
             "resume_queue",
             "list_paused_queues",
+            "purge_runs",
             "get_schema_version",
         }
     ),
@@ -209,6 +210,7 @@ def _allowed_calls() -> dict[str, tuple[dict[str, Any], Callable[[list[tuple[Any
             lambda rows: rows in ([("resumed",)], [("not_paused",)]),
         ),
         "list_paused_queues": ({}, lambda rows: all(len(r) == 4 for r in rows)),
+        "purge_runs": ({"finished_before": far}, first_is(0)),
     }
 
 

@@ -2,6 +2,24 @@
 -- delimited by a header and an end line, so that sections written
 -- separately merge side by side.
 
+-- ==== purging runs =========================================================
+DROP INDEX calls_run_id_idx;
+
+CREATE OR REPLACE FUNCTION _runs_deleted()
+RETURNS trigger
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    DELETE FROM ledger_events AS l WHERE l.run_id IN (SELECT d.run_id FROM deleted_runs AS d);
+    DELETE FROM ledger_lanes AS ll WHERE ll.run_id IN (SELECT d.run_id FROM deleted_runs AS d);
+    DELETE FROM ledger_wakeups AS w WHERE w.run_id IN (SELECT d.run_id FROM deleted_runs AS d);
+    RETURN NULL;
+END;
+$$;
+-- ==== end: purging runs ====================================================
+
 -- ==== paused queues ========================================================
 -- 0008's claims know no pause: every paused queue is resumed.
 DROP TABLE paused_queues;

@@ -144,3 +144,43 @@ CREATE TABLE paused_queues (
     )
 ) WITH (autovacuum_vacuum_threshold = 1, autovacuum_vacuum_scale_factor = 0);
 -- ==== end: paused queues ===================================================
+
+-- ==== purging runs =========================================================
+-- purge_runs deletes a purged run's calls rows by run (schema/07_calls.sql).
+-- The trigger that deletes a deleted run's ledger rows finds them by key,
+-- a probe per run, whatever the statistics (schema/08_run_history.sql):
+-- the trigger keeps its function, whose body changes.
+CREATE INDEX calls_run_id_idx ON calls (run_id);
+
+CREATE OR REPLACE FUNCTION _runs_deleted()
+RETURNS trigger
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_tids tid[];
+BEGIN
+    -- Each table in two steps: the deleted runs' rows found by their key, a
+    -- probe per run (OFFSET 0 keeps the lateral subquery a probe: flattened
+    -- into a join, a plan made without statistics read the whole table),
+    -- then deleted by ctid.
+    v_tids := ARRAY(
+        SELECT t.tid FROM deleted_runs AS d
+        CROSS JOIN LATERAL (SELECT x.ctid AS tid FROM ledger_events AS x WHERE x.run_id = d.run_id OFFSET 0) AS t
+    );
+    DELETE FROM ledger_events AS l WHERE l.ctid = ANY(v_tids);
+    v_tids := ARRAY(
+        SELECT t.tid FROM deleted_runs AS d
+        CROSS JOIN LATERAL (SELECT x.ctid AS tid FROM ledger_lanes AS x WHERE x.run_id = d.run_id OFFSET 0) AS t
+    );
+    DELETE FROM ledger_lanes AS ll WHERE ll.ctid = ANY(v_tids);
+    v_tids := ARRAY(
+        SELECT t.tid FROM deleted_runs AS d
+        CROSS JOIN LATERAL (SELECT x.ctid AS tid FROM ledger_wakeups AS x WHERE x.run_id = d.run_id OFFSET 0) AS t
+    );
+    DELETE FROM ledger_wakeups AS w WHERE w.ctid = ANY(v_tids);
+    RETURN NULL;
+END;
+$$;
+-- ==== end: purging runs ====================================================
