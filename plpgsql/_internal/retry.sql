@@ -28,9 +28,10 @@ COMMENT ON FUNCTION _backoff(integer) IS
 -- the reaper) does to its run. Failed and lost attempts of the run's current
 -- attempt series (numbered above runs.series_start: retry_run starts a new
 -- series) count against max_attempts (released, resumed and cancelled ones
--- do not); this one counts too. With fewer failures than max_attempts the run retries: outcome
--- retry_scheduled, at p_retry_at when the worker named a time, else after
--- the backoff of this failure. Otherwise outcome failed and run_at NULL.
+-- do not); this one counts too. With fewer failures than max_attempts the
+-- run retries: outcome retry_scheduled, at p_retry_at when the worker named
+-- a time, else after the backoff of this failure. Otherwise outcome failed
+-- and run_at NULL.
 -- Called under the custody locks: a VOLATILE read, so the count sees every
 -- attempt committed before the locks were taken.
 CREATE FUNCTION _retry_decision(

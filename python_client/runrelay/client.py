@@ -700,14 +700,17 @@ class _Methods:
         *,
         conn: Any = None,
     ) -> _Call[RetryOutcome]:
-        """Queue a failed or cancelled run again as a new attempt series -> RetryOutcome."""
+        """Queue a failed or cancelled run again as a new attempt series -> RetryOutcome.
+
+        ``call_id`` names this call (a fresh uuid when omitted): repeating the
+        call with the same id after a lost reply answers the first outcome."""
         values = {
             "run_id": run_id,
             "max_attempts": max_attempts,
             "run_at": run_at,
             "reason": reason,
             "requested_by": requested_by,
-            "call_id": call_id,
+            "call_id": uuid.uuid4() if call_id is None else call_id,
         }
         return _Call("retry_run", values, conn)
 
