@@ -11,6 +11,7 @@ import uuid
 import psycopg
 
 from conftest import alembic, create_database, drop_database
+from runrelay import migrations
 
 
 def _fail(c: psycopg.Connection, run_id: str) -> str:
@@ -66,6 +67,7 @@ def test_0009_upgrades_with_data_and_a_retried_run_keeps_its_budget_down_to_0008
         alembic(url, "upgrade", "head")
         with psycopg.connect(url, autocommit=True) as c:
             assert c.execute("SELECT runrelay.retry_run('spent')").fetchone() == ("retried",)
-            assert c.execute("SELECT runrelay.get_schema_version()").fetchone() == ("0009",)
+            head = c.execute("SELECT runrelay.get_schema_version()").fetchone()
+            assert head == (migrations.head(),)
     finally:
         drop_database(name)
