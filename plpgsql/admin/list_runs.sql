@@ -16,7 +16,8 @@
 -- queue is given), and the ranges are merged; with concurrency_key, one
 -- range of runs_key_list_idx, read until max_rows rows match. Running runs
 -- are not in those indexes (a claim writes no entry there): they are read
--- through their running attempts, O(runs in flight). So a page costs
+-- through their running attempts, O(runs in flight), or, with
+-- concurrency_key, from the key's live runs (runs_key_live_idx). So a page costs
 -- O(queues x statuses x max_rows) entries, independent of the number of
 -- runs; with concurrency_key it costs the key's runs newer than the page
 -- that fail the other filters, and with finished_before the runs created
@@ -151,14 +152,14 @@ BEGIN
                     LIMIT list_runs.max_rows
                 )
                 UNION ALL
+                -- The key's running runs: a range of runs_key_live_idx (the
+                -- key's live runs), whose predicate status = 'running' implies.
                 SELECT r.created_at, r.run_id
-                FROM attempts AS a
-                INNER JOIN runs AS r ON a.run_id = r.run_id
+                FROM runs AS r
                 WHERE
                     v_running
-                    AND a.status = 'running'
-                    AND r.status = 'running'
                     AND r.concurrency_key = list_runs.concurrency_key
+                    AND r.status = 'running'
                     AND (r.created_at, r.run_id) < (v_upper_at, v_upper_id)
                     AND r.created_at > v_lower_at
                     AND (list_runs.queue IS NULL OR r.queue = list_runs.queue)
@@ -202,9 +203,16 @@ BEGIN
                 LIMIT list_runs.max_rows
             ) AS p
             UNION ALL
+            -- Running runs through their running attempts
+            -- (attempts_lease_expiry_idx), each run by a primary-key probe:
+            -- LIMIT keeps it a probe (joined flat, a plan made without
+            -- statistics read every run for status = 'running').
             SELECT r.created_at, r.run_id
             FROM attempts AS a
-            INNER JOIN runs AS r ON a.run_id = r.run_id
+            CROSS JOIN LATERAL (
+                SELECT x.created_at, x.run_id, x.status, x.queue
+                FROM runs AS x WHERE x.run_id = a.run_id LIMIT 1
+            ) AS r
             WHERE
                 v_running
                 AND a.status = 'running'
