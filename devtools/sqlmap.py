@@ -22,10 +22,11 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from runrelay.migrations.codetree import CODE_DIRS
+
 REPO = Path(__file__).resolve().parents[1]
 PLPGSQL = REPO / "plpgsql"
-PUBLIC_DIRS = ("runs", "ledger")
-CODE_DIRS = ("_internal", "runs", "ledger", "views")
+PUBLIC_DIRS = ("runs", "ledger", "admin")
 
 _CREATE = re.compile(r"^CREATE (?:FUNCTION|VIEW) (\w+)", re.MULTILINE)
 _TABLE = re.compile(r"^CREATE TABLE (\w+)", re.MULTILINE)

@@ -53,7 +53,18 @@ BEGIN
             ('fail_ledger', 'relay'),
             ('ledger_next_due_at', 'relay'),
             ('requeue_ledger_event', 'admin'),
-            ('prune', 'admin')
+            ('prune', 'admin'),
+            ('list_runs', 'admin'),
+            ('get_run', 'admin'),
+            ('run_attempts', 'admin'),
+            ('run_ledger_events', 'admin'),
+            ('retry_run', 'admin'),
+            ('list_blocked_heads', 'admin'),
+            ('requeue_blocked_heads', 'admin'),
+            ('pause_queue', 'admin'),
+            ('resume_queue', 'admin'),
+            ('list_paused_queues', 'admin'),
+            ('purge_runs', 'admin')
         ) AS g (function_name, role_suffix)
         INNER JOIN pg_catalog.pg_proc AS p
             ON

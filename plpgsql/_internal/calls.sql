@@ -1,4 +1,5 @@
--- Exact replays of signal_run and cancel_run by call_id (table calls).
+-- Exact replays of signal_run, cancel_run and retry_run by call_id (table
+-- calls).
 --
 -- The protocol, in the caller, before any write:
 --   1. _check_call_id() validates the id with the other arguments;
@@ -83,7 +84,11 @@ BEGIN
     IF v_call.arguments_digest <> p_digest THEN
         PERFORM _invalid('call_id', format('%s was already used by a %s call for run %L with other %s',
                 p_call_id, p_function, p_run_id,
-                CASE p_function WHEN 'signal_run' THEN 'name or payload' ELSE 'reason' END),
+                CASE p_function
+                    WHEN 'signal_run' THEN 'name or payload'
+                    WHEN 'retry_run' THEN 'max_attempts, run_at, reason or requested_by'
+                    ELSE 'reason'
+                END),
             'A repeat must pass exactly the arguments of the first call; pass a new uuid for a new call.');
     END IF;
     RETURN v_call.outcome;

@@ -31,6 +31,9 @@ SET search_path FROM CURRENT
 AS $$
 DECLARE
     v_now timestamptz;
+    v_due boolean;
+    v_paused boolean;
+    v_queues text[];
     v_run runs;
     v_run_id text;
     v_run_ids text[];
@@ -59,13 +62,31 @@ BEGIN
     -- is the earliest wake_at, which the planner always answers with one probe
     -- of runs_wake_any_idx; an EXISTS over `wake_at <= now` may be planned as
     -- a scan over every waiting run (a generic plan cannot see how few are due).
+    -- The same statement asks whether any queue is paused (pause_queue): a
+    -- scan of a table that is empty unless an operator paused a queue, so a
+    -- claim pays nothing more for pauses than this one look while there are
+    -- none. Paused queues' waits are still woken: a woken run is only queued.
     v_now := _now();
-    IF (SELECT min(w.wake_at) FROM runs AS w) <= v_now THEN
+    SELECT (SELECT min(w.wake_at) FROM runs AS w) <= v_now, EXISTS (SELECT FROM paused_queues AS p)
+    INTO v_due, v_paused;
+    IF v_due THEN
         PERFORM _wake_due(p_queues, 1000);
     END IF;
 
+    -- While a queue is paused, the claim names the queues it may take from:
+    -- those of p_queues that are not paused, or, for every queue, each queue
+    -- with runnable runs but the paused ones (_unpaused_queues), and claims
+    -- as a claim naming them does.
+    v_queues := p_queues;
+    IF v_paused THEN
+        v_queues := _unpaused_queues(p_queues);
+        IF cardinality(v_queues) = 0 THEN
+            RETURN '{}'::claim_attempts_result[];
+        END IF;
+    END IF;
+
     SELECT array_agg(c.run_id ORDER BY c.ord) INTO v_run_ids
-    FROM _claim_candidates(p_queues, p_max_runs, v_now) WITH ORDINALITY AS c (run_id, ord);
+    FROM _claim_candidates(v_queues, p_max_runs, v_now) WITH ORDINALITY AS c (run_id, ord);
     IF v_run_ids IS NULL THEN
         RETURN '{}'::claim_attempts_result[];
     END IF;

@@ -1,7 +1,7 @@
 -- Custody locks. The one lock order every writer follows:
 --
---   0. a call id's advisory lock (signal_run, cancel_run with a call_id;
---      calls.sql): at most one per call, before anything else;
+--   0. a call id's advisory lock (signal_run, cancel_run, retry_run with a
+--      call_id; calls.sql): at most one per call, before anything else;
 --   1. the advisory locks of the runs' concurrency keys, ascending by lock id
 --      (only for runs that have a key);
 --   2. run rows, ascending by run_id COLLATE "C";
@@ -55,7 +55,8 @@
 --                    lanes as an appender.
 --   reap_expired     one run at a time, each by _try_lock_run (SKIP LOCKED).
 --   cancel_run       one run, SKIP LOCKED; its attempts ascending.
---   fail_ledger, renew_ledger_lease, release_ledger, requeue_ledger_event
+--   fail_ledger, renew_ledger_lease, release_ledger, requeue_ledger_event,
+--   requeue_blocked_heads
 --                    lanes by _lock_event_lanes (the lane order), waiting.
 --   ack_ledger, claim_ledger  one lane (discovery: one at a time, SKIP LOCKED).
 -- A caller's transaction that spans several calls composes their locks in

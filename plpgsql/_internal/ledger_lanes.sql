@@ -284,3 +284,23 @@ $$;
 
 COMMENT ON FUNCTION _cut_leases(text, bigint[]) IS
 'Ends a relay''s leases from the first of the given events it leases on; returns those events.';
+
+-- Whether a run's ledger has an event not delivered yet (pending, leased or
+-- failed): a lane with a head, or a wake-up an appender left for a lane a
+-- relay held (append.sql). Two probes by the run's key. Read in the
+-- caller's statement's snapshot; purge_runs calls it again under the run's
+-- row lock, when no append can be in flight.
+CREATE FUNCTION _ledger_undelivered(p_run_id text)
+RETURNS boolean
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    RETURN EXISTS (SELECT FROM ledger_lanes AS ll WHERE ll.run_id = p_run_id AND ll.head_seq IS NOT NULL)
+        OR EXISTS (SELECT FROM ledger_wakeups AS w WHERE w.run_id = p_run_id);
+END;
+$$;
+
+COMMENT ON FUNCTION _ledger_undelivered(text) IS
+'Whether a run''s ledger has an event not delivered yet: a lane with a head, or a wake-up.';

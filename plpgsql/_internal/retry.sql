@@ -25,11 +25,13 @@ COMMENT ON FUNCTION _backoff(integer) IS
 'Retry delay after the n-th failure: exponential from settings.retry_base_seconds, capped, with jitter.';
 
 -- _retry_decision(): what a failure of attempt p_attempt (failed, or lost to
--- the reaper) does to its run. Failed and lost attempts count against
--- max_attempts (released, resumed and cancelled ones do not); this one counts
--- too. With fewer failures than max_attempts the run retries: outcome
--- retry_scheduled, at p_retry_at when the worker named a time, else after
--- the backoff of this failure. Otherwise outcome failed and run_at NULL.
+-- the reaper) does to its run. Failed and lost attempts of the run's current
+-- attempt series (numbered above runs.series_start: retry_run starts a new
+-- series) count against max_attempts (released, resumed and cancelled ones
+-- do not); this one counts too. With fewer failures than max_attempts the
+-- run retries: outcome retry_scheduled, at p_retry_at when the worker named
+-- a time, else after the backoff of this failure. Otherwise outcome failed
+-- and run_at NULL.
 -- Called under the custody locks: a VOLATILE read, so the count sees every
 -- attempt committed before the locks were taken.
 CREATE FUNCTION _retry_decision(
@@ -49,7 +51,9 @@ DECLARE
 BEGIN
     SELECT count(*) + 1 INTO v_failures
     FROM attempts AS a
-    WHERE a.run_id = p_run.run_id AND a.status IN ('failed', 'lost') AND a.attempt <> p_attempt;
+    WHERE
+        a.run_id = p_run.run_id AND a.attempt > p_run.series_start
+        AND a.status IN ('failed', 'lost') AND a.attempt <> p_attempt;
     IF v_failures < p_run.max_attempts THEN
         outcome := 'retry_scheduled';
         run_at := coalesce(p_retry_at, p_now + _backoff(v_failures));
@@ -60,4 +64,4 @@ END;
 $$;
 
 COMMENT ON FUNCTION _retry_decision(runs, integer, timestamptz, timestamptz) IS
-'Retry or fail after a failed or lost attempt: retry_scheduled with its run_at while failures < max_attempts, else failed.';
+'Retry or fail after a failed or lost attempt: retry_scheduled with its run_at while the series'' failures < max_attempts, else failed.';

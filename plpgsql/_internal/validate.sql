@@ -201,6 +201,25 @@ $$;
 COMMENT ON FUNCTION _check_queues(text[]) IS
 'Validates a claim''s queue list (null, or 1 to 100 queue names) and returns it without duplicates.';
 
+-- A run status filter (list_runs): null for every status, else one of the
+-- six statuses of a run.
+CREATE FUNCTION _check_status(p_parameter text, p_status text)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    IF p_status NOT IN ('queued', 'running', 'waiting', 'completed', 'failed', 'cancelled') THEN
+        PERFORM _invalid(p_parameter, format('unknown run status %s', p_status),
+            'Pass null, or one of queued, running, waiting, completed, failed, cancelled.');
+    END IF;
+END;
+$$;
+
+COMMENT ON FUNCTION _check_status(text, text) IS
+'Validates a run status filter: null, or one of the six run statuses.';
+
 -- Lease lengths are clamped, not rejected (SPEC §5): null means the default.
 -- PL/pgSQL rather than SQL for the reason given at _key_lock_id.
 CREATE FUNCTION _lease(p_seconds integer)

@@ -13,22 +13,18 @@ SET search_path FROM CURRENT
 AS $$
 DECLARE
     v_caller_lock_timeout text := _bound_lock_wait();
-    v_event ledger_events;
+    v_requeued bigint[];
 BEGIN
     PERFORM _require_read_committed();
     IF requeue_ledger_event.event_id IS NULL THEN
         PERFORM _invalid('event_id', 'must not be null', 'Pass the event_id of a failed event.');
     END IF;
     PERFORM _lock_event_lanes(ARRAY[requeue_ledger_event.event_id]);
-    UPDATE ledger_events AS l
-    SET failed_at = NULL, delivery_attempts = 0, next_attempt_at = _now()
-    -- failed_at marks a failed event.
-    WHERE l.event_id = requeue_ledger_event.event_id AND l.failed_at IS NOT NULL
-    RETURNING l.* INTO v_event;
+    v_requeued := _requeue_failed(ARRAY[requeue_ledger_event.event_id]);
     -- Refreshed even when nothing was requeued: whoever holds a lane lock
     -- refreshes it (an appender may have left the lane to us).
     PERFORM _refresh_event_lanes(ARRAY[requeue_ledger_event.event_id]);
-    RETURN _restore_lock_wait(v_caller_lock_timeout, v_event.event_id IS NOT NULL);
+    RETURN _restore_lock_wait(v_caller_lock_timeout, cardinality(v_requeued) > 0);
 END;
 $$;
 

@@ -49,7 +49,8 @@ CREATE FUNCTION _runs_rules(
     p_key_position bigint,
     p_key_held boolean,
     p_result jsonb,
-    p_ledger_seq bigint
+    p_ledger_seq bigint,
+    p_series_start integer
 )
 RETURNS boolean
 LANGUAGE plpgsql
@@ -79,6 +80,7 @@ BEGIN
             THEN 'runs_payload_retention'
         WHEN NOT (length(p_queue) BETWEEN 1 AND 200) THEN 'runs_queue_length'
         WHEN NOT (length(p_run_id) BETWEEN 1 AND 200) THEN 'runs_run_id_length'
+        WHEN NOT (p_series_start BETWEEN 0 AND p_attempt_count) THEN 'runs_series_start'
         WHEN NOT (p_status NOT IN ('running', 'waiting') OR p_attempt_count >= 1)
             THEN 'runs_started_has_attempt'
         WHEN NOT (
@@ -101,7 +103,7 @@ $$;
 
 COMMENT ON FUNCTION _runs_rules(
     text, text, text, timestamptz, jsonb, timestamptz, text, integer, integer,
-    text, bigint, boolean, jsonb, bigint
+    text, bigint, boolean, jsonb, bigint, integer
 ) IS
 'The row rules of runs (the runs_rules CHECK): true, or a 23514 error naming the rule the row breaks.';
 
@@ -127,12 +129,17 @@ CREATE TABLE runs (
     created_at timestamptz NOT NULL,
     updated_at timestamptz NOT NULL,
     finished_at timestamptz,
+    -- The current attempt series is the attempts numbered above
+    -- series_start: only their failures count against max_attempts
+    -- (_retry_decision). 0 until retry_run starts a new series for an
+    -- ended run, at its last attempt.
+    series_start integer NOT NULL DEFAULT 0,
     -- Every row rule of a run, one per name; see _runs_rules above.
     CONSTRAINT runs_rules CHECK (
         _runs_rules(
             run_id, queue, status, finished_at, wait, wake_at, payload_retention,
             max_attempts, attempt_count, concurrency_key, key_position, key_held,
-            result, ledger_seq
+            result, ledger_seq, series_start
         )
     )
 ) WITH (
@@ -165,3 +172,21 @@ CREATE INDEX runs_key_live_idx ON runs (concurrency_key, key_position)
 WHERE
 concurrency_key IS NOT NULL
 AND status IN ('queued', 'running', 'waiting');
+
+-- Operators' listings (list_runs, purge_runs; plpgsql/admin/): every run but
+-- the running ones, newest first within each (queue, status), and the same
+-- per concurrency key. Running runs are left out so that a claim, which
+-- turns a queued run into a running one on every job, adds no entry here
+-- (a partial index gets an entry only for a row version that matches its
+-- predicate); list_runs reads the running runs through their running
+-- attempts (attempts_lease_expiry_idx) instead, O(runs in flight). The
+-- other writes of runs add one entry to each (the second only for keyed
+-- runs): an enqueue, a completion, a failure, a suspension, a wake. Their
+-- columns never change once written (status aside, which every such write
+-- changes and the claim indexes' predicates already name), so updates that
+-- were HOT stay HOT.
+CREATE INDEX runs_list_idx ON runs (queue, status, created_at, run_id) INCLUDE (finished_at)
+WHERE status <> 'running';
+
+CREATE INDEX runs_key_list_idx ON runs (concurrency_key, created_at, run_id)
+WHERE concurrency_key IS NOT NULL AND status <> 'running';

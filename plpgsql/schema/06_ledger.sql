@@ -224,6 +224,14 @@ WHERE available_at IS NOT NULL;
 CREATE INDEX ledger_lanes_lease_call_idx ON ledger_lanes (lease_call_id)
 WHERE lease_call_id IS NOT NULL;
 
+-- Operators' view of blocked lanes (list_blocked_heads, requeue_blocked_heads;
+-- plpgsql/admin/): a lane is blocked behind a failed head, which only an
+-- operator's requeue unblocks, so there are few and each stays a while.
+-- A lane's other writes (claims, acknowledgements, leases) never change
+-- blocked and find no entry to add: they cost nothing here.
+CREATE INDEX ledger_lanes_blocked_idx ON ledger_lanes (run_id, lane)
+WHERE blocked;
+
 -- Lane wake-ups an appender could not write on the lane row. An append that
 -- finds a lane empty wakes it (head_seq, available_at), but never waits for
 -- a lane row: when a relay holds it at that moment, the append records the

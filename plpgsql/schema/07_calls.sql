@@ -1,7 +1,8 @@
--- Calls of signal_run and cancel_run made with a call_id, and what they
--- answered, so that the same call repeated after a lost reply answers the
--- same and writes nothing (SPEC: "Replays are exact"). Claims remember their
--- call_id on the rows they take instead (attempts.call_id, ledger.call_id).
+-- Calls of signal_run, cancel_run and retry_run made with a call_id, and
+-- what they answered, so that the same call repeated after a lost reply
+-- answers the same and writes nothing (SPEC: "Replays are exact"). Claims
+-- remember their call_id on the rows they take instead (attempts.call_id,
+-- ledger.call_id).
 --
 -- A row is written in the transaction of the call's effect, and only when
 -- the call changed something (a signal stored or delivered, a pending
@@ -15,8 +16,9 @@
 -- and arguments (kept as a digest: a payload need not be stored twice), or it
 -- is refused with 22023. No foreign key to runs, for the reason the
 -- cancellations table has none: its KEY SHARE check would queue cancel_run
--- behind a claim's row lock. runrelay never deletes runs; an operator who
--- deletes runs by hand deletes their calls rows too (see docs/scheduler.md).
+-- behind a claim's row lock. purge_runs deletes a purged run's calls rows
+-- (calls_run_id_idx, below); an operator who deletes runs by hand deletes
+-- them too (see docs/scheduler.md).
 CREATE TABLE calls (
     call_id uuid PRIMARY KEY,
     function_name text NOT NULL,
@@ -27,6 +29,11 @@ CREATE TABLE calls (
     CONSTRAINT calls_outcome CHECK (
         (function_name = 'signal_run' AND outcome IN ('resumed', 'stored', 'terminal'))
         OR (function_name = 'cancel_run' AND outcome IN ('cancelled', 'cancel_requested'))
+        OR (function_name = 'retry_run' AND outcome = 'retried')
     ),
     CONSTRAINT calls_arguments_digest CHECK (octet_length(arguments_digest) = 32)
 );
+
+-- purge_runs: the calls of the runs it deletes. A call with a call_id writes
+-- one more index entry; calls without one (most) write no row at all.
+CREATE INDEX calls_run_id_idx ON calls (run_id);

@@ -2,8 +2,9 @@
 -- to runs (06_ledger.sql says why), so these triggers do what their
 -- ON DELETE CASCADE did: a statement that deletes runs deletes their events,
 -- lanes and wake-ups, and TRUNCATE runs empties those tables too. attempts
--- and signals keep their foreign keys and cascade as before. runrelay itself
--- never deletes runs; these are for the operator who does.
+-- and signals keep their foreign keys and cascade as before. The engine
+-- never deletes runs; these are for purge_runs and for an operator who
+-- deletes runs by hand.
 --
 -- Statement-level, so deleting many runs costs three set-based deletes,
 -- each an index seek per run (ledger_lane_seq_idx and the lanes' and
@@ -17,10 +18,28 @@ LANGUAGE plpgsql
 VOLATILE
 SET search_path FROM CURRENT
 AS $$
+DECLARE
+    v_tids tid[];
 BEGIN
-    DELETE FROM ledger_events AS l WHERE l.run_id IN (SELECT d.run_id FROM deleted_runs AS d);
-    DELETE FROM ledger_lanes AS ll WHERE ll.run_id IN (SELECT d.run_id FROM deleted_runs AS d);
-    DELETE FROM ledger_wakeups AS w WHERE w.run_id IN (SELECT d.run_id FROM deleted_runs AS d);
+    -- Each table in two steps: the deleted runs' rows found by their key, a
+    -- probe per run (OFFSET 0 keeps the lateral subquery a probe: flattened
+    -- into a join, a plan made without statistics read the whole table),
+    -- then deleted by ctid.
+    v_tids := ARRAY(
+        SELECT t.tid FROM deleted_runs AS d
+        CROSS JOIN LATERAL (SELECT x.ctid AS tid FROM ledger_events AS x WHERE x.run_id = d.run_id OFFSET 0) AS t
+    );
+    DELETE FROM ledger_events AS l WHERE l.ctid = ANY(v_tids);
+    v_tids := ARRAY(
+        SELECT t.tid FROM deleted_runs AS d
+        CROSS JOIN LATERAL (SELECT x.ctid AS tid FROM ledger_lanes AS x WHERE x.run_id = d.run_id OFFSET 0) AS t
+    );
+    DELETE FROM ledger_lanes AS ll WHERE ll.ctid = ANY(v_tids);
+    v_tids := ARRAY(
+        SELECT t.tid FROM deleted_runs AS d
+        CROSS JOIN LATERAL (SELECT x.ctid AS tid FROM ledger_wakeups AS x WHERE x.run_id = d.run_id OFFSET 0) AS t
+    );
+    DELETE FROM ledger_wakeups AS w WHERE w.ctid = ANY(v_tids);
     RETURN NULL;
 END;
 $$;

@@ -266,6 +266,86 @@ OPERATIONS: dict[str, Operation] = {
             _scalar,
             set_returning=False,
         ),
+        Operation(
+            "list_runs",
+            (
+                ("queue", "text"),
+                ("status", "text"),
+                ("concurrency_key", "text"),
+                ("created_after", "timestamptz"),
+                ("created_before", "timestamptz"),
+                ("finished_before", "timestamptz"),
+                ("after_created_at", "timestamptz"),
+                ("after_run_id", "text"),
+                ("max_rows", "integer"),
+            ),
+            _each(t.RunSummary, status=t.RunStatus),
+        ),
+        Operation("get_run", (("run_id", "text"),), _one(t.RunDetail, status=t.RunStatus)),
+        Operation(
+            "run_attempts",
+            (("run_id", "text"), ("after_attempt", "integer"), ("max_rows", "integer")),
+            _each(t.RunAttempt, status=t.AttemptStatus),
+        ),
+        Operation(
+            "run_ledger_events",
+            (
+                ("run_id", "text"),
+                ("lane", "text"),
+                ("after_seq", "bigint"),
+                ("max_rows", "integer"),
+            ),
+            _each(t.RunLedgerEvent, lane=t.Lane, state=t.EventState),
+        ),
+        Operation(
+            "retry_run",
+            (
+                ("run_id", "text"),
+                ("max_attempts", "integer"),
+                ("run_at", "timestamptz"),
+                ("reason", "text"),
+                ("requested_by", "text"),
+                ("call_id", "uuid"),
+            ),
+            _enum(t.RetryOutcome),
+            set_returning=False,
+        ),
+        Operation(
+            "list_blocked_heads",
+            (
+                ("lane", "text"),
+                ("run_id", "text"),
+                ("after_run_id", "text"),
+                ("after_lane", "text"),
+                ("max_rows", "integer"),
+            ),
+            _each(t.BlockedHead, lane=t.Lane),
+        ),
+        Operation(
+            "requeue_blocked_heads",
+            (("run_id", "text"), ("lane", "text"), ("max_lanes", "integer")),
+            _each(t.RequeuedLane, lane=t.Lane),
+        ),
+        Operation(
+            "pause_queue",
+            (("queue", "text"), ("reason", "text"), ("requested_by", "text")),
+            _enum(t.PauseOutcome),
+            set_returning=False,
+        ),
+        Operation(
+            "resume_queue", (("queue", "text"),), _enum(t.ResumeOutcome), set_returning=False
+        ),
+        Operation("list_paused_queues", (), _each(t.PausedQueue)),
+        Operation(
+            "purge_runs",
+            (
+                ("finished_before", "timestamptz"),
+                ("max_rows", "integer"),
+                ("include_undelivered", "boolean"),
+            ),
+            _scalar,
+            set_returning=False,
+        ),
     )
 }
 

@@ -35,6 +35,7 @@ from . import _core
 from .errors import translate
 from .types import (
     AppendedEvent,
+    BlockedHead,
     CancelOutcome,
     ClaimedAttempt,
     CompletedItem,
@@ -45,12 +46,21 @@ from .types import (
     HeartbeatResult,
     LedgerEvent,
     LedgerFailure,
+    PausedQueue,
+    PauseOutcome,
     PrepareOutcome,
     ReapedAttempt,
     ReleaseOutcome,
     RenewedLease,
+    RequeuedLane,
+    ResumeOutcome,
+    RetryOutcome,
+    RunAttempt,
+    RunDetail,
+    RunLedgerEvent,
     RunnerTerminal,
     RunnerTerminalOutcome,
+    RunSummary,
     SettleAndClaimRow,
     SignalOutcome,
     SuspendOutcome,
@@ -612,6 +622,176 @@ class _Methods:
         """Delete delivered events older than the cut-off -> int."""
         values = {"delivered_before": delivered_before, "max_rows": max_rows}
         return _Call("prune", values, conn)
+
+    # Admin: finding, inspecting and acting on runs (docs/admin.md) ---------
+    @_operation
+    def list_runs(
+        self,
+        queue: str | None = None,
+        status: str | None = None,
+        concurrency_key: str | None = None,
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+        finished_before: datetime | None = None,
+        after_created_at: datetime | None = None,
+        after_run_id: str | None = None,
+        max_rows: int = 100,
+        *,
+        conn: Any = None,
+    ) -> _Call[list[RunSummary]]:
+        """One page of runs, newest first -> list[RunSummary]. The next page:
+        pass the last row's created_at and run_id as after_created_at and
+        after_run_id."""
+        values = {
+            "queue": queue,
+            "status": None if status is None else str(status),
+            "concurrency_key": concurrency_key,
+            "created_after": created_after,
+            "created_before": created_before,
+            "finished_before": finished_before,
+            "after_created_at": after_created_at,
+            "after_run_id": after_run_id,
+            "max_rows": max_rows,
+        }
+        return _Call("list_runs", values, conn)
+
+    @_operation
+    def get_run(self, run_id: str, *, conn: Any = None) -> _Call[RunDetail | None]:
+        """One run with every column and its pending cancellation -> RunDetail | None."""
+        return _Call("get_run", {"run_id": run_id}, conn)
+
+    @_operation
+    def run_attempts(
+        self, run_id: str, after_attempt: int = 0, max_rows: int = 100, *, conn: Any = None
+    ) -> _Call[list[RunAttempt]]:
+        """A run's attempts in order, a page at a time -> list[RunAttempt]."""
+        values = {"run_id": run_id, "after_attempt": after_attempt, "max_rows": max_rows}
+        return _Call("run_attempts", values, conn)
+
+    @_operation
+    def run_ledger_events(
+        self,
+        run_id: str,
+        lane: str | None = None,
+        after_seq: int = 0,
+        max_rows: int = 100,
+        *,
+        conn: Any = None,
+    ) -> _Call[list[RunLedgerEvent]]:
+        """A run's ledger events with their delivery state, in seq order, a page
+        at a time -> list[RunLedgerEvent]."""
+        values = {
+            "run_id": run_id,
+            "lane": None if lane is None else str(lane),
+            "after_seq": after_seq,
+            "max_rows": max_rows,
+        }
+        return _Call("run_ledger_events", values, conn)
+
+    @_operation
+    def retry_run(
+        self,
+        run_id: str,
+        max_attempts: int | None = None,
+        run_at: datetime | None = None,
+        reason: str | None = None,
+        requested_by: str | None = None,
+        call_id: uuid.UUID | None = None,
+        *,
+        conn: Any = None,
+    ) -> _Call[RetryOutcome]:
+        """Queue a failed or cancelled run again as a new attempt series -> RetryOutcome.
+
+        ``call_id`` names this call (a fresh uuid when omitted): repeating the
+        call with the same id after a lost reply answers the first outcome."""
+        values = {
+            "run_id": run_id,
+            "max_attempts": max_attempts,
+            "run_at": run_at,
+            "reason": reason,
+            "requested_by": requested_by,
+            "call_id": uuid.uuid4() if call_id is None else call_id,
+        }
+        return _Call("retry_run", values, conn)
+
+    @_operation
+    def list_blocked_heads(
+        self,
+        lane: str | None = None,
+        run_id: str | None = None,
+        after_run_id: str | None = None,
+        after_lane: str | None = None,
+        max_rows: int = 100,
+        *,
+        conn: Any = None,
+    ) -> _Call[list[BlockedHead]]:
+        """Lanes blocked behind a failed head, a page at a time -> list[BlockedHead]."""
+        values = {
+            "lane": None if lane is None else str(lane),
+            "run_id": run_id,
+            "after_run_id": after_run_id,
+            "after_lane": None if after_lane is None else str(after_lane),
+            "max_rows": max_rows,
+        }
+        return _Call("list_blocked_heads", values, conn)
+
+    @_operation
+    def requeue_blocked_heads(
+        self,
+        run_id: str | None = None,
+        lane: str | None = None,
+        max_lanes: int = 100,
+        *,
+        conn: Any = None,
+    ) -> _Call[list[RequeuedLane]]:
+        """Unblock blocked lanes (one run's lane, a run's, or all) -> list[RequeuedLane]."""
+        values = {
+            "run_id": run_id,
+            "lane": None if lane is None else str(lane),
+            "max_lanes": max_lanes,
+        }
+        return _Call("requeue_blocked_heads", values, conn)
+
+    @_operation
+    def pause_queue(
+        self,
+        queue: str,
+        reason: str | None = None,
+        requested_by: str | None = None,
+        *,
+        conn: Any = None,
+    ) -> _Call[PauseOutcome]:
+        """Stop claims from taking runs of a queue -> PauseOutcome."""
+        values = {"queue": queue, "reason": reason, "requested_by": requested_by}
+        return _Call("pause_queue", values, conn)
+
+    @_operation
+    def resume_queue(self, queue: str, *, conn: Any = None) -> _Call[ResumeOutcome]:
+        """Let claims take runs of a paused queue again -> ResumeOutcome."""
+        return _Call("resume_queue", {"queue": queue}, conn)
+
+    @_operation
+    def list_paused_queues(self, *, conn: Any = None) -> _Call[list[PausedQueue]]:
+        """The paused queues -> list[PausedQueue]."""
+        return _Call("list_paused_queues", {}, conn)
+
+    @_operation
+    def purge_runs(
+        self,
+        finished_before: datetime,
+        max_rows: int = 1000,
+        include_undelivered: bool = False,
+        *,
+        conn: Any = None,
+    ) -> _Call[int]:
+        """Delete up to max_rows runs that ended before the cut-off, with all
+        their rows -> int (call again until 0)."""
+        values = {
+            "finished_before": finished_before,
+            "max_rows": max_rows,
+            "include_undelivered": include_undelivered,
+        }
+        return _Call("purge_runs", values, conn)
 
     @_operation
     def get_schema_version(self, *, conn: Any = None) -> _Call[str]:

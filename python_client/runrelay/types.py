@@ -109,6 +109,22 @@ class CancelOutcome(enum.StrEnum):
     NOT_FOUND = "not_found"
 
 
+class RetryOutcome(enum.StrEnum):
+    RETRIED = "retried"
+    NOT_RETRYABLE = "not_retryable"
+    NOT_FOUND = "not_found"
+
+
+class PauseOutcome(enum.StrEnum):
+    PAUSED = "paused"
+    ALREADY_PAUSED = "already_paused"
+
+
+class ResumeOutcome(enum.StrEnum):
+    RESUMED = "resumed"
+    NOT_PAUSED = "not_paused"
+
+
 class RunnerTerminalOutcome(enum.StrEnum):
     RECORDED = "recorded"
     DUPLICATE = "duplicate"
@@ -138,6 +154,26 @@ class LedgerFailOutcome(enum.StrEnum):
 class Lane(enum.StrEnum):
     LIFECYCLE = "lifecycle"
     OBSERVABILITY = "observability"
+
+
+class AttemptStatus(enum.StrEnum):
+    RUNNING = "running"
+    WAITING = "waiting"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    LOST = "lost"
+    RESUMED = "resumed"
+    RELEASED = "released"
+
+
+class EventState(enum.StrEnum):
+    """A ledger event's delivery state (the `ledger` view's state)."""
+
+    PENDING = "pending"
+    LEASED = "leased"
+    DELIVERED = "delivered"
+    FAILED = "failed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,3 +309,126 @@ class RenewedLease:
 class LedgerFailure:
     event_id: int
     outcome: LedgerFailOutcome
+
+
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    """One row of list_runs: a run without its payload, result and resume."""
+
+    run_id: str
+    queue: str
+    status: RunStatus
+    priority: int
+    concurrency_key: str | None
+    key_held: bool
+    run_at: datetime
+    attempt_count: int
+    max_attempts: int
+    wait: JSON
+    error: JSON
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class RunDetail:
+    """get_run: every column of a run, and its pending cancellation."""
+
+    run_id: str
+    queue: str
+    status: RunStatus
+    priority: int
+    concurrency_key: str | None
+    key_held: bool
+    payload: JSON
+    payload_retention: str
+    run_at: datetime
+    max_attempts: int
+    attempt_count: int
+    series_start: int
+    wait: JSON
+    wake_at: datetime | None
+    resume: JSON
+    result: JSON
+    error: JSON
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+    cancel_requested: bool
+    cancel_reason: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class RunAttempt:
+    """One row of run_attempts (no lease token: the worker's credential)."""
+
+    attempt: int
+    worker: str
+    status: AttemptStatus
+    claimed_at: datetime
+    heartbeat_at: datetime | None
+    lease_expires_at: datetime | None
+    finished_at: datetime | None
+    outcome: str | None
+    error: JSON
+    wait: JSON
+    runner_result: JSON
+    runner_result_received_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class RunLedgerEvent:
+    """One row of run_ledger_events: an event and its delivery state."""
+
+    event_id: int
+    lane: Lane
+    seq: int
+    type: str
+    payload: JSON
+    delivery_key: str
+    transport_only: bool
+    created_at: datetime
+    state: EventState
+    lease_owner: str | None
+    lease_expires_at: datetime | None
+    delivery_attempts: int
+    next_attempt_at: datetime
+    failed_at: datetime | None
+    last_error: JSON
+    delivered_at: datetime | None
+    delivered_by: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class BlockedHead:
+    """One row of list_blocked_heads: a lane blocked behind its failed head."""
+
+    run_id: str
+    lane: Lane
+    event_id: int
+    seq: int
+    type: str
+    created_at: datetime
+    failed_at: datetime
+    delivery_attempts: int
+    last_error: JSON
+
+
+@dataclass(frozen=True, slots=True)
+class RequeuedLane:
+    """One row of requeue_blocked_heads: a lane and how many events it requeued."""
+
+    run_id: str
+    lane: Lane
+    requeued: int
+
+
+@dataclass(frozen=True, slots=True)
+class PausedQueue:
+    """One row of list_paused_queues."""
+
+    queue: str
+    reason: str | None
+    paused_by: str | None
+    paused_at: datetime

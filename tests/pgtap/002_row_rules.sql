@@ -7,7 +7,7 @@
 -- two: then the first broken rule by name is reported, as PostgreSQL orders
 -- separate CHECK constraints.
 BEGIN;
-SELECT plan(53);
+SELECT plan(55);
 
 SELECT tests.insert_run('rr');
 SELECT tests.insert_run('ra');
@@ -78,6 +78,16 @@ SELECT throws_ok(
     $$ UPDATE runrelay.runs SET attempt_count = -1 WHERE run_id = 'rr' $$,
     '23514', 'new row for relation "runs" violates check constraint "runs_attempt_count"',
     'runs: a negative attempt_count breaks runs_attempt_count'
+);
+SELECT throws_ok(
+    $$ UPDATE runrelay.runs SET series_start = 1 WHERE run_id = 'rr' $$,
+    '23514', 'new row for relation "runs" violates check constraint "runs_series_start"',
+    'runs: an attempt series after the last attempt breaks runs_series_start'
+);
+SELECT throws_ok(
+    $$ UPDATE runrelay.runs SET series_start = -1 WHERE run_id = 'rr' $$,
+    '23514', 'new row for relation "runs" violates check constraint "runs_series_start"',
+    'runs: a negative series_start breaks runs_series_start'
 );
 SELECT throws_ok(
     $$ UPDATE runrelay.runs SET status = 'running' WHERE run_id = 'rr' $$,
@@ -258,7 +268,7 @@ SELECT volatility_is(
     'runrelay', '_runs_rules',
     ARRAY[
         'text', 'text', 'text', 'timestamp with time zone', 'jsonb', 'timestamp with time zone',
-        'text', 'integer', 'integer', 'text', 'bigint', 'boolean', 'jsonb', 'bigint'
+        'text', 'integer', 'integer', 'text', 'bigint', 'boolean', 'jsonb', 'bigint', 'integer'
     ],
     'immutable', '_runs_rules is IMMUTABLE'
 );

@@ -38,7 +38,8 @@ TRANSITIONS: dict[str, dict[str, str]] = {
         "run.failed": "end",
         "run.retry_scheduled": "queued",
     },
-    "end": {},
+    # An operator's retry_run queues a failed or cancelled run again.
+    "end": {"run.retried": "queued"},
 }
 FINAL = {"queued": "queued", "running": "running", "waiting": "waiting"}
 
@@ -73,13 +74,15 @@ def check_database(conn: psycopg.Connection) -> dict[str, int]:
     ).fetchall()
     assert bad == [], f"live attempt of a run that is not running: {bad}"
     # The failure budget counts failed and lost attempts only (released and
-    # resumed ones are free): a failed run spent exactly max_attempts of
-    # them, and no run ever spends more.
+    # resumed ones are free), of the run's current attempt series (the
+    # attempts after series_start: retry_run starts a new one): a failed run
+    # spent exactly max_attempts of them, and no run ever spends more.
     bad = conn.execute(
         """
         SELECT r.run_id, r.status, r.max_attempts, f.spent FROM runrelay.runs AS r
         CROSS JOIN LATERAL (SELECT count(*) AS spent FROM runrelay.attempts AS a
-                            WHERE a.run_id = r.run_id AND a.status IN ('failed', 'lost')) AS f
+                            WHERE a.run_id = r.run_id AND a.attempt > r.series_start
+                              AND a.status IN ('failed', 'lost')) AS f
         WHERE f.spent > r.max_attempts OR (r.status = 'failed' AND f.spent <> r.max_attempts)
         """
     ).fetchall()

@@ -95,6 +95,7 @@ def table_checksum(conn: psycopg.Connection) -> str:
         "ledger_lanes",
         "ledger_wakeups",
         "calls",
+        "paused_queues",
     )
     for table in tables:
         row = conn.execute(

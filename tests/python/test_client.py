@@ -1227,6 +1227,17 @@ def round_trip_calls(now: datetime) -> dict[str, tuple[tuple[Any, ...], dict[str
         "ledger_next_due_at": ((), {}),
         "requeue_ledger_event": ((1,), {}),
         "prune": ((now - timedelta(days=1),), {}),
+        "list_runs": ((), {"queue": "rt-none"}),
+        "get_run": (("rt",), {}),
+        "run_attempts": (("rt",), {}),
+        "run_ledger_events": (("rt",), {"max_rows": 5}),
+        "retry_run": (("missing",), {}),
+        "list_blocked_heads": ((), {"run_id": "rt"}),
+        "requeue_blocked_heads": ((), {"run_id": "missing"}),
+        "pause_queue": (("rt-paused",), {"reason": "test"}),
+        "resume_queue": (("rt-never-paused",), {}),
+        "list_paused_queues": ((), {}),
+        "purge_runs": ((now - timedelta(days=1),), {}),
         "run_stats": ((), {}),
         "ledger_stats": ((), {}),
     }
@@ -1421,6 +1432,10 @@ def test_every_method_returns_its_declared_type(
 
         (note,) = await call("claim_ledger", "relay-1", lane="observability", run_id="a")
         await call("renew_ledger_lease", "relay-1", [note.event_id])
+        await call("fail_ledger", "relay-1", [note.event_id], {"e": 1}, permanent=True)
+        await call("list_blocked_heads", lane="observability")
+        await call("requeue_blocked_heads", run_id="a")
+        (note,) = await call("claim_ledger", "relay-1", lane="observability", run_id="a")
         await call("fail_ledger", "relay-1", [note.event_id], {"e": 1})
         await call("ledger_next_due_at", lane="observability")
         await call("requeue_ledger_event", note.event_id)
@@ -1432,6 +1447,17 @@ def test_every_method_returns_its_declared_type(
 
         await call("reap_expired", conn=ahead)  # a's lease lapses two hours ahead
         await call("prune", db_now(db) + timedelta(hours=3))
+        await call("purge_runs", db_now(db) - timedelta(days=1))
+        page = await call("list_runs", max_rows=2)
+        await call("list_runs", after_created_at=page[-1].created_at, after_run_id=page[-1].run_id)
+        await call("get_run", "missing")  # no such run: None
+        await call("get_run", "c")
+        await call("run_attempts", "c")
+        await call("run_ledger_events", "a")
+        await call("retry_run", "c", reason="fixed", requested_by="ops")
+        await call("pause_queue", "frozen", reason="maintenance", requested_by="ops")
+        await call("list_paused_queues")
+        await call("resume_queue", "frozen")
 
     drive(scenario)
     assert set(seen) == set(_core.OPERATIONS), "a method is not checked"
@@ -1441,5 +1467,5 @@ def test_every_method_returns_its_declared_type(
         if typing.get_origin(declared_result(name)) is list and not any(values)
     }
     assert empty == set(), "a list result was only ever checked empty"
-    for optional in ("read_runner_terminal", "ledger_next_due_at"):
+    for optional in ("read_runner_terminal", "ledger_next_due_at", "get_run"):
         assert None in seen[optional] and any(v is not None for v in seen[optional]), optional

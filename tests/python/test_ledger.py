@@ -306,7 +306,10 @@ def test_ledger_hot_paths_are_index_seeks_at_a_million_pending(big_backlog: str)
             plans = take()
             assert [r["seq"] for r in head] in ([1], [])
             assert "Seq Scan" not in plans, plans
-            assert _max_buffers(plans) < 50, plans
+            # About 41 buffers; the session's first such claim also reads
+            # catalog pages for what it plans (up to 50 with 0009's index on
+            # ledger_lanes), so the bound leaves room for that.
+            assert _max_buffers(plans) < 60, plans
 
 
 def test_concurrent_relays_never_take_the_same_run(

@@ -194,6 +194,40 @@ def tour(db: psycopg.Connection, n: int) -> None:
     scalar(db, "ledger_next_due_at")
     scalar(db, "ledger_next_due_at", lane="lifecycle", run_id=b)
     scalar(db, "prune", delivered_before="2000-01-01T00:00:00Z", max_rows=10)
+    admin_tour(db, n, a, f)
+
+
+def admin_tour(db: psycopg.Connection, n: int, run_id: str, failed: str) -> None:
+    """The admin functions (docs/admin.md) on the tour's runs: run_id
+    completed, failed failed."""
+    page = call(db, "list_runs", max_rows=5)
+    assert len(page) == 5
+    last = page[-1]
+    call(db, "list_runs", after_created_at=last["created_at"], after_run_id=last["run_id"])
+    assert call(db, "list_runs", queue="tour", status="completed", max_rows=3)
+    assert call(db, "list_runs", status="failed")
+    call(db, "list_runs", status="running")
+    assert call(db, "list_runs", concurrency_key=f"k{n}")
+    call(db, "list_runs", finished_before="2000-01-01T00:00:00Z")
+    assert call(db, "get_run", run_id=run_id)
+    assert call(db, "run_attempts", run_id=failed)
+    assert call(db, "run_ledger_events", run_id=run_id, max_rows=5)
+    assert scalar(db, "retry_run", run_id=failed, requested_by="tour") == "retried"
+    assert scalar(db, "cancel_run", run_id=failed, reason="stop") == "cancelled"
+    (head,) = call(db, "claim_ledger", relay="r3", run_id=failed)
+    call(db, "fail_ledger", relay="r3", event_ids=[head["event_id"]], error={}, permanent=True)
+    assert call(db, "list_blocked_heads", lane="lifecycle", max_rows=5)
+    assert call(db, "requeue_blocked_heads", run_id=failed)
+    # A claim of every queue while one is paused: a skip scan of the queues.
+    assert scalar(db, "pause_queue", queue="bulk", reason="tour") == "paused"
+    assert call(db, "list_paused_queues")
+    assert call(db, "claim_attempts", worker="w", max_runs=2) == []
+    assert scalar(db, "resume_queue", queue="bulk") == "resumed"
+    # Five of the prefill's finished runs (delivered, with an attempt and a
+    # call record each) go, with their rows.
+    cut = db.execute("SELECT now() - interval '1 hour'").fetchone()
+    assert cut is not None
+    assert scalar(db, "purge_runs", finished_before=cut[0], max_rows=5) == 5
 
 
 def bulk_items(n: int, count: int) -> list[dict[str, Any]]:

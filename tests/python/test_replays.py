@@ -231,6 +231,12 @@ def _running(db: psycopg.Connection) -> None:
     claim_one(db)
 
 
+def _failed(db: psycopg.Connection) -> None:
+    enqueue(db, "r1", max_attempts=1)
+    claim = claim_one(db)
+    assert scalar(db, "fail_attempt", **fenced(claim), error={"e": 1}) == "failed"
+
+
 def _hold_run_row(db: psycopg.Connection, connect: Connect) -> psycopg.Connection:
     """A writer in custody of r1: its row locked in an open transaction."""
     holder = connect(autocommit=False)
@@ -249,8 +255,13 @@ def _hold_run_row(db: psycopg.Connection, connect: Connect) -> psycopg.Connectio
          lambda db: events(db, "r1").count("run.cancelled") == 1),
         ("cancel_run", _running, {"reason": "stop"}, "cancel_requested",
          lambda db: run_row(db, "r1")["status"] == "running"),
+        ("retry_run", _failed, {"reason": "fixed", "requested_by": "ops"}, "retried",
+         lambda db: events(db, "r1").count("run.retried") == 1
+         and run_row(db, "r1")["status"] == "queued"),
     ],
-    ids=["signal-resumed", "signal-stored", "cancel-cancelled", "cancel-requested"],
+    ids=[
+        "signal-resumed", "signal-stored", "cancel-cancelled", "cancel-requested", "retry-retried",
+    ],
 )  # fmt: skip
 def test_replay_after_a_lost_reply_answers_the_first_outcome_and_writes_nothing(
     db: psycopg.Connection,
@@ -262,7 +273,7 @@ def test_replay_after_a_lost_reply_answers_the_first_outcome_and_writes_nothing(
     expected: str,
     effect: Callable[[psycopg.Connection], bool],
 ) -> None:
-    """The reply of a committed signal_run/cancel_run is swallowed by a proxy
+    """The reply of a committed signal_run/cancel_run/retry_run is swallowed by a proxy
     (the client sees a lost connection); the client repeats the call with the
     same call_id: the repeat answers what the first call did and writes
     nothing - no second signal, no second event, no timestamp moved."""

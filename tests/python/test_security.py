@@ -70,7 +70,24 @@ GRANTS: dict[str, frozenset[str]] = {
             "get_schema_version",
         }
     ),
-    "admin": frozenset({"requeue_ledger_event", "prune", "get_schema_version"}),
+    "admin": frozenset(
+        {
+            "requeue_ledger_event",
+            "prune",
+            "list_runs",
+            "get_run",
+            "run_attempts",
+            "run_ledger_events",
+            "retry_run",
+            "list_blocked_heads",
+            "requeue_blocked_heads",
+            "pause_queue",
+            "resume_queue",
+            "list_paused_queues",
+            "purge_runs",
+            "get_schema_version",
+        }
+    ),
 }
 API = frozenset().union(*GRANTS.values())
 ADMIN_VIEWS = frozenset({"run_stats", "ledger_stats"})
@@ -178,6 +195,22 @@ def _allowed_calls() -> dict[str, tuple[dict[str, Any], Callable[[list[tuple[Any
         "ledger_next_due_at": ({"run_id": "sec-absent"}, first_is(None)),
         "requeue_ledger_event": ({"event_id": -1}, first_is(False)),
         "prune": ({"delivered_before": far}, first_is(0)),
+        "list_runs": ({"queue": "sec-none"}, empty),
+        "get_run": ({"run_id": "sec-absent"}, empty),
+        "run_attempts": ({"run_id": "sec-absent"}, empty),
+        "run_ledger_events": ({"run_id": "sec-absent"}, empty),
+        "retry_run": ({"run_id": "sec-absent"}, first_is("not_found")),
+        "list_blocked_heads": ({"run_id": "sec-absent"}, empty),
+        "requeue_blocked_heads": ({"run_id": "sec-absent"}, empty),
+        # Pausing writes (a paused_queues row); the matrix calls the functions
+        # in name order, so resume_queue then finds it paused.
+        "pause_queue": ({"queue": "sec-paused"}, first_is("paused")),
+        "resume_queue": (
+            {"queue": "sec-paused"},
+            lambda rows: rows in ([("resumed",)], [("not_paused",)]),
+        ),
+        "list_paused_queues": ({}, lambda rows: all(len(r) == 4 for r in rows)),
+        "purge_runs": ({"finished_before": far}, first_is(0)),
     }
 
 

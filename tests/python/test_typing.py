@@ -57,6 +57,10 @@ def produce(conn: psycopg.Connection[Any]) -> None:
     reveal_type(client.release_ledger("relay-1", [1, 2]))
     # reveals bool
     reveal_type(client.requeue_ledger_event(7))
+    # reveals list[runrelay.types.RunSummary]
+    reveal_type(client.list_runs(status="failed", max_rows=10))
+    # reveals runrelay.types.RunDetail | None
+    reveal_type(client.get_run("r1"))
     # reveals runrelay.types.EnqueueResult
     reveal_type(Client.enqueue_run(client, "r2"))
     with Client(conn) as own:

@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 FROZEN = Path(__file__).resolve().parent / "frozen"
-CODE_DIRS = ("_internal", "runs", "ledger", "views")
+CODE_DIRS = ("_internal", "runs", "ledger", "views", "admin")
 GRANTS = "grants.sql"
 PATCH = "code.patch"
 RELEASED = "RELEASED"
@@ -35,7 +35,7 @@ RELEASED = "RELEASED"
 Tree = dict[str, str]
 
 _REVISION = re.compile(r"^[0-9]{4}$")
-_PATH = re.compile(r"^(?:(?:_internal|runs|ledger|views)/[A-Za-z0-9_]+\.sql|grants\.sql)$")
+_PATH = re.compile(r"^(?:(?:_internal|runs|ledger|views|admin)/[A-Za-z0-9_]+\.sql|grants\.sql)$")
 _HUNK = re.compile(r"^@@ -([0-9]+)(?:,([0-9]+))? \+([0-9]+)(?:,([0-9]+))? @@\n$")
 
 

@@ -1,0 +1,152 @@
+-- Undo revision 0009's table changes. Each change has its own section,
+-- delimited by a header and an end line, so that sections written
+-- separately merge side by side.
+
+-- ==== purging runs =========================================================
+DROP INDEX calls_run_id_idx;
+
+CREATE OR REPLACE FUNCTION _runs_deleted()
+RETURNS trigger
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    DELETE FROM ledger_events AS l WHERE l.run_id IN (SELECT d.run_id FROM deleted_runs AS d);
+    DELETE FROM ledger_lanes AS ll WHERE ll.run_id IN (SELECT d.run_id FROM deleted_runs AS d);
+    DELETE FROM ledger_wakeups AS w WHERE w.run_id IN (SELECT d.run_id FROM deleted_runs AS d);
+    RETURN NULL;
+END;
+$$;
+-- ==== end: purging runs ====================================================
+
+-- ==== paused queues ========================================================
+-- 0008's claims know no pause: every paused queue is resumed.
+DROP TABLE paused_queues;
+-- ==== end: paused queues ===================================================
+
+-- ==== blocked lanes ========================================================
+DROP INDEX ledger_lanes_blocked_idx;
+-- ==== end: blocked lanes ===================================================
+
+-- ==== attempt series ========================================================
+-- 0008 counts every failed or lost attempt of a run against max_attempts. A
+-- run retried under 0009 keeps the budget it has left: its max_attempts
+-- grows by the failures before its series (at most 1000, the rule's bound;
+-- a run past it keeps 1000 and may fail sooner than 0009 would have let it).
+-- retry_run's calls are forgotten: 0008 cannot answer them, and a repeat
+-- after upgrading again is decided afresh.
+DELETE FROM calls AS c
+WHERE c.function_name = 'retry_run';
+ALTER TABLE calls
+DROP CONSTRAINT calls_outcome,
+ADD CONSTRAINT calls_outcome CHECK (
+    (function_name = 'signal_run' AND outcome IN ('resumed', 'stored', 'terminal'))
+    OR (function_name = 'cancel_run' AND outcome IN ('cancelled', 'cancel_requested'))
+);
+
+CREATE FUNCTION _runs_rules(
+    p_run_id text,
+    p_queue text,
+    p_status text,
+    p_finished_at timestamptz,
+    p_wait jsonb,
+    p_wake_at timestamptz,
+    p_payload_retention text,
+    p_max_attempts integer,
+    p_attempt_count integer,
+    p_concurrency_key text,
+    p_key_position bigint,
+    p_key_held boolean,
+    p_result jsonb,
+    p_ledger_seq bigint
+)
+RETURNS boolean
+LANGUAGE plpgsql
+IMMUTABLE
+PARALLEL SAFE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_broken text;
+BEGIN
+    v_broken := CASE
+        WHEN NOT (p_attempt_count >= 0) THEN 'runs_attempt_count'
+        WHEN NOT (p_status <> 'completed' OR p_result IS NOT NULL)
+            THEN 'runs_completed_has_result'
+        WHEN NOT (
+            (p_status IN ('completed', 'failed', 'cancelled'))
+            = (p_finished_at IS NOT NULL)
+        ) THEN 'runs_finished_iff_terminal'
+        WHEN NOT (
+            NOT p_key_held OR (p_concurrency_key IS NOT NULL AND p_status = 'queued')
+        ) THEN 'runs_key_held_only_queued'
+        WHEN NOT ((p_concurrency_key IS NULL) = (p_key_position IS NULL))
+            THEN 'runs_key_position_iff_key'
+        WHEN NOT (p_ledger_seq >= 0) THEN 'runs_ledger_seq'
+        WHEN NOT (p_max_attempts BETWEEN 1 AND 1000) THEN 'runs_max_attempts'
+        WHEN NOT (p_payload_retention IN ('keep', 'drop_on_delivery'))
+            THEN 'runs_payload_retention'
+        WHEN NOT (length(p_queue) BETWEEN 1 AND 200) THEN 'runs_queue_length'
+        WHEN NOT (length(p_run_id) BETWEEN 1 AND 200) THEN 'runs_run_id_length'
+        WHEN NOT (p_status NOT IN ('running', 'waiting') OR p_attempt_count >= 1)
+            THEN 'runs_started_has_attempt'
+        WHEN NOT (
+            p_status IN (
+                'queued', 'running', 'waiting', 'completed', 'failed', 'cancelled'
+            )
+        ) THEN 'runs_status'
+        WHEN NOT ((p_status = 'waiting') = (p_wait IS NOT NULL))
+            THEN 'runs_wait_iff_waiting'
+        WHEN NOT (p_wake_at IS NULL OR p_status = 'waiting')
+            THEN 'runs_wake_at_only_waiting'
+    END;
+    IF v_broken IS NULL THEN
+        RETURN TRUE;
+    END IF;
+    RAISE EXCEPTION 'new row for relation "runs" violates check constraint "%"', v_broken
+        USING ERRCODE = 'check_violation', CONSTRAINT = v_broken, TABLE = 'runs';
+END;
+$$;
+
+COMMENT ON FUNCTION _runs_rules(
+    text, text, text, timestamptz, jsonb, timestamptz, text, integer, integer,
+    text, bigint, boolean, jsonb, bigint
+) IS
+'The row rules of runs (the runs_rules CHECK): true, or a 23514 error naming the rule the row breaks.';
+
+ALTER TABLE runs DROP CONSTRAINT runs_rules;
+
+UPDATE runs AS r
+SET max_attempts = least(1000, r.max_attempts + f.spent)
+FROM (
+    SELECT
+        a.run_id,
+        count(*)::integer AS spent
+    FROM runs AS s
+    INNER JOIN attempts AS a ON s.run_id = a.run_id
+    WHERE s.series_start > 0 AND a.attempt <= s.series_start AND a.status IN ('failed', 'lost')
+    GROUP BY a.run_id
+) AS f
+WHERE r.run_id = f.run_id;
+
+ALTER TABLE runs
+DROP COLUMN series_start,
+ADD CONSTRAINT runs_rules CHECK (
+    _runs_rules(
+        run_id, queue, status, finished_at, wait, wake_at, payload_retention,
+        max_attempts, attempt_count, concurrency_key, key_position, key_held,
+        result, ledger_seq
+    )
+);
+
+DROP FUNCTION _runs_rules(
+    text, text, text, timestamptz, jsonb, timestamptz, text, integer, integer,
+    text, bigint, boolean, jsonb, bigint, integer
+);
+-- ==== end: attempt series ===================================================
+
+-- ==== operators' listings ==================================================
+DROP INDEX runs_key_list_idx;
+DROP INDEX runs_list_idx;
+-- ==== end: operators' listings =============================================

@@ -1,0 +1,186 @@
+-- Revision 0009, table changes. Each change has its own section, delimited
+-- by a header and an end line, so that sections written separately merge
+-- side by side.
+
+-- ==== operators' listings ==================================================
+-- list_runs and purge_runs read runs by (queue, status, created_at) and by
+-- (concurrency_key, created_at), leaving out running runs so that a claim
+-- writes no entry (plpgsql/schema/02_runs.sql). Built inside the migration's
+-- transaction: writers of runs wait for the build (one pass over the table).
+CREATE INDEX runs_list_idx ON runs (queue, status, created_at, run_id) INCLUDE (finished_at)
+WHERE status <> 'running';
+
+CREATE INDEX runs_key_list_idx ON runs (concurrency_key, created_at, run_id)
+WHERE concurrency_key IS NOT NULL AND status <> 'running';
+-- ==== end: operators' listings =============================================
+
+-- ==== attempt series ========================================================
+-- retry_run starts a new attempt series for an ended run: runs.series_start
+-- (plpgsql/schema/02_runs.sql) is the attempt number after which failures
+-- count against max_attempts; 0 for every existing run, whose attempts are
+-- all its first series, so nothing changes for them. The rules of a run gain
+-- runs_series_start (0 <= series_start <= attempt_count): _runs_rules takes
+-- one more argument, so the new function replaces the old one under the
+-- same constraint name. The constraint is added valid (one scan of runs
+-- inside the migration's transaction): every row has series_start 0.
+-- calls records retry_run's replays.
+CREATE FUNCTION _runs_rules(
+    p_run_id text,
+    p_queue text,
+    p_status text,
+    p_finished_at timestamptz,
+    p_wait jsonb,
+    p_wake_at timestamptz,
+    p_payload_retention text,
+    p_max_attempts integer,
+    p_attempt_count integer,
+    p_concurrency_key text,
+    p_key_position bigint,
+    p_key_held boolean,
+    p_result jsonb,
+    p_ledger_seq bigint,
+    p_series_start integer
+)
+RETURNS boolean
+LANGUAGE plpgsql
+IMMUTABLE
+PARALLEL SAFE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_broken text;
+BEGIN
+    v_broken := CASE
+        WHEN NOT (p_attempt_count >= 0) THEN 'runs_attempt_count'
+        WHEN NOT (p_status <> 'completed' OR p_result IS NOT NULL)
+            THEN 'runs_completed_has_result'
+        WHEN NOT (
+            (p_status IN ('completed', 'failed', 'cancelled'))
+            = (p_finished_at IS NOT NULL)
+        ) THEN 'runs_finished_iff_terminal'
+        WHEN NOT (
+            NOT p_key_held OR (p_concurrency_key IS NOT NULL AND p_status = 'queued')
+        ) THEN 'runs_key_held_only_queued'
+        WHEN NOT ((p_concurrency_key IS NULL) = (p_key_position IS NULL))
+            THEN 'runs_key_position_iff_key'
+        WHEN NOT (p_ledger_seq >= 0) THEN 'runs_ledger_seq'
+        WHEN NOT (p_max_attempts BETWEEN 1 AND 1000) THEN 'runs_max_attempts'
+        WHEN NOT (p_payload_retention IN ('keep', 'drop_on_delivery'))
+            THEN 'runs_payload_retention'
+        WHEN NOT (length(p_queue) BETWEEN 1 AND 200) THEN 'runs_queue_length'
+        WHEN NOT (length(p_run_id) BETWEEN 1 AND 200) THEN 'runs_run_id_length'
+        WHEN NOT (p_series_start BETWEEN 0 AND p_attempt_count) THEN 'runs_series_start'
+        WHEN NOT (p_status NOT IN ('running', 'waiting') OR p_attempt_count >= 1)
+            THEN 'runs_started_has_attempt'
+        WHEN NOT (
+            p_status IN (
+                'queued', 'running', 'waiting', 'completed', 'failed', 'cancelled'
+            )
+        ) THEN 'runs_status'
+        WHEN NOT ((p_status = 'waiting') = (p_wait IS NOT NULL))
+            THEN 'runs_wait_iff_waiting'
+        WHEN NOT (p_wake_at IS NULL OR p_status = 'waiting')
+            THEN 'runs_wake_at_only_waiting'
+    END;
+    IF v_broken IS NULL THEN
+        RETURN TRUE;
+    END IF;
+    RAISE EXCEPTION 'new row for relation "runs" violates check constraint "%"', v_broken
+        USING ERRCODE = 'check_violation', CONSTRAINT = v_broken, TABLE = 'runs';
+END;
+$$;
+
+COMMENT ON FUNCTION _runs_rules(
+    text, text, text, timestamptz, jsonb, timestamptz, text, integer, integer,
+    text, bigint, boolean, jsonb, bigint, integer
+) IS
+'The row rules of runs (the runs_rules CHECK): true, or a 23514 error naming the rule the row breaks.';
+
+ALTER TABLE runs
+ADD COLUMN series_start integer NOT NULL DEFAULT 0,
+DROP CONSTRAINT runs_rules,
+ADD CONSTRAINT runs_rules CHECK (
+    _runs_rules(
+        run_id, queue, status, finished_at, wait, wake_at, payload_retention,
+        max_attempts, attempt_count, concurrency_key, key_position, key_held,
+        result, ledger_seq, series_start
+    )
+);
+
+DROP FUNCTION _runs_rules(
+    text, text, text, timestamptz, jsonb, timestamptz, text, integer, integer,
+    text, bigint, boolean, jsonb, bigint
+);
+
+ALTER TABLE calls
+DROP CONSTRAINT calls_outcome,
+ADD CONSTRAINT calls_outcome CHECK (
+    (function_name = 'signal_run' AND outcome IN ('resumed', 'stored', 'terminal'))
+    OR (function_name = 'cancel_run' AND outcome IN ('cancelled', 'cancel_requested'))
+    OR (function_name = 'retry_run' AND outcome = 'retried')
+);
+-- ==== end: attempt series ===================================================
+
+-- ==== blocked lanes ========================================================
+-- list_blocked_heads and requeue_blocked_heads read the blocked lanes by
+-- run (plpgsql/schema/06_ledger.sql). Few rows: a lane is blocked only
+-- behind a failed head.
+CREATE INDEX ledger_lanes_blocked_idx ON ledger_lanes (run_id, lane)
+WHERE blocked;
+-- ==== end: blocked lanes ===================================================
+
+-- ==== paused queues ========================================================
+-- pause_queue and resume_queue; claims skip a queue listed here
+-- (plpgsql/schema/09_paused_queues.sql). Empty after the upgrade.
+CREATE TABLE paused_queues (
+    queue text PRIMARY KEY,
+    reason text,
+    paused_by text,
+    paused_at timestamptz NOT NULL,
+    CONSTRAINT paused_queues_queue_length CHECK (length(queue) BETWEEN 1 AND 200),
+    CONSTRAINT paused_queues_reason_length CHECK (reason IS NULL OR length(reason) <= 2000),
+    CONSTRAINT paused_queues_paused_by_length CHECK (
+        paused_by IS NULL OR length(paused_by) BETWEEN 1 AND 200
+    )
+) WITH (autovacuum_vacuum_threshold = 1, autovacuum_vacuum_scale_factor = 0);
+-- ==== end: paused queues ===================================================
+
+-- ==== purging runs =========================================================
+-- purge_runs deletes a purged run's calls rows by run (schema/07_calls.sql).
+-- The trigger that deletes a deleted run's ledger rows finds them by key,
+-- a probe per run, whatever the statistics (schema/08_run_history.sql):
+-- the trigger keeps its function, whose body changes.
+CREATE INDEX calls_run_id_idx ON calls (run_id);
+
+CREATE OR REPLACE FUNCTION _runs_deleted()
+RETURNS trigger
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_tids tid[];
+BEGIN
+    -- Each table in two steps: the deleted runs' rows found by their key, a
+    -- probe per run (OFFSET 0 keeps the lateral subquery a probe: flattened
+    -- into a join, a plan made without statistics read the whole table),
+    -- then deleted by ctid.
+    v_tids := ARRAY(
+        SELECT t.tid FROM deleted_runs AS d
+        CROSS JOIN LATERAL (SELECT x.ctid AS tid FROM ledger_events AS x WHERE x.run_id = d.run_id OFFSET 0) AS t
+    );
+    DELETE FROM ledger_events AS l WHERE l.ctid = ANY(v_tids);
+    v_tids := ARRAY(
+        SELECT t.tid FROM deleted_runs AS d
+        CROSS JOIN LATERAL (SELECT x.ctid AS tid FROM ledger_lanes AS x WHERE x.run_id = d.run_id OFFSET 0) AS t
+    );
+    DELETE FROM ledger_lanes AS ll WHERE ll.ctid = ANY(v_tids);
+    v_tids := ARRAY(
+        SELECT t.tid FROM deleted_runs AS d
+        CROSS JOIN LATERAL (SELECT x.ctid AS tid FROM ledger_wakeups AS x WHERE x.run_id = d.run_id OFFSET 0) AS t
+    );
+    DELETE FROM ledger_wakeups AS w WHERE w.ctid = ANY(v_tids);
+    RETURN NULL;
+END;
+$$;
+-- ==== end: purging runs ====================================================

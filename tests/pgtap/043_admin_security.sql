@@ -1,0 +1,94 @@
+-- The admin functions (docs/admin.md) and SPEC §5: each is SECURITY
+-- DEFINER, VOLATILE, with a pinned search_path and a COMMENT; EXECUTE is
+-- granted to runrelay_admin and to nobody else, PUBLIC included; an admin
+-- calls them without any table privilege, and the other roles are refused.
+BEGIN;
+
+CREATE TEMPORARY TABLE admin_fn (name text, call text) ON COMMIT DROP;
+INSERT INTO admin_fn VALUES
+('list_runs', $$SELECT * FROM runrelay.list_runs(queue => 'sec-none')$$),
+('get_run', $$SELECT * FROM runrelay.get_run('sec-none')$$),
+('run_attempts', $$SELECT * FROM runrelay.run_attempts('sec-none')$$),
+('run_ledger_events', $$SELECT * FROM runrelay.run_ledger_events('sec-none')$$),
+('retry_run', $$SELECT runrelay.retry_run('sec-none')$$),
+('list_blocked_heads', $$SELECT * FROM runrelay.list_blocked_heads(run_id => 'sec-none')$$),
+('requeue_blocked_heads', $$SELECT * FROM runrelay.requeue_blocked_heads(run_id => 'sec-none')$$),
+('pause_queue', $$SELECT runrelay.pause_queue('sec-none')$$),
+('resume_queue', $$SELECT runrelay.resume_queue('sec-none')$$),
+('list_paused_queues', $$SELECT * FROM runrelay.list_paused_queues()$$),
+('purge_runs', $$SELECT runrelay.purge_runs('2000-01-01')$$);
+-- Read by the roles below while they call each function.
+GRANT SELECT ON admin_fn TO public;
+
+-- Seven assertions per function, six for the whole.
+SELECT plan(6 + 7 * (SELECT count(*)::integer FROM admin_fn));
+
+SELECT is(
+    (
+        SELECT count(*) FROM pg_proc AS p INNER JOIN admin_fn AS f ON p.proname = f.name
+        WHERE p.pronamespace = 'runrelay'::regnamespace
+    ),
+    (SELECT count(*) FROM admin_fn),
+    'each admin function exists exactly once (no stray overloads)'
+);
+
+SELECT
+    ok(
+        p.prosecdef AND p.provolatile = 'v'
+        AND EXISTS (
+            SELECT 1 FROM unnest(p.proconfig) AS c (setting)
+            WHERE c.setting LIKE 'search_path=%'
+        ),
+        f.name || ' is SECURITY DEFINER, VOLATILE and pins its search_path'
+    )
+FROM admin_fn AS f
+INNER JOIN pg_proc AS p ON f.name = p.proname AND p.pronamespace = 'runrelay'::regnamespace
+ORDER BY f.name;
+SELECT ok(coalesce(length(obj_description(p.oid, 'pg_proc')), 0) > 0, f.name || ' has a COMMENT ON FUNCTION')
+FROM admin_fn AS f
+INNER JOIN pg_proc AS p ON f.name = p.proname AND p.pronamespace = 'runrelay'::regnamespace
+ORDER BY f.name;
+SELECT
+    is(
+        array(
+            SELECT DISTINCT a.grantee::regrole::text
+            FROM aclexplode(p.proacl) AS a
+            WHERE a.privilege_type = 'EXECUTE' AND a.grantee <> p.proowner
+            ORDER BY a.grantee::regrole::text
+        ),
+        ARRAY['runrelay_admin'],
+        f.name || ': EXECUTE granted to runrelay_admin only (no PUBLIC, no other role)'
+    )
+FROM admin_fn AS f
+INNER JOIN pg_proc AS p ON f.name = p.proname AND p.pronamespace = 'runrelay'::regnamespace
+ORDER BY f.name;
+
+-- Calls as each role: the admin's succeed through SECURITY DEFINER alone.
+SELECT table_privs_are('runrelay', 'runs', 'runrelay_admin', ARRAY[]::text[], 'admin has no privilege on runs');
+SELECT table_privs_are('runrelay', 'attempts', 'runrelay_admin', ARRAY[]::text[], 'admin has no privilege on attempts');
+SELECT table_privs_are('runrelay', 'ledger_events', 'runrelay_admin', ARRAY[]::text[], 'admin has no privilege on ledger_events');
+SELECT table_privs_are('runrelay', 'ledger_lanes', 'runrelay_admin', ARRAY[]::text[], 'admin has no privilege on ledger_lanes');
+SET LOCAL ROLE runrelay_admin;
+SELECT lives_ok(f.call, 'an admin calls ' || f.name)
+FROM admin_fn AS f
+ORDER BY f.name;
+SELECT throws_ok($$SELECT 1 FROM runrelay.runs LIMIT 1$$, '42501', NULL, 'an admin cannot read runs directly');
+RESET ROLE;
+SET LOCAL ROLE runrelay_producer;
+SELECT throws_ok(f.call, '42501', NULL, 'a producer cannot call ' || f.name)
+FROM admin_fn AS f
+ORDER BY f.name;
+RESET ROLE;
+SET LOCAL ROLE runrelay_worker;
+SELECT throws_ok(f.call, '42501', NULL, 'a worker cannot call ' || f.name)
+FROM admin_fn AS f
+ORDER BY f.name;
+RESET ROLE;
+SET LOCAL ROLE runrelay_relay;
+SELECT throws_ok(f.call, '42501', NULL, 'a relay cannot call ' || f.name)
+FROM admin_fn AS f
+ORDER BY f.name;
+RESET ROLE;
+
+SELECT * FROM finish();
+ROLLBACK;

@@ -1,0 +1,281 @@
+"""The admin functions at a million runs (docs/admin.md): every nested
+statement's plan, captured with auto_explain past PL/pgSQL's switch to
+generic plans, reads index ranges only, never a sequential scan of runs or
+attempts, and touches a bounded number of buffers, whatever the filters and
+however deep the page."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+from conftest import reset
+from sqlapi import call, scalar
+
+RUNS = 1_000_000
+RUNNING = 200
+QUEUES = 4
+
+
+@pytest.fixture(scope="module")
+def million(db_url: str) -> Iterator[str]:
+    """1 000 000 runs over four queues, loaded in bulk: 90 % completed, 5 %
+    failed, 2 % cancelled, 1 % waiting, the rest queued but for 200 running
+    (with their running attempts); every tenth run keyed (1 000 keys of 100
+    runs). created_at one second apart, oldest first; an ended run ended a
+    second after it was created."""
+    with psycopg.connect(db_url, autocommit=True) as c:
+        reset(c)
+        c.execute(
+            """
+            INSERT INTO runrelay.runs (run_id, queue, status, payload, run_at, max_attempts,
+                                       attempt_count, result, wait, error, concurrency_key,
+                                       key_position, created_at, updated_at, finished_at)
+            SELECT 'm-' || i, 'q' || (i %% %(queues)s), s.status, '{}', now(), 3,
+                   CASE WHEN s.status = 'queued' THEN 0 ELSE 1 END,
+                   CASE WHEN s.status = 'completed' THEN '{}'::jsonb END,
+                   CASE WHEN s.status = 'waiting' THEN '{"kind": "event", "name": "go"}'::jsonb END,
+                   CASE WHEN s.status = 'failed' THEN '{"e": 1}'::jsonb END,
+                   CASE WHEN i %% 10 = 0 THEN 'key-' || (i %% 1000) END,
+                   CASE WHEN i %% 10 = 0 THEN i END,
+                   now() - make_interval(secs => %(runs)s - i), now(),
+                   CASE WHEN s.status IN ('completed', 'failed', 'cancelled')
+                        THEN now() - make_interval(secs => %(runs)s - i - 1) END
+            FROM generate_series(1, %(runs)s) AS i
+            CROSS JOIN LATERAL (SELECT CASE
+                WHEN i %% 100 < 90 THEN 'completed'
+                WHEN i %% 100 < 95 THEN 'failed'
+                WHEN i %% 100 < 97 THEN 'cancelled'
+                WHEN i %% 100 < 98 THEN 'waiting'
+                WHEN i %% 5000 = 99 THEN 'running'
+                ELSE 'queued' END AS status) AS s
+            """,
+            {"runs": RUNS, "queues": QUEUES},
+        )
+        c.execute(
+            """
+            INSERT INTO runrelay.attempts (run_id, attempt, worker, lease_token, status,
+                                           claimed_at, heartbeat_at, lease_expires_at, wait)
+            SELECT r.run_id, 1, 'w', gen_random_uuid(),
+                   CASE r.status WHEN 'running' THEN 'running' ELSE 'waiting' END,
+                   now(), now(), now() + interval '1 hour', r.wait
+            FROM runrelay.runs AS r WHERE r.status IN ('running', 'waiting')
+            """
+        )
+        # Every run has a lifecycle lane with nothing pending; 100 of them
+        # are blocked behind a failed head.
+        c.execute(
+            """
+            INSERT INTO runrelay.ledger_lanes (run_id, lane, head_seq, blocked, delivered_below)
+            SELECT 'm-' || i, 'lifecycle', CASE WHEN i %% 10000 = 7 THEN 1 END,
+                   i %% 10000 = 7, 1
+            FROM generate_series(1, %(runs)s) AS i
+            """,
+            {"runs": RUNS},
+        )
+        c.execute(
+            """
+            INSERT INTO runrelay.ledger_events (run_id, lane, seq, type, payload, delivery_key,
+                                                created_at, next_attempt_at, failed_at,
+                                                delivery_attempts, last_error)
+            SELECT 'm-' || i, 'lifecycle', 1, 'run.queued', '{}', 'm-' || i || ':1', now(), now(),
+                   now(), 10, '{"http": 500}'
+            FROM generate_series(7, %(runs)s, 10000) AS i
+            """,
+            {"runs": RUNS},
+        )
+        c.execute(
+            "VACUUM ANALYZE runrelay.runs, runrelay.attempts, runrelay.ledger_lanes,"
+            " runrelay.ledger_events"
+        )
+        running = c.execute("SELECT count(*) FROM runrelay.runs WHERE status = 'running'")
+        assert running.fetchone() == (RUNNING,)
+    yield db_url
+    with psycopg.connect(db_url, autocommit=True) as c:
+        reset(c)
+
+
+def explained(conn: psycopg.Connection) -> Callable[[], list[str]]:
+    """Every nested statement's plan with its buffers, as auto_explain logs it."""
+    captured: list[str] = []
+    conn.add_notice_handler(lambda d: captured.append(d.message_primary or ""))
+    conn.execute("LOAD 'auto_explain'")
+    for setting in (
+        "auto_explain.log_min_duration = 0",
+        "auto_explain.log_nested_statements = on",
+        "auto_explain.log_level = notice",
+        "auto_explain.log_analyze = on",
+        "auto_explain.log_buffers = on",
+        "auto_explain.log_timing = off",
+    ):
+        conn.execute(f"SET {setting}")
+
+    def take() -> list[str]:
+        out = list(captured)
+        captured.clear()
+        return out
+
+    return take
+
+
+def nested(plans: list[str]) -> list[str]:
+    """The statements inside the function (the top-level call's own count
+    includes them all and, on a first call, loading the catalog)."""
+    return [p for p in plans if 'Query Text: SELECT * FROM runrelay."' not in p]
+
+
+def buffers(plan: str) -> int:
+    return max((int(x) for x in re.findall(r"(?:hit|read)=(\d+)", plan)), default=0)
+
+
+def assert_seeks(plans: list[str], limit: int) -> None:
+    inner = nested(plans)
+    assert inner, plans
+    text = "\n".join(inner)
+    assert "Seq Scan on runs" not in text, text
+    assert "Seq Scan on attempts" not in text, text
+    worst = max(inner, key=buffers)
+    assert buffers(worst) < limit, worst
+
+
+def created(conn: psycopg.Connection, run_id: str) -> datetime:
+    row = conn.execute("SELECT created_at FROM runrelay.runs WHERE run_id = %s", [run_id])
+    value = row.fetchone()
+    assert value is not None
+    return value[0]
+
+
+def test_list_runs_reads_index_ranges_at_a_million_runs(million: str) -> None:
+    """A page costs its rows (one primary-key probe each, about four
+    buffers), the index entries of each (queue, status) range up to the page
+    size (a few buffers: index-only), and, when running runs can match, two
+    probes per run in flight (running runs are not in runs_list_idx, so a
+    claim writes nothing there). Nothing grows with the million."""
+    with psycopg.connect(million, autocommit=True) as conn:
+        take = explained(conn)
+        deep = created(conn, "m-100000")
+        now = conn.execute("SELECT now()").fetchone()
+        assert now is not None
+        cases: list[dict[str, Any]] = [
+            {"max_rows": 50},
+            {"max_rows": 1000},
+            {"status": "failed", "max_rows": 50},
+            {"status": "failed", "queue": "q1", "max_rows": 50},
+            {"status": "queued", "max_rows": 100},
+            {"status": "running", "max_rows": 100},
+            {"queue": "q2", "max_rows": 100, "after_created_at": deep, "after_run_id": "m-100000"},
+            {"status": "completed", "after_created_at": deep, "after_run_id": "m-100000"},
+            {"concurrency_key": "key-10", "max_rows": 50},
+            {"concurrency_key": "key-10", "status": "completed", "max_rows": 20},
+            {"finished_before": now[0] - timedelta(days=5), "max_rows": 100},
+            {"created_after": now[0] - timedelta(hours=1), "status": "failed"},
+        ]
+        for kwargs in cases:
+            rows = kwargs.get("max_rows", 100)
+            running = kwargs.get("status", "running") == "running"
+            running = running and "finished_before" not in kwargs
+            limit = 5 * rows + (6 * RUNNING if running else 0) + 100
+            for _ in range(7):  # past PL/pgSQL's switch to a generic plan
+                take()
+                got = call(conn, "list_runs", **kwargs)
+                assert len(got) == rows, kwargs
+                keys = [(r["created_at"], r["run_id"]) for r in got]
+                assert keys == sorted(keys, reverse=True), kwargs
+                assert_seeks(take(), limit)
+
+
+def test_inspecting_one_run_is_primary_key_ranges_at_a_million_runs(million: str) -> None:
+    """get_run, run_attempts and run_ledger_events read one run's rows by
+    their keys: a page of a run's 500 events costs the page (up to max_rows
+    events per lane, each with a probe of its lane row, as the ledger view
+    reads it: about five buffers an event)."""
+    with psycopg.connect(million, autocommit=True) as conn:
+        events = [{"type": "e", "lane": "observability"}] * 250 + [{"type": "l"}] * 250
+        call(conn, "append_events", run_id="m-99", events=events)
+        take = explained(conn)
+        for _ in range(7):
+            take()
+            (run,) = call(conn, "get_run", run_id="m-99")
+            assert run["status"] == "running"
+            assert_seeks(take(), 20)
+            (attempt,) = call(conn, "run_attempts", run_id="m-99")
+            assert attempt["status"] == "running"
+            assert_seeks(take(), 20)
+            page = call(conn, "run_ledger_events", run_id="m-99", after_seq=100, max_rows=50)
+            assert [e["seq"] for e in page] == list(range(101, 151))
+            assert_seeks(take(), 2 * 50 * 5)
+            page = call(conn, "run_ledger_events", run_id="m-99", lane="lifecycle", max_rows=50)
+            assert [e["seq"] for e in page] == list(range(251, 301))
+            assert_seeks(take(), 50 * 5)
+
+
+def test_blocked_heads_are_read_from_the_blocked_lanes_alone(million: str) -> None:
+    """A million lanes, a hundred blocked: listing them, a page at a time
+    and by lane, and requeueing a batch of them, read the blocked lanes'
+    index entries and their heads, never the million."""
+    with psycopg.connect(million, autocommit=True) as conn:
+        take = explained(conn)
+        for _ in range(7):
+            take()
+            page = call(conn, "list_blocked_heads", max_rows=10)
+            assert len(page) == 10 and all(h["last_error"] == {"http": 500} for h in page)
+            assert_seeks(take(), 60)
+            last = page[-1]
+            more = call(
+                conn,
+                "list_blocked_heads",
+                lane="lifecycle",
+                after_run_id=last["run_id"],
+                after_lane=last["lane"],
+                max_rows=10,
+            )
+            assert len(more) == 10 and more[0]["run_id"] > last["run_id"]
+            assert_seeks(take(), 60)
+            with conn.transaction(force_rollback=True):
+                requeued = call(conn, "requeue_blocked_heads", max_lanes=10)
+                assert [r["requeued"] for r in requeued] == [1] * 10
+                plans = take()
+                # Refreshing a lane, as every relay call that changes one does,
+                # is some fifty buffers (its run's row, its events, the lane).
+                assert_seeks(plans, 10 * 100)
+                assert "Seq Scan on ledger_lanes" not in "\n".join(plans)
+                assert "Seq Scan on ledger_events" not in "\n".join(plans)
+
+
+# The tables this fixture makes big (a million rows; attempts 12 000). The
+# young-install tour (test_plans_young_install.py) purges too, with 100 000
+# rows in attempts, calls and ledger_events.
+PURGE_TABLES = ("runs", "attempts", "ledger_lanes")
+
+
+def test_purge_runs_reads_index_ranges_and_keys_at_a_million_runs(million: str) -> None:
+    """A batch of 200 ended runs out of a million (each with its lane row to
+    check and delete): the candidates come from runs_list_idx ranges up to
+    the cut-off, each run's rows go by their keys, and no big table is
+    scanned; the work is the batch's, whatever the million. Rolled back, so
+    the fixture stays."""
+    with psycopg.connect(million, autocommit=True) as conn:
+        cut = conn.execute("SELECT now() - interval '5 days'").fetchone()
+        assert cut is not None
+        take = explained(conn)
+        for _ in range(6):  # past PL/pgSQL's switch to generic plans
+            with conn.transaction(force_rollback=True):
+                take()
+                assert scalar(conn, "purge_runs", finished_before=cut[0], max_rows=200) == 200
+                plans = take()
+            text = "\n".join(plans)
+            for table in PURGE_TABLES:
+                assert f"Seq Scan on {table} " not in text, text
+            # m-7, among the oldest, waits for its blocked lane: a second
+            # window of keys replaces it.
+            windows = [p for p in plans if "generate_subscripts(v_queues, 1)" in p]
+            assert len(windows) == 2 and sum(buffers(w) for w in windows) < 400, windows
+            checks = [p for p in plans if "_ledger_undelivered(k.run_id)" in p]
+            assert sum(buffers(c) for c in checks) < 201 * 10, checks
+            deletes = [p for p in plans if "DELETE FROM runs AS r" in p]
+            assert len(deletes) == 1 and buffers(deletes[0]) < 200 * 40, deletes
