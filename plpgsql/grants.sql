@@ -84,7 +84,7 @@ BEGIN
         WHERE
             c.relnamespace = v_schema::regnamespace
             AND c.relkind = 'v'
-            AND c.relname IN ('run_stats', 'ledger_stats')
+            AND c.relname IN ('run_stats', 'ledger_stats', 'wait_stats')
     LOOP
         EXECUTE format('GRANT SELECT ON %s TO %I', v_fn.view_name, v_fn.grantee);
     END LOOP;

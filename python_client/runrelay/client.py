@@ -893,6 +893,10 @@ class Client(_Methods):
         """Rows of the ledger_stats view (admin role)."""
         return self._view("ledger_stats", conn)
 
+    def wait_stats(self, *, conn: Any = None) -> list[dict[str, Any]]:
+        """Rows of the wait_stats view (admin role): waiting runs by queue and kind."""
+        return self._view("wait_stats", conn)
+
     def _view(self, view: str, conn: Any) -> Rows:
         return self._fetch(_core.view_query(self.schema, view), None, conn)
 
@@ -1007,6 +1011,9 @@ class AsyncClient(_Methods):
 
     async def ledger_stats(self, *, conn: Any = None) -> list[dict[str, Any]]:
         return await self._view("ledger_stats", conn)
+
+    async def wait_stats(self, *, conn: Any = None) -> list[dict[str, Any]]:
+        return await self._view("wait_stats", conn)
 
     async def _view(self, view: str, conn: Any) -> Rows:
         return await self._fetch(_core.view_query(self.schema, view), None, conn)

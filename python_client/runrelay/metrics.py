@@ -4,14 +4,15 @@ own counters and histograms.
 Two sources, one naming scheme (every name starts with ``runrelay_``):
 
 * **The exporter** (`runrelay exporter`, `serve`): a custom collector that,
-  on each scrape and only then, reads the `run_stats` and `ledger_stats`
-  views in one statement and turns their rows into gauges — runs by queue
-  and status, the oldest runnable run per queue, ledger events by lane and
-  state, the delivery lag and the blocked heads per lane, plus
-  ``runrelay_up`` and ``runrelay_scrape_duration_seconds``. No thread polls
-  in the background, so what Prometheus sees is what the database held when
-  it asked. A database that cannot be reached or read makes that scrape
-  report ``runrelay_up 0`` and nothing else; the next scrape tries again.
+  on each scrape and only then, reads the `run_stats`, `ledger_stats` and
+  `wait_stats` views in one statement and turns their rows into gauges — runs
+  by queue and status, waiting runs by wait kind, the oldest runnable run per
+  queue, ledger events by lane and state, the delivery lag and the blocked
+  heads per lane, plus ``runrelay_up`` and
+  ``runrelay_scrape_duration_seconds``. No thread polls in the background, so
+  what Prometheus sees is what the database held when it asked. A database
+  that cannot be reached or read makes that scrape report ``runrelay_up 0``
+  and nothing else; the next scrape tries again.
 * **The loops** (`Worker(..., metrics=registry)`, `AsyncWorker`, `Relay`):
   counters and histograms of what one process did — runs claimed, outcomes
   written, handler time, heartbeats; events delivered, failed deliveries,
@@ -59,8 +60,11 @@ DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 # Every state an event can read as in the `ledger` view; each is exported
 # for every lane, zero when no event is in it, so a series never vanishes.
 LEDGER_STATES = ("pending", "leased", "delivered", "failed")
+# The wait kinds of SPEC (a waiting run's wait.kind); each is exported for
+# every queue, zero when no run waits that way.
+WAIT_KINDS = ("sleep", "event", "detached_runner")
 
-# The one statement of a scrape: both views as rows of one shape.
+# The one statement of a scrape: the three views as rows of one shape.
 STATS_QUERY = """
 SELECT 'run' AS source, queue AS name, status AS state, runs AS count,
        held_by_key AS held, oldest_runnable_age_seconds AS age, NULL::bigint AS blocked
@@ -68,14 +72,18 @@ FROM {schema}.run_stats
 UNION ALL
 SELECT 'ledger', lane, state, events, NULL, oldest_pending_age_seconds, blocked_heads
 FROM {schema}.ledger_stats
+UNION ALL
+SELECT 'wait', queue, kind, runs, NULL, NULL, NULL
+FROM {schema}.wait_stats
 """
 
 
 # -- the exporter -------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class StatsRow:
-    """One row of STATS_QUERY: a run_stats row (source 'run': queue, status)
-    or a ledger_stats row (source 'ledger': lane, state)."""
+    """One row of STATS_QUERY: a run_stats row (source 'run': queue, status),
+    a ledger_stats row (source 'ledger': lane, state) or a wait_stats row
+    (source 'wait': queue, wait kind)."""
 
     source: str
     name: str
@@ -101,8 +109,11 @@ def stats_families(rows: Iterable[StatsRow]) -> list[GaugeMetricFamily]:
     events: dict[tuple[str, str], int] = {}
     pending_age: dict[str, float] = {}
     blocked: dict[str, int] = {}
+    waiting: dict[tuple[str, str], int] = {}
     for row in rows:
-        if row.source == "run":
+        if row.source == "wait":
+            waiting[(row.name, row.state)] = row.count
+        elif row.source == "run":
             runs[(row.name, row.state)] = row.count
             held[row.name] = held.get(row.name, 0) + (row.held or 0)
             age = row.age if row.age is not None else 0.0
@@ -125,6 +136,9 @@ def stats_families(rows: Iterable[StatsRow]) -> list[GaugeMetricFamily]:
         by_name["runrelay_runs_oldest_runnable_age_seconds"].add_metric(
             [queue], runnable_age.get(queue, 0.0)
         )
+        for kind in WAIT_KINDS:
+            count = waiting.get((queue, kind), 0)
+            by_name["runrelay_runs_waiting"].add_metric([queue, kind], count)
     for lane in lanes:
         for state in LEDGER_STATES:
             count = events.get((lane, state), 0)
@@ -155,6 +169,11 @@ def _stats_family_shells() -> list[GaugeMetricFamily]:
             "Seconds the oldest runnable run of a queue has been due, 0 when none is "
             "(run_stats.oldest_runnable_age_seconds): growing means too few workers.",
             labels=["queue"],
+        ),
+        GaugeMetricFamily(
+            "runrelay_runs_waiting",
+            "Waiting runs by queue and wait kind: sleep, event, detached_runner (wait_stats.runs).",
+            labels=["queue", "kind"],
         ),
         GaugeMetricFamily(
             "runrelay_ledger_events",

@@ -77,7 +77,7 @@ from sqlapi import events, run_row, table_checksum
 REPO = Path(__file__).resolve().parents[2]
 FLAVORS = ("sync", "async")
 SOURCES = ("conninfo", "connection", "pool")
-VIEW_METHODS = ("run_stats", "ledger_stats")
+VIEW_METHODS = ("run_stats", "ledger_stats", "wait_stats")
 # A session-level clock two hours ahead (runrelay._now() honours it because
 # the test database sets settings.allow_clock_override).
 SHIFTED_CLOCK = "-c runrelay.clock_offset=7200s"
@@ -1240,6 +1240,7 @@ def round_trip_calls(now: datetime) -> dict[str, tuple[tuple[Any, ...], dict[str
         "purge_runs": ((now - timedelta(days=1),), {}),
         "run_stats": ((), {}),
         "ledger_stats": ((), {}),
+        "wait_stats": ((), {}),
     }
 
 

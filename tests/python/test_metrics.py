@@ -163,6 +163,36 @@ def test_run_gauges_follow_runs_as_they_are_claimed_and_completed(
     assert ended.get("runrelay_runs_held_by_key", queue="billing") == 0
 
 
+def test_waiting_runs_are_counted_by_queue_and_wait_kind(
+    client: Client, exporter: Exporter
+) -> None:
+    waits = {
+        "s": {"kind": "sleep", "until": (datetime.now(UTC) + timedelta(hours=1)).isoformat()},
+        "e1": {"kind": "event", "name": "approved"},
+        "e2": {"kind": "event", "name": "approved"},
+        "d": {"kind": "detached_runner", "runner": "gpu-7"},
+    }
+    for run_id in waits:
+        client.enqueue_run(run_id, queue="ops")
+    for attempt in client.claim_attempts("w1", ["ops"], max_runs=len(waits)):
+        outcome = client.suspend_attempt(**attempt.fence, wait=waits[attempt.run_id])
+        assert outcome == "waiting", (attempt.run_id, outcome)
+
+    waiting = scrape(exporter.port)
+    assert waiting.get("runrelay_runs", queue="ops", status="waiting") == 4
+    assert waiting.get("runrelay_runs_waiting", queue="ops", kind="sleep") == 1
+    assert waiting.get("runrelay_runs_waiting", queue="ops", kind="event") == 2
+    assert waiting.get("runrelay_runs_waiting", queue="ops", kind="detached_runner") == 1
+
+    # A signal wakes one event wait: it is queued again, no longer waiting.
+    assert client.signal_run("e1", "approved") == "resumed"
+    client.cancel_run("d")
+    woken = scrape(exporter.port)
+    assert woken.get("runrelay_runs_waiting", queue="ops", kind="event") == 1
+    assert woken.get("runrelay_runs_waiting", queue="ops", kind="detached_runner") == 0
+    assert woken.get("runrelay_runs_waiting", queue="ops", kind="sleep") == 1
+
+
 def test_ledger_gauges_follow_appends_claims_and_acks(
     db: psycopg.Connection, client: Client, exporter: Exporter
 ) -> None:

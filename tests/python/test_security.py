@@ -90,7 +90,7 @@ GRANTS: dict[str, frozenset[str]] = {
     ),
 }
 API = frozenset().union(*GRANTS.values())
-ADMIN_VIEWS = frozenset({"run_stats", "ledger_stats"})
+ADMIN_VIEWS = frozenset({"run_stats", "ledger_stats", "wait_stats"})
 
 # Functions allowed to be STABLE or IMMUTABLE. A STABLE function reuses its
 # caller's snapshot and would miss a cancel marker committed meanwhile
