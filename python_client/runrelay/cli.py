@@ -1,10 +1,13 @@
 """The `runrelay` command line: migrate, downgrade, status, worker, relay,
-maintain, exporter, demo.
+maintain, exporter, demo, and the operators' runs, ledger and queues
+commands (cli_ops.py).
 
 Options common to every command (--database-url, --schema, --log-level,
 --log-format) are accepted before or after the command name. Exit codes: 0
-success, 1 the command failed (a demo invariant broke, a migration error),
-2 bad usage, 3 the database could not be reached or has no runrelay schema.
+success, 1 the command failed or was refused (a demo invariant broke, a
+migration error, a retry of a run that did not fail), 2 bad usage, 3 the
+database could not be reached or has no runrelay schema, 4 no such run or
+event.
 """
 
 from __future__ import annotations
@@ -124,31 +127,6 @@ def cmd_downgrade(args: argparse.Namespace) -> int:
 
     migrations.downgrade(_require_url(args), args.revision, args.schema)
     print(f"runrelay: schema {args.schema!r} downgraded to {args.revision}")
-    return 0
-
-
-def cmd_status(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
-    from .client import Client
-
-    url = _require_url(args)
-    _probe(args, url)
-    with Client(url, schema=args.schema) as client:
-        runs, events = client.run_stats(), client.ledger_stats()
-    if args.json:
-        print(json.dumps({"run_stats": runs, "ledger_stats": events}, default=str, indent=2))
-        return 0
-    console = Console()
-    for title, rows in (("runs", runs), ("ledger", events)):
-        table = Table(title=title)
-        columns = list(rows[0]) if rows else ["(empty)"]
-        for column in columns:
-            table.add_column(column)
-        for row in rows:
-            table.add_row(*("" if v is None else str(v) for v in row.values()))
-        console.print(table)
     return 0
 
 
@@ -485,8 +463,26 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("downgrade", "downgrade the schema; 'base' removes it and its roles", cmd_downgrade)
     p.add_argument("revision", help="target revision, e.g. base or 0003")
 
-    p = command("status", "runs by queue and status, events by lane and state", cmd_status)
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    from . import cli_ops
+
+    p = command(
+        "status",
+        "runs by queue and status, events by lane and state, waits, paused queues",
+        cli_ops.cmd_status,
+    )
+    cli_ops.status_options(p)
+
+    def group(name: str, help: str) -> Any:
+        p = command(name, help, _no_action)
+        return p.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+    def leaf(actions: Any, name: str, help: str, func: Callable[[argparse.Namespace], int]) -> Any:
+        p = actions.add_parser(name, help=help, description=help, formatter_class=_Formatter)
+        _common_options(p, suppress=True)
+        p.set_defaults(func=func)
+        return p
+
+    cli_ops.add_commands(group, leaf)
 
     p = command("worker", "run a Worker loop with a handler", cmd_worker)
     p.add_argument("handler", help="module:function taking a runrelay.worker.Job")
@@ -574,6 +570,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _no_action(args: argparse.Namespace) -> int:
+    raise CommandError(f"name an action: runrelay {args.command} --help", EXIT_USAGE)
+
+
 def _unreachable(exc: BaseException) -> str | None:
     """The one-line reason when `exc` means the database is unreachable or not
     a runrelay install; None for any other error."""
@@ -596,22 +596,32 @@ def _unreachable(exc: BaseException) -> str | None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _logging.configure(args.log_level, args.log_format)
+    name = " ".join(filter(None, (args.command, getattr(args, "action", None))))
     try:
         return int(args.func(args))
     except CommandError as exc:
-        print(f"runrelay {args.command}: {exc}", file=sys.stderr)
+        print(f"runrelay {name}: {exc}", file=sys.stderr)
         return exc.code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`runrelay runs list | head`): stop quietly, as
+        # a command killed by SIGPIPE would, without a traceback at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except _StoppedBeforeStart:
         return 0
     except Exception as exc:
         reason = _unreachable(exc)
         if reason is None:
             raise
-        print(f"runrelay {args.command}: {reason}", file=sys.stderr)
+        print(f"runrelay {name}: {reason}", file=sys.stderr)
         return EXIT_UNREACHABLE
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m runrelay.cli` runs this file as __main__, a second copy of the
+    # module: run the imported one, whose CommandError cli_ops raises.
+    from runrelay.cli import main as _main
+
+    sys.exit(_main())

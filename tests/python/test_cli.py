@@ -14,7 +14,16 @@ import pytest
 from conftest import REPO
 from runrelay.cli import EXIT_UNREACHABLE, EXIT_USAGE, build_parser
 
-COMMANDS = ["migrate", "downgrade", "status", "worker", "relay", "maintain", "exporter", "demo"]
+COMMANDS = [
+    "migrate", "downgrade", "status", "worker", "relay", "maintain", "exporter", "demo",
+    "runs", "ledger", "queues",
+]  # fmt: skip
+# The actions of each command group.
+ACTIONS = {
+    "runs": ["list", "show", "enqueue", "cancel", "signal", "retry", "purge"],
+    "ledger": ["blocked", "show", "requeue"],
+    "queues": ["list", "pause", "resume"],
+}
 NOWHERE = "postgresql://runrelay@127.0.0.1:1/nothing?connect_timeout=2"
 
 
@@ -35,13 +44,19 @@ def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             return dict(action.choices)
-    raise AssertionError("no subcommands")
+    return {}
 
 
 def test_every_option_is_described_and_shows_its_default() -> None:
     parser = build_parser()
-    commands = _subparsers(parser)
-    assert sorted(commands) == sorted(COMMANDS)
+    groups = _subparsers(parser)
+    assert sorted(groups) == sorted(COMMANDS)
+    assert {g: sorted(_subparsers(groups[g])) for g in ACTIONS} == {
+        g: sorted(a) for g, a in ACTIONS.items()
+    }
+    commands = dict(groups)
+    for group, actions in ACTIONS.items():
+        commands.update({f"{group} {a}": p for a, p in _subparsers(groups[group]).items()})
     for name, sub in commands.items():
         text = sub.format_help()
         for action in sub._actions:
@@ -87,6 +102,7 @@ def test_version() -> None:
         ["relay", "--jsonl", "/tmp/never-written.jsonl"],
         ["maintain", "--once"],
         ["downgrade", "base"],
+        ["runs", "list"],
     ],
     ids=lambda a: a[0],
 )
@@ -95,10 +111,13 @@ def test_an_unreachable_database_is_one_line_and_exit_3(args: list[str]) -> None
     assert out.returncode == EXIT_UNREACHABLE, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1, out.stderr
-    assert lines[0].startswith(f"runrelay {args[0]}: cannot connect to the database")
+    command = " ".join(a for a in args[:2] if a in ("runs", "list") or a == args[0])
+    assert lines[0].startswith(f"runrelay {command}: cannot connect to the database")
 
 
-@pytest.mark.parametrize("args", [["status"], ["worker", "json:loads"], ["maintain", "--once"]])
+@pytest.mark.parametrize(
+    "args", [["status"], ["worker", "json:loads"], ["maintain", "--once"], ["runs", "show", "r"]]
+)
 def test_a_database_without_the_schema_is_one_line_and_exit_3(db_url: str, args: list[str]) -> None:
     out = _cli(*args, "--schema", "not_installed", DATABASE_URL=db_url)
     assert out.returncode == EXIT_UNREACHABLE, out.stderr

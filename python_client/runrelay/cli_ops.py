@@ -1,0 +1,810 @@
+"""The operators' commands of `runrelay`: find, inspect and act on runs,
+deliveries and queues without writing SQL.
+
+    runrelay runs list|show|enqueue|cancel|signal|retry|purge
+    runrelay ledger blocked|show|requeue
+    runrelay queues list|pause|resume
+    runrelay status --watch
+
+Each is one call of the SQL API (or a few pages of one), made by the login of
+--database-url: the admin functions need a role granted `<schema>_admin`,
+and `runs enqueue|cancel|signal` the producer functions (`<schema>_producer`).
+Tables for people; `--json` prints the same data as JSON for scripts (one
+document, or one line a refresh for `status --watch --json`).
+
+Exit codes, so a script can branch on them:
+
+* 0 — done, or the state asked for already holds (a queue already paused, a
+  cancel recorded while a worker still holds the run);
+* 1 — refused by the run's state (retry of a run that did not fail, cancel or
+  signal of an ended run, requeue of an event that is not blocked), or the
+  login lacks the role;
+* 2 — bad usage, or the database rejected an argument (SQLSTATE 22023);
+* 3 — the database could not be reached or has no runrelay schema;
+* 4 — no such run or event.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import enum
+import json
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from .cli import CommandError, _duration, _positive_int, _require_url
+
+EXIT_OK = 0
+EXIT_REFUSED = 1
+EXIT_USAGE = 2
+EXIT_NOT_FOUND = 4
+
+RUN_STATUSES = ("queued", "running", "waiting", "completed", "failed", "cancelled")
+LANES = ("lifecycle", "observability")
+
+# Command: (args) -> exit code. Registered by cli.build_parser through add_commands.
+Command = Callable[[argparse.Namespace], int]
+
+
+class Refused(Exception):
+    """An outcome that is not an error but that a script must see: printed,
+    then the command exits with `code`."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+# -- values on the command line ---------------------------------------------
+def when(text: str) -> datetime:
+    """A moment: an ISO 8601 timestamp (UTC when it names no offset), or a
+    duration ago ('15m', '2h', '7d': this host's clock minus it)."""
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        try:
+            return datetime.now(UTC) - _duration(text)
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(
+                f"not a timestamp or a duration: {text!r} (e.g. 2026-12-01T10:00:00Z, 2h, 7d)"
+            ) from None
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+
+
+def later(text: str) -> datetime:
+    """A moment ahead: an ISO 8601 timestamp, or a duration from now ('10m')."""
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        try:
+            return datetime.now(UTC) + _duration(text)
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(
+                f"not a timestamp or a duration: {text!r} (e.g. 2026-12-01T10:00:00Z, 10m)"
+            ) from None
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+
+
+def json_value(text: str) -> Any:
+    """A JSON document: inline, '@path' to read a file, or '-' for stdin."""
+    if text == "-":
+        source = sys.stdin.read()
+    elif text.startswith("@"):
+        try:
+            source = Path(text[1:]).read_text()
+        except OSError as exc:
+            raise argparse.ArgumentTypeError(f"cannot read {text[1:]!r}: {exc.strerror}") from None
+    else:
+        source = text
+    try:
+        return json.loads(source)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+
+
+def _page_size(text: str) -> int:
+    value = _positive_int(text)
+    if value > 1000:
+        raise argparse.ArgumentTypeError(f"at most 1000: {value}")
+    return value
+
+
+# -- output -----------------------------------------------------------------
+def plain(value: Any) -> Any:
+    """A result as JSON-ready data: dataclasses as objects, enums as their
+    value, timestamps in ISO 8601, uuids as text."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, Decimal):
+        return float(value)
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    return value
+
+
+def print_json(value: Any, *, lines: bool = False) -> None:
+    text = json.dumps(plain(value), default=str, indent=None if lines else 2)
+    print(text, flush=True)
+
+
+def cell(value: Any) -> str:
+    """One table cell: timestamps to the second in UTC, JSON compact, None empty."""
+    if value is None:
+        return ""
+    if isinstance(value, datetime):
+        return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+    if isinstance(value, enum.Enum):
+        return str(value.value)
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, dict | list):
+        return json.dumps(value, separators=(",", ":"), default=str)
+    if isinstance(value, float | Decimal):
+        return f"{value:.1f}"
+    return str(value)
+
+
+def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> Any:
+    from rich.table import Table
+
+    out = Table(title=title, title_justify="left", show_lines=False)
+    for column in columns:
+        out.add_column(column, overflow="fold")
+    for row in rows:
+        out.add_row(*(cell(v) for v in row))
+    return out
+
+
+def record(title: str, fields: Sequence[tuple[str, Any]]) -> Any:
+    """A table of one record: a name and a value per line."""
+    from rich.table import Table
+
+    out = Table(title=title, title_justify="left", show_header=False)
+    out.add_column("field", style="bold")
+    out.add_column("value", overflow="fold")
+    for name, value in fields:
+        out.add_row(name, cell(value))
+    return out
+
+
+def console() -> Any:
+    """A rich console. Piped (not a terminal) and without $COLUMNS, lines may
+    be as wide as a table needs, up to 240 characters, instead of rich's 80:
+    a script or a pager then gets one line a row."""
+    import os
+
+    from rich.console import Console
+
+    wide = not sys.stdout.isatty() and "COLUMNS" not in os.environ
+    return Console(soft_wrap=False, width=240 if wide else None)
+
+
+def show(*renderables: Any) -> None:
+    out = console()
+    for item in renderables:
+        out.print(item)
+
+
+def say(args: argparse.Namespace, data: dict[str, Any], text: str) -> None:
+    """An action's answer: `data` as JSON with --json, else one line."""
+    if args.json:
+        print_json(data)
+    else:
+        print(text, flush=True)
+
+
+# -- the connection -----------------------------------------------------------
+@contextmanager
+def client(args: argparse.Namespace) -> Iterator[Any]:
+    """A Client on one connection of --database-url. The database's typed
+    errors become the command's exit codes: bad input 2, a missing role 1."""
+    from .client import Client
+    from .errors import InvalidArgument, PermissionDenied, RunrelayError, SchemaMissing
+
+    url = _require_url(args)
+    try:
+        with Client(url, schema=args.schema) as c:
+            # First the install's version: a missing schema is then one line
+            # ("run runrelay migrate"), whatever the command reads after.
+            c.get_schema_version()
+            yield c
+    except InvalidArgument as exc:
+        raise CommandError(f"rejected: {exc}", EXIT_USAGE) from None
+    except PermissionDenied as exc:
+        raise CommandError(
+            f"{exc}: the login needs {args.schema}_admin (runs enqueue, cancel and signal: "
+            f"{args.schema}_producer)",
+            EXIT_REFUSED,
+        ) from None
+    except SchemaMissing:
+        raise
+    except RunrelayError as exc:
+        raise CommandError(str(exc), EXIT_REFUSED) from None
+
+
+# -- runs -----------------------------------------------------------------------
+RUN_COLUMNS = ("run_id", "queue", "status", "attempts", "created", "finished", "error")
+
+
+def _run_row(run: Any) -> list[Any]:
+    error = run.error.get("message", run.error) if isinstance(run.error, dict) else run.error
+    return [
+        run.run_id,
+        run.queue,
+        run.status,
+        f"{run.attempt_count}/{run.max_attempts}",
+        run.created_at,
+        run.finished_at,
+        error,
+    ]
+
+
+def cmd_runs_list(args: argparse.Namespace) -> int:
+    filters = {
+        "queue": args.queue,
+        "status": args.status,
+        "concurrency_key": args.key,
+        "created_after": args.created_after,
+        "created_before": args.created_before,
+        "finished_before": args.finished_before,
+    }
+    after = (args.after_created_at, args.after_run_id)
+    if (after[0] is None) != (after[1] is None):
+        raise _usage("pass --after-created-at and --after-run-id together (a page's last row)")
+    runs: list[Any] = []
+    with client(args) as c:
+        while True:
+            page = c.list_runs(
+                **filters, after_created_at=after[0], after_run_id=after[1], max_rows=args.limit
+            )
+            runs.extend(page)
+            if not args.all or len(page) < args.limit:
+                break
+            after = (page[-1].created_at, page[-1].run_id)
+    if args.json:
+        print_json(runs)
+    else:
+        show(table(None, RUN_COLUMNS, [_run_row(r) for r in runs]))
+        if not args.all and len(runs) == args.limit:
+            last = runs[-1]
+            print(
+                f"next page: --after-created-at '{last.created_at.isoformat()}' "
+                f"--after-run-id '{last.run_id}'",
+                file=sys.stderr,
+            )
+    return EXIT_OK
+
+
+def _usage(message: str) -> Exception:
+    return CommandError(message, EXIT_USAGE)
+
+
+def _not_found(what: str) -> Exception:
+    return CommandError(f"no such {what}", EXIT_NOT_FOUND)
+
+
+def _pages(
+    fetch: Callable[[Any], list[Any]], position: Callable[[Any], Any], limit: int
+) -> list[Any]:
+    """Rows of a paged read, page after page, up to `limit` rows."""
+    rows: list[Any] = []
+    after = None
+    while len(rows) < limit:
+        page = fetch(after)
+        rows.extend(page[: limit - len(rows)])
+        if not page:
+            break
+        after = position(page[-1])
+    return rows
+
+
+def cmd_runs_show(args: argparse.Namespace) -> int:
+    with client(args) as c:
+        run = c.get_run(args.run_id)
+        if run is None:
+            raise _not_found(f"run: {args.run_id!r}")
+        attempts = _pages(
+            lambda after: c.run_attempts(args.run_id, after_attempt=after or 0, max_rows=100),
+            lambda a: a.attempt,
+            args.limit,
+        )
+        events = _pages(
+            lambda after: c.run_ledger_events(args.run_id, after_seq=after or 0, max_rows=100),
+            lambda e: e.seq,
+            args.limit,
+        )
+    if args.json:
+        print_json({"run": run, "attempts": attempts, "events": events})
+        return EXIT_OK
+    fields = [(f.name, getattr(run, f.name)) for f in dataclasses.fields(run)]
+    show(
+        record(f"run {run.run_id}", fields),
+        table("attempts", ATTEMPT_COLUMNS, [_attempt_row(a) for a in attempts]),
+        table("ledger events", EVENT_COLUMNS, [_event_row(e) for e in events]),
+    )
+    return EXIT_OK
+
+
+ATTEMPT_COLUMNS = ("attempt", "worker", "status", "claimed", "finished", "outcome", "error")
+
+
+def _attempt_row(a: Any) -> list[Any]:
+    return [a.attempt, a.worker, a.status, a.claimed_at, a.finished_at, a.outcome, a.error]
+
+
+EVENT_COLUMNS = ("seq", "event_id", "lane", "type", "state", "tries", "created", "last_error")
+
+
+def _event_row(e: Any) -> list[Any]:
+    return [
+        e.seq,
+        e.event_id,
+        e.lane,
+        e.type,
+        e.state,
+        e.delivery_attempts,
+        e.created_at,
+        e.last_error,
+    ]
+
+
+def cmd_runs_enqueue(args: argparse.Namespace) -> int:
+    with client(args) as c:
+        result = c.enqueue_run(
+            args.run_id,
+            queue=args.queue,
+            payload=args.payload,
+            run_at=args.run_at,
+            priority=args.priority,
+            max_attempts=args.max_attempts,
+            payload_retention=args.payload_retention,
+            concurrency_key=args.key,
+        )
+    word = "enqueued" if result.created else "exists (same queue and payload)"
+    say(args, plain(result), f"{result.run_id}: {word}, {result.status}")
+    return EXIT_OK
+
+
+# An outcome's exit code: 0 unless listed.
+CANCEL_EXITS = {"already_terminal": EXIT_REFUSED, "not_found": EXIT_NOT_FOUND}
+SIGNAL_EXITS = {"terminal": EXIT_REFUSED, "not_found": EXIT_NOT_FOUND}
+RETRY_EXITS = {"not_retryable": EXIT_REFUSED, "not_found": EXIT_NOT_FOUND}
+
+
+def _outcome(args: argparse.Namespace, run_id: str, outcome: Any, exits: dict[str, int]) -> int:
+    text = str(outcome)
+    say(args, {"run_id": run_id, "outcome": text}, f"{run_id}: {text}")
+    return exits.get(text, EXIT_OK)
+
+
+def cmd_runs_cancel(args: argparse.Namespace) -> int:
+    with client(args) as c:
+        outcome = c.cancel_run(args.run_id, reason=args.reason)
+    return _outcome(args, args.run_id, outcome, CANCEL_EXITS)
+
+
+def cmd_runs_signal(args: argparse.Namespace) -> int:
+    with client(args) as c:
+        outcome = c.signal_run(args.run_id, args.name, payload=args.payload)
+    return _outcome(args, args.run_id, outcome, SIGNAL_EXITS)
+
+
+def cmd_runs_retry(args: argparse.Namespace) -> int:
+    with client(args) as c:
+        outcome = c.retry_run(
+            args.run_id,
+            max_attempts=args.max_attempts,
+            run_at=args.run_at,
+            reason=args.reason,
+            requested_by=args.requested_by,
+        )
+    return _outcome(args, args.run_id, outcome, RETRY_EXITS)
+
+
+def cmd_runs_purge(args: argparse.Namespace) -> int:
+    """purge_runs in batches until none is left (or --max-runs is reached)."""
+    deleted = 0
+    with client(args) as c:
+        while args.max_runs is None or deleted < args.max_runs:
+            batch = (
+                args.batch if args.max_runs is None else min(args.batch, args.max_runs - deleted)
+            )
+            done = c.purge_runs(
+                args.finished_before,
+                max_rows=batch,
+                include_undelivered=args.include_undelivered,
+            )
+            deleted += done
+            if done == 0:
+                break
+    cutoff = args.finished_before.isoformat()
+    say(
+        args,
+        {"deleted": deleted, "finished_before": cutoff},
+        f"deleted {deleted} runs that ended before {cutoff}",
+    )
+    return EXIT_OK
+
+
+# -- ledger ---------------------------------------------------------------------
+BLOCKED_COLUMNS = ("run_id", "lane", "event_id", "seq", "type", "tries", "failed", "last_error")
+
+
+def cmd_ledger_blocked(args: argparse.Namespace) -> int:
+    with client(args) as c:
+        heads = c.list_blocked_heads(lane=args.lane, run_id=args.run_id, max_rows=args.limit)
+    if args.json:
+        print_json(heads)
+        return EXIT_OK
+    rows = [
+        [
+            h.run_id,
+            h.lane,
+            h.event_id,
+            h.seq,
+            h.type,
+            h.delivery_attempts,
+            h.failed_at,
+            h.last_error,
+        ]
+        for h in heads
+    ]
+    show(table(None, BLOCKED_COLUMNS, rows))
+    return EXIT_OK
+
+
+def cmd_ledger_show(args: argparse.Namespace) -> int:
+    with client(args) as c:
+        if c.get_run(args.run_id) is None:
+            raise _not_found(f"run: {args.run_id!r}")
+        events = _pages(
+            lambda after: c.run_ledger_events(
+                args.run_id, lane=args.lane, after_seq=after or args.after_seq, max_rows=100
+            ),
+            lambda e: e.seq,
+            args.limit,
+        )
+    if args.json:
+        print_json(events)
+    else:
+        show(table(f"ledger of {args.run_id}", EVENT_COLUMNS, [_event_row(e) for e in events]))
+    return EXIT_OK
+
+
+def cmd_ledger_requeue(args: argparse.Namespace) -> int:
+    """One blocked event by id, or the blocked lanes of a run, or every
+    blocked lane (--all), optionally of one lane."""
+    chosen = [args.event_id is not None, args.run_id is not None, args.all]
+    if sum(chosen) != 1:
+        raise _usage("pass exactly one of EVENT_ID, --run-id RUN or --all")
+    if args.lane is not None and args.event_id is not None:
+        raise _usage("--lane goes with --run-id or --all, not with an event id")
+    with client(args) as c:
+        if args.event_id is not None:
+            requeued = bool(c.requeue_ledger_event(args.event_id))
+            text = "requeued" if requeued else "not blocked (or no such event): nothing requeued"
+            say(args, {"event_id": args.event_id, "requeued": requeued}, f"{args.event_id}: {text}")
+            return EXIT_OK if requeued else EXIT_REFUSED
+        lanes: list[Any] = []
+        while True:
+            batch = c.requeue_blocked_heads(run_id=args.run_id, lane=args.lane, max_lanes=100)
+            lanes.extend(batch)
+            if len(batch) < 100:
+                break
+    if args.json:
+        print_json(lanes)
+    else:
+        for lane in lanes:
+            print(f"{lane.run_id} {lane.lane}: {lane.requeued} events requeued")
+        print(f"{len(lanes)} lanes unblocked")
+    return EXIT_OK
+
+
+# -- queues ---------------------------------------------------------------------
+def queue_rows(c: Any) -> list[dict[str, Any]]:
+    """One row a queue: runs by status, the oldest runnable age, waits, and
+    whether (and why) it is paused. Queues with no run but a pause show too."""
+    queues: dict[str, dict[str, Any]] = {}
+
+    def row(name: str) -> dict[str, Any]:
+        return queues.setdefault(
+            name,
+            {
+                "queue": name,
+                **dict.fromkeys(RUN_STATUSES, 0),
+                "held_by_key": 0,
+                "oldest_runnable_age_seconds": None,
+                "paused": False,
+                "paused_reason": None,
+                "paused_by": None,
+                "paused_at": None,
+            },
+        )
+
+    for stat in c.run_stats():
+        q = row(stat["queue"])
+        q[stat["status"]] = stat["runs"]
+        q["held_by_key"] += stat["held_by_key"]
+        age = stat["oldest_runnable_age_seconds"]
+        if age is not None:
+            q["oldest_runnable_age_seconds"] = float(age)
+    for paused in c.list_paused_queues():
+        q = row(paused.queue)
+        q.update(
+            paused=True,
+            paused_reason=paused.reason,
+            paused_by=paused.paused_by,
+            paused_at=paused.paused_at,
+        )
+    return [queues[name] for name in sorted(queues)]
+
+
+QUEUE_COLUMNS = ("queue", *RUN_STATUSES, "oldest runnable (s)", "paused")
+
+
+def _queue_table(rows: list[dict[str, Any]]) -> Any:
+    def paused(q: dict[str, Any]) -> str:
+        if not q["paused"]:
+            return ""
+        return f"paused: {q['paused_reason']}" if q["paused_reason"] else "paused"
+
+    return table(
+        "queues",
+        QUEUE_COLUMNS,
+        [
+            [q["queue"], *(q[s] for s in RUN_STATUSES), q["oldest_runnable_age_seconds"], paused(q)]
+            for q in rows
+        ],
+    )
+
+
+def cmd_queues_list(args: argparse.Namespace) -> int:
+    with client(args) as c:
+        rows = queue_rows(c)
+    if args.json:
+        print_json(rows)
+    else:
+        show(_queue_table(rows))
+    return EXIT_OK
+
+
+def cmd_queues_pause(args: argparse.Namespace) -> int:
+    with client(args) as c:
+        outcome = c.pause_queue(args.queue, reason=args.reason, requested_by=args.requested_by)
+    say(args, {"queue": args.queue, "outcome": str(outcome)}, f"{args.queue}: {outcome}")
+    return EXIT_OK
+
+
+def cmd_queues_resume(args: argparse.Namespace) -> int:
+    with client(args) as c:
+        outcome = c.resume_queue(args.queue)
+    say(args, {"queue": args.queue, "outcome": str(outcome)}, f"{args.queue}: {outcome}")
+    return EXIT_OK
+
+
+# -- status -----------------------------------------------------------------------
+def status_data(c: Any) -> dict[str, Any]:
+    return {
+        "run_stats": c.run_stats(),
+        "ledger_stats": c.ledger_stats(),
+        "wait_stats": c.wait_stats(),
+        "paused_queues": c.list_paused_queues(),
+    }
+
+
+def status_tables(data: dict[str, Any]) -> list[Any]:
+    out = []
+    for title, key in (("runs", "run_stats"), ("ledger", "ledger_stats"), ("waits", "wait_stats")):
+        rows = data[key]
+        if not rows and key == "wait_stats":
+            continue
+        columns = list(rows[0]) if rows else ["(empty)"]
+        out.append(table(title, columns, [list(r.values()) for r in rows]))
+    paused = data["paused_queues"]
+    if paused:
+        fields = ("queue", "reason", "paused_by", "paused_at")
+        out.append(
+            table("paused queues", fields, [[getattr(p, f) for f in fields] for p in paused])
+        )
+    return out
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """The stats views once, or again every --interval with --watch (until
+    Ctrl-C or --count refreshes): a live table, or a JSON line a refresh."""
+    if not args.watch:
+        with client(args) as c:
+            data = status_data(c)
+        if args.json:
+            print_json(data)
+        else:
+            show(*status_tables(data))
+        return EXIT_OK
+    return _watch(args)
+
+
+def _watch(args: argparse.Namespace) -> int:
+    from rich.console import Group
+    from rich.live import Live
+
+    interval = args.interval.total_seconds()
+    refreshes = 0
+    try:
+        with client(args) as c:
+            if args.json:
+                while True:
+                    print_json({"at": datetime.now(UTC), **status_data(c)}, lines=True)
+                    refreshes += 1
+                    if args.count is not None and refreshes >= args.count:
+                        return EXIT_OK
+                    time.sleep(interval)
+            with Live(console=console(), auto_refresh=False) as live:
+                while True:
+                    stamp = datetime.now(UTC).strftime("%H:%M:%SZ")
+                    tables = status_tables(status_data(c))
+                    live.update(Group(f"runrelay status, every {interval:g}s — {stamp}", *tables))
+                    live.refresh()
+                    refreshes += 1
+                    if args.count is not None and refreshes >= args.count:
+                        return EXIT_OK
+                    time.sleep(interval)
+    except KeyboardInterrupt:  # Ctrl-C is how a watch ends
+        return EXIT_OK
+
+
+# -- the parsers --------------------------------------------------------------------
+def add_commands(
+    group: Callable[[str, str], Any], leaf: Callable[[Any, str, str, Command], Any]
+) -> None:
+    """Add the `runs`, `ledger` and `queues` command groups. `group(name,
+    help)` makes a command group's subparsers; `leaf(subparsers, name, help,
+    func)` one command of it (both from cli.build_parser, which adds the
+    common options)."""
+    runs = group("runs", "find, inspect, enqueue, cancel, signal, retry and purge runs")
+
+    p = leaf(runs, "list", "runs newest first, filtered, a page at a time", cmd_runs_list)
+    p.add_argument("--queue", help="only this queue")
+    p.add_argument("--status", choices=RUN_STATUSES, help="only runs in this status")
+    p.add_argument("--key", help="only runs of this concurrency key")
+    p.add_argument("--created-after", type=when, help="timestamp, or a duration ago (2h)")
+    p.add_argument("--created-before", type=when, help="timestamp, or a duration ago (2h)")
+    p.add_argument(
+        "--finished-before", type=when, help="only ended runs, ended before this (or 7d ago)"
+    )
+    p.add_argument("--limit", type=_page_size, default=50, help="rows a page (1-1000)")
+    p.add_argument("--after-created-at", type=when, help="next page: the last row's created")
+    p.add_argument("--after-run-id", help="next page: the last row's run_id")
+    p.add_argument("--all", action="store_true", help="every page, not just one")
+    _json(p)
+
+    p = leaf(runs, "show", "one run: its columns, attempts and ledger events", cmd_runs_show)
+    p.add_argument("run_id")
+    p.add_argument("--limit", type=_positive_int, default=100, help="attempts and events shown")
+    _json(p)
+
+    p = leaf(
+        runs, "enqueue", "create a run (or confirm the identical one exists)", cmd_runs_enqueue
+    )
+    p.add_argument("run_id")
+    p.add_argument("--queue", default="default", help="queue")
+    p.add_argument(
+        "--payload", type=json_value, default={}, help="JSON, @file or - (stdin) (default: {})"
+    )
+    p.add_argument("--run-at", type=later, help="not before: a timestamp or a delay (10m)")
+    p.add_argument("--priority", type=int, default=0, help="higher runs first")
+    p.add_argument("--max-attempts", type=int, default=3, help="attempts before it fails")
+    p.add_argument("--key", help="concurrency key: runs sharing it run one at a time, in order")
+    p.add_argument(
+        "--payload-retention",
+        choices=("keep", "drop_on_delivery"),
+        default="keep",
+        help="drop the payload once its terminal event is delivered",
+    )
+    _json(p)
+
+    p = leaf(
+        runs, "cancel", "cancel a run (its worker learns it at its next write)", cmd_runs_cancel
+    )
+    p.add_argument("run_id")
+    p.add_argument("--reason", help="recorded with the cancellation")
+    _json(p)
+
+    p = leaf(runs, "signal", "send a named event to a run (wakes it if it waits for it)",
+             cmd_runs_signal)  # fmt: skip
+    p.add_argument("run_id")
+    p.add_argument("name", help="the event's name, as the run's wait names it")
+    p.add_argument("--payload", type=json_value, default={}, help="JSON, @file or - (stdin)")
+    _json(p)
+
+    p = leaf(runs, "retry", "queue a failed or cancelled run again, with a fresh attempt budget",
+             cmd_runs_retry)  # fmt: skip
+    p.add_argument("run_id")
+    p.add_argument(
+        "--max-attempts", type=int, help="attempts of the new series (default: as before)"
+    )
+    p.add_argument("--run-at", type=later, help="not before: a timestamp or a delay (10m)")
+    p.add_argument("--reason", help="recorded in the run.retried event")
+    p.add_argument("--requested-by", help="who retried it, recorded in the event")
+    _json(p)
+
+    p = leaf(runs, "purge", "delete ended runs older than a cut-off, with all their rows",
+             cmd_runs_purge)  # fmt: skip
+    p.add_argument(
+        "--finished-before", type=when, required=True, help="timestamp, or a duration ago (30d)"
+    )
+    p.add_argument(
+        "--include-undelivered",
+        action="store_true",
+        help="also runs whose ledger events are not all delivered (their events are lost)",
+    )
+    p.add_argument("--batch", type=_page_size, default=1000, help="runs deleted a transaction")
+    p.add_argument("--max-runs", type=_positive_int, help="stop after this many (default: all)")
+    _json(p)
+
+    ledger = group("ledger", "blocked deliveries: list, inspect and requeue them")
+    p = leaf(ledger, "blocked", "lanes stopped behind a failed event, with its last error",
+             cmd_ledger_blocked)  # fmt: skip
+    p.add_argument("--lane", choices=LANES, help="only this lane")
+    p.add_argument("--run-id", help="only this run's lanes")
+    p.add_argument("--limit", type=_page_size, default=100, help="rows (1-1000)")
+    _json(p)
+
+    p = leaf(ledger, "show", "a run's ledger events with their delivery state", cmd_ledger_show)
+    p.add_argument("run_id")
+    p.add_argument("--lane", choices=LANES, help="only this lane")
+    p.add_argument("--after-seq", type=int, default=0, help="events after this seq")
+    p.add_argument("--limit", type=_positive_int, default=100, help="events shown")
+    _json(p)
+
+    p = leaf(ledger, "requeue", "deliver blocked events again: one, a run's lanes, or all",
+             cmd_ledger_requeue)  # fmt: skip
+    p.add_argument("event_id", nargs="?", type=int, help="one blocked event")
+    p.add_argument("--run-id", help="every blocked lane of this run")
+    p.add_argument("--all", action="store_true", help="every blocked lane")
+    p.add_argument("--lane", choices=LANES, help="with --run-id or --all: only this lane")
+    _json(p)
+
+    queues = group("queues", "queues: counts, pause and resume")
+    p = leaf(
+        queues, "list", "every queue: runs by status, oldest runnable, paused", cmd_queues_list
+    )
+    _json(p)
+    p = leaf(queues, "pause", "stop claims from taking the queue's runs", cmd_queues_pause)
+    p.add_argument("queue")
+    p.add_argument("--reason", help="shown by queues list")
+    p.add_argument("--requested-by", help="who paused it")
+    _json(p)
+    p = leaf(queues, "resume", "let claims take the queue's runs again", cmd_queues_resume)
+    p.add_argument("queue")
+    _json(p)
+
+
+def status_options(p: argparse.ArgumentParser) -> None:
+    _json(p)
+    p.add_argument("--watch", action="store_true", help="refresh until Ctrl-C")
+    p.add_argument(
+        "--interval", type=_duration, default="2s", help="with --watch: time between refreshes"
+    )
+    p.add_argument(
+        "--count", type=_positive_int, help="with --watch: stop after this many refreshes"
+    )
+
+
+def _json(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="machine-readable output")
