@@ -55,7 +55,7 @@ def test_every_option_is_described_and_shows_its_default() -> None:
         g: sorted(a) for g, a in ACTIONS.items()
     }
     commands = dict(groups)
-    for group, actions in ACTIONS.items():
+    for group in ACTIONS:
         commands.update({f"{group} {a}": p for a, p in _subparsers(groups[group]).items()})
     for name, sub in commands.items():
         text = sub.format_help()
