@@ -160,12 +160,21 @@ def cell(value: Any) -> str:
     return str(value)
 
 
+def brief(error: Any) -> Any:
+    """An error for a table cell: its message when it has one (--json and
+    `runs show`'s record give all of it)."""
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        return error["message"]
+    return error
+
+
 def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> Any:
     from rich.table import Table
 
     out = Table(title=title, title_justify="left", show_lines=False)
-    for column in columns:
-        out.add_column(column, overflow="fold")
+    for number, column in enumerate(columns, 1):
+        # Every column but the last keeps a value on one line; the last folds.
+        out.add_column(column, no_wrap=number < len(columns), overflow="fold")
     for row in rows:
         out.add_row(*(cell(v) for v in row))
     return out
@@ -199,6 +208,11 @@ def show(*renderables: Any) -> None:
     out = console()
     for item in renderables:
         out.print(item)
+
+
+def count(n: int, noun: str) -> str:
+    """'1 run', '3 runs'."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def say(args: argparse.Namespace, data: dict[str, Any], text: str) -> None:
@@ -243,7 +257,6 @@ RUN_COLUMNS = ("run_id", "queue", "status", "attempts", "created", "finished", "
 
 
 def _run_row(run: Any) -> list[Any]:
-    error = run.error.get("message", run.error) if isinstance(run.error, dict) else run.error
     return [
         run.run_id,
         run.queue,
@@ -251,7 +264,7 @@ def _run_row(run: Any) -> list[Any]:
         f"{run.attempt_count}/{run.max_attempts}",
         run.created_at,
         run.finished_at,
-        error,
+        brief(run.error),
     ]
 
 
@@ -345,7 +358,7 @@ ATTEMPT_COLUMNS = ("attempt", "worker", "status", "claimed", "finished", "outcom
 
 
 def _attempt_row(a: Any) -> list[Any]:
-    return [a.attempt, a.worker, a.status, a.claimed_at, a.finished_at, a.outcome, a.error]
+    return [a.attempt, a.worker, a.status, a.claimed_at, a.finished_at, a.outcome, brief(a.error)]
 
 
 EVENT_COLUMNS = ("seq", "event_id", "lane", "type", "state", "tries", "created", "last_error")
@@ -360,7 +373,7 @@ def _event_row(e: Any) -> list[Any]:
         e.state,
         e.delivery_attempts,
         e.created_at,
-        e.last_error,
+        brief(e.last_error),
     ]
 
 
@@ -437,7 +450,7 @@ def cmd_runs_purge(args: argparse.Namespace) -> int:
     say(
         args,
         {"deleted": deleted, "finished_before": cutoff},
-        f"deleted {deleted} runs that ended before {cutoff}",
+        f"deleted {count(deleted, 'run')} that ended before {cutoff}",
     )
     return EXIT_OK
 
@@ -461,7 +474,7 @@ def cmd_ledger_blocked(args: argparse.Namespace) -> int:
             h.type,
             h.delivery_attempts,
             h.failed_at,
-            h.last_error,
+            brief(h.last_error),
         ]
         for h in heads
     ]
@@ -511,8 +524,8 @@ def cmd_ledger_requeue(args: argparse.Namespace) -> int:
         print_json(lanes)
     else:
         for lane in lanes:
-            print(f"{lane.run_id} {lane.lane}: {lane.requeued} events requeued")
-        print(f"{len(lanes)} lanes unblocked")
+            print(f"{lane.run_id} {lane.lane}: {count(lane.requeued, 'event')} requeued")
+        print(f"{count(len(lanes), 'lane')} unblocked")
     return EXIT_OK
 
 

@@ -293,7 +293,7 @@ def test_ledger_blocked_lists_failed_heads_and_requeue_unblocks_them(
     lanes = as_json(cli, "ledger", "requeue", "--run-id", "hook-2")
     assert [(x["run_id"], x["lane"], x["requeued"]) for x in lanes] == [("hook-2", "lifecycle", 1)]
     code, out, _ = cli("ledger", "requeue", "--all")
-    assert code == 0 and "hook-3 lifecycle: 1 events requeued" in out and "1 lanes unblocked" in out
+    assert code == 0 and "hook-3 lifecycle: 1 event requeued" in out and "1 lane unblocked" in out
     assert as_json(cli, "ledger", "blocked") == []
     states = db.execute("SELECT DISTINCT state FROM runrelay.ledger").fetchall()
     assert states == [("pending",)]
