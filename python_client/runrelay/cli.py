@@ -548,7 +548,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command(
         "exporter",
-        "serve Prometheus metrics read from the run_stats and ledger_stats views "
+        "serve Prometheus metrics read from the run_stats, ledger_stats and wait_stats views "
         "(needs the runrelay[metrics] extra)",
         cmd_exporter,
     )

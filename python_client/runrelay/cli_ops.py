@@ -695,13 +695,25 @@ def add_commands(
     p.add_argument("--queue", help="only this queue")
     p.add_argument("--status", choices=RUN_STATUSES, help="only runs in this status")
     p.add_argument("--key", help="only runs of this concurrency key")
-    p.add_argument("--created-after", type=when, help="timestamp, or a duration ago (2h)")
-    p.add_argument("--created-before", type=when, help="timestamp, or a duration ago (2h)")
     p.add_argument(
-        "--finished-before", type=when, help="only ended runs, ended before this (or 7d ago)"
+        "--created-after", type=when, metavar="WHEN", help="timestamp, or a duration ago (2h)"
+    )
+    p.add_argument(
+        "--created-before", type=when, metavar="WHEN", help="timestamp, or a duration ago (2h)"
+    )
+    p.add_argument(
+        "--finished-before",
+        type=when,
+        metavar="WHEN",
+        help="only ended runs, ended before this (or 7d ago)",
     )
     p.add_argument("--limit", type=_page_size, default=50, help="rows a page (1-1000)")
-    p.add_argument("--after-created-at", type=when, help="next page: the last row's created")
+    p.add_argument(
+        "--after-created-at",
+        type=when,
+        metavar="TIMESTAMP",
+        help="next page: the last row's created",
+    )
     p.add_argument("--after-run-id", help="next page: the last row's run_id")
     p.add_argument("--all", action="store_true", help="every page, not just one")
     _json(p)
@@ -719,7 +731,9 @@ def add_commands(
     p.add_argument(
         "--payload", type=json_value, default={}, help="JSON, @file or - (stdin) (default: {})"
     )
-    p.add_argument("--run-at", type=later, help="not before: a timestamp or a delay (10m)")
+    p.add_argument(
+        "--run-at", type=later, metavar="WHEN", help="not before: a timestamp or a delay (10m)"
+    )
     p.add_argument("--priority", type=int, default=0, help="higher runs first")
     p.add_argument("--max-attempts", type=int, default=3, help="attempts before it fails")
     p.add_argument("--key", help="concurrency key: runs sharing it run one at a time, in order")
@@ -751,7 +765,9 @@ def add_commands(
     p.add_argument(
         "--max-attempts", type=int, help="attempts of the new series (default: as before)"
     )
-    p.add_argument("--run-at", type=later, help="not before: a timestamp or a delay (10m)")
+    p.add_argument(
+        "--run-at", type=later, metavar="WHEN", help="not before: a timestamp or a delay (10m)"
+    )
     p.add_argument("--reason", help="recorded in the run.retried event")
     p.add_argument("--requested-by", help="who retried it, recorded in the event")
     _json(p)
@@ -759,7 +775,11 @@ def add_commands(
     p = leaf(runs, "purge", "delete ended runs older than a cut-off, with all their rows",
              cmd_runs_purge)  # fmt: skip
     p.add_argument(
-        "--finished-before", type=when, required=True, help="timestamp, or a duration ago (30d)"
+        "--finished-before",
+        type=when,
+        metavar="WHEN",
+        required=True,
+        help="timestamp, or a duration ago (30d)",
     )
     p.add_argument(
         "--include-undelivered",
