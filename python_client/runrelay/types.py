@@ -355,6 +355,7 @@ class RunDetail:
     created_at: datetime
     updated_at: datetime
     finished_at: datetime | None
+    trace_context: JSON
     cancel_requested: bool
     cancel_reason: str | None
 
