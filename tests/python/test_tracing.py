@@ -165,9 +165,9 @@ def test_one_trace_from_enqueue_through_retries_to_the_consumers_receipt(
                 raise ValueError("smtp down")
         return {"sent": True}
 
-    Worker(client, handler, queues=["mail"], poll_interval=0.05, fused=fused).run(until_idle=1.0)
+    Worker(client, handler, queues=["mail"], poll_interval=0.05, fused=fused).run(until_idle=2.0)
     with WebhookSink(consumer.url) as sink:
-        Relay(client, sink, lanes=["lifecycle"], max_sleep=0.05).run(until_idle=0.5)
+        Relay(client, sink, lanes=["lifecycle"], max_sleep=0.05).run(until_idle=1.0)
 
     spans = exporter.get_finished_spans()
     assert {trace_id(s) for s in spans} == {request.get_span_context().trace_id}
@@ -230,7 +230,7 @@ def test_a_delivery_span_says_what_it_delivered(
     client.enqueue_run("t2", queue="q")
     client.append_events("t2", [{"type": "note.a"}, {"type": "note.b", "delivery_key": "k-b"}])
     with WebhookSink(consumer.url) as sink:
-        Relay(client, sink, lanes=["lifecycle"], batch_size=10, name="relay-t").run(until_idle=0.3)
+        Relay(client, sink, lanes=["lifecycle"], batch_size=10, name="relay-t").run(until_idle=1.0)
     (deliver,) = named(exporter.get_finished_spans(), "runrelay deliver")
     attributes = dict(deliver.attributes or {})
     assert deliver.name == "runrelay deliver lifecycle"
@@ -261,7 +261,7 @@ def test_a_failed_delivery_is_an_error_span_and_the_retry_stays_in_the_trace(
             raise RuntimeError("consumer down")
 
     relay = Relay(client, flaky, lanes=["lifecycle"], max_sleep=0.05)
-    relay.run(until_idle=0.3)
+    relay.run(until_idle=2.0)
     spans = exporter.get_finished_spans()
     (enqueue,) = named(spans, "runrelay enqueue")
     failed, ok = named(spans, "runrelay deliver")
@@ -281,7 +281,7 @@ def test_the_json_lines_sink_writes_the_delivery_context_on_each_line(
     client.enqueue_run("t4")
     client.append_events("t4", [{"type": "note"}])
     out = tmp_path / "events.jsonl"
-    Relay(client, JsonLinesSink(out), lanes=["lifecycle"], batch_size=10).run(until_idle=0.3)
+    Relay(client, JsonLinesSink(out), lanes=["lifecycle"], batch_size=10).run(until_idle=1.0)
     (deliver,) = named(exporter.get_finished_spans(), "runrelay deliver")
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert [line["type"] for line in lines] == ["run.queued", "note"]
