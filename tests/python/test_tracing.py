@@ -13,7 +13,9 @@ import json
 import subprocess
 import sys
 import threading
+import uuid
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -26,11 +28,19 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from runrelay import AsyncClient, Client, EnqueueItem, InvalidArgument, LedgerKind, _core
+from runrelay import (
+    AsyncClient,
+    ClaimedAttempt,
+    Client,
+    EnqueueItem,
+    InvalidArgument,
+    LedgerKind,
+    _core,
+)
 from runrelay.relay import Relay
 from runrelay.sinks import JsonLinesSink, WebhookSink, trace_headers
-from runrelay.tracing import current_trace_context
-from runrelay.worker import AsyncWorker, Job, Worker
+from runrelay.tracing import Tracing, current_trace_context
+from runrelay.worker import AsyncWorker, Job, Worker, left, log_finished
 from test_client import frontend_round_trips, traced
 
 W3C = TraceContextTextMapPropagator()
@@ -319,6 +329,22 @@ def test_the_async_worker_runs_each_attempt_in_a_span_of_the_runs_trace(
         assert (runs[run_id].attributes or {})["runrelay.outcome"] == "completed"
         assert parent_id(works[run_id]) == span_id(runs[run_id])
     assert trace_id(enqueues["a1"]) != trace_id(enqueues["a2"]), "two enqueues, two traces"
+
+
+def test_an_attempt_whose_outcome_no_write_answered_ends_as_an_error(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    """A job leaving the worker without an answered write (the write failed
+    for good) ends its span once, as an error without an outcome; the span
+    of a run handed back at shutdown may be ended by either side first."""
+    attempt = ClaimedAttempt("x1", 1, uuid.uuid4(), "q", {}, None, datetime.now(UTC))
+    job = Job(attempt)
+    job.span = Tracing(provider).run(attempt, "w1")
+    left([job])
+    log_finished(job, "completed")  # too late: the span has ended
+    (span,) = exporter.get_finished_spans()
+    assert span.status.status_code is StatusCode.ERROR
+    assert "runrelay.outcome" not in (span.attributes or {})
 
 
 # -- bulk enqueue ----------------------------------------------------------------------
