@@ -46,6 +46,8 @@ BEGIN
             ('claim_detached_terminal', 'worker'),
             ('read_runner_terminal', 'worker'),
             ('reap_expired', 'worker'),
+            ('run_trace_context', 'worker'),
+            ('run_trace_context', 'relay'),
             ('claim_ledger', 'relay'),
             ('ack_ledger', 'relay'),
             ('renew_ledger_lease', 'relay'),

@@ -11,7 +11,8 @@
 --   * a run_id repeated in the array: its first item decides; a later item
 --     is its replay (created = false), or 22023 if its queue or payload
 --     differs from the first's;
---   * every other item creates its run, emitting run.queued at seq 1.
+--   * every other item creates its run, emitting run.queued at seq 1, with
+--     its trace context (already checked; null for none).
 -- Concurrency keys: the new runs of a key take increasing key positions in
 -- array order; the first one is the key's head (not key_held) when the key
 -- has no live run, every later one is held.
@@ -34,6 +35,7 @@ CREATE FUNCTION _enqueue(
     p_max_attempts integer[],
     p_payload_retentions text[],
     p_keys text[],
+    p_trace_contexts jsonb[],
     p_batch boolean
 )
 RETURNS SETOF enqueue_runs_result
@@ -116,7 +118,8 @@ BEGIN
         WITH created AS (
             INSERT INTO runs AS r (
                 run_id, queue, status, priority, concurrency_key, key_position, key_held,
-                payload, run_at, max_attempts, payload_retention, created_at, updated_at, ledger_seq
+                payload, run_at, max_attempts, payload_retention, created_at, updated_at, ledger_seq,
+                trace_context
             )
             SELECT
                 p_run_ids[n.i], p_queues[n.i], 'queued', p_priorities[n.i], p_keys[n.i], n.key_position,
@@ -130,7 +133,7 @@ BEGIN
                     )
                 ),
                 p_payloads[n.i], p_run_ats[n.i], p_max_attempts[n.i], p_payload_retentions[n.i],
-                v_now, v_now, 1
+                v_now, v_now, 1, p_trace_contexts[n.i]
             FROM (
                 -- Key positions in array order (a volatile output column is
                 -- computed after the ORDER BY, and keeps this query apart).
@@ -198,5 +201,7 @@ BEGIN
 END;
 $$;
 
-COMMENT ON FUNCTION _enqueue(text[], text[], jsonb[], timestamptz[], integer[], integer[], text[], text[], boolean) IS
+COMMENT ON FUNCTION _enqueue(
+    text[], text[], jsonb[], timestamptz[], integer[], integer[], text[], text[], jsonb[], boolean
+) IS
 'Enqueues validated runs set-based, each decided as enqueue_run decides it, in array order.';

@@ -315,8 +315,9 @@ COMMENT ON FUNCTION _enqueue_valid(text, text, jsonb, timestamptz, integer, inte
 
 -- Whether an item of enqueue_runs has the shape of enqueue_run's arguments:
 -- an object of known keys, each a JSON value of its parameter's type (or
--- null), integers of at most 9 digits. Which key is wrong enqueue_runs
--- works out only when this is false. IMMUTABLE SQL, inlined.
+-- null), integers of at most 9 digits; the optional trace_context an object
+-- or null (its contents are _trace_context_valid's). Which key is wrong
+-- enqueue_runs works out only when this is false. IMMUTABLE SQL, inlined.
 CREATE FUNCTION _enqueue_item_well_formed(p_item jsonb)
 RETURNS boolean
 LANGUAGE sql
@@ -324,7 +325,8 @@ IMMUTABLE
 RETURN (
     jsonb_typeof(p_item) IS DISTINCT FROM 'object'
     OR (p_item - ARRAY[
-        'run_id', 'queue', 'payload', 'run_at', 'priority', 'max_attempts', 'payload_retention', 'concurrency_key'
+        'run_id', 'queue', 'payload', 'run_at', 'priority', 'max_attempts', 'payload_retention', 'concurrency_key',
+        'trace_context'
     ]) <> '{}'::jsonb
     OR jsonb_typeof(p_item -> 'run_id') NOT IN ('string', 'null')
     OR jsonb_typeof(p_item -> 'queue') NOT IN ('string', 'null')
@@ -341,10 +343,11 @@ RETURN (
         AND (p_item ->> 'max_attempts') !~ '^-?[0-9]{1,9}$'
     )
     OR jsonb_typeof(p_item -> 'max_attempts') NOT IN ('number', 'null')
+    OR jsonb_typeof(p_item -> 'trace_context') NOT IN ('object', 'null')
 ) IS NOT TRUE;
 
 COMMENT ON FUNCTION _enqueue_item_well_formed(jsonb) IS
-'Whether an enqueue_runs item is an object of enqueue_run''s parameters, each of its JSON type (inlined).';
+'Whether an enqueue_runs item is an object of enqueue_run''s parameters (and trace_context), each of its JSON type (inlined).';
 
 -- The arguments of one enqueue (enqueue_run's, or one item of enqueue_runs),
 -- each checked by the helpers above. p_prefix goes before every parameter

@@ -1,7 +1,8 @@
 -- get_run(): one run as an operator needs to see it: every column of the
 -- run (series_start: the attempts after it are the current attempt series,
--- see retry_run), and whether a cancellation is pending (a cancel marker no
--- writer has applied yet, with its reason).
+-- see retry_run; trace_context: the W3C trace context it was enqueued
+-- with, see run_trace_context), and whether a cancellation is pending (a
+-- cancel marker no writer has applied yet, with its reason).
 --
 -- No row when the run does not exist. Reads only: one primary-key probe of
 -- runs and one of cancellations, no lock, no write.
@@ -26,6 +27,7 @@ CREATE TYPE run_detail AS (
     created_at timestamptz,
     updated_at timestamptz,
     finished_at timestamptz,
+    trace_context jsonb,
     cancel_requested boolean,
     cancel_reason text
 );
@@ -44,7 +46,7 @@ BEGIN
     SELECT
         r.run_id, r.queue, r.status, r.priority, r.concurrency_key, r.key_held, r.payload,
         r.payload_retention, r.run_at, r.max_attempts, r.attempt_count, r.series_start, r.wait, r.wake_at, r.resume,
-        r.result, r.error, r.created_at, r.updated_at, r.finished_at,
+        r.result, r.error, r.created_at, r.updated_at, r.finished_at, r.trace_context,
         c.run_id IS NOT NULL, c.reason
     FROM runs AS r
     LEFT JOIN cancellations AS c ON r.run_id = c.run_id

@@ -5,6 +5,11 @@
 -- raises 22023. Concurrent enqueues of one run_id resolve through the primary
 -- key (ON CONFLICT waits for the other transaction), so exactly one creates.
 --
+-- Trace context: a new run keeps the transaction-local setting
+-- runrelay.trace_context, when set, as its trace context
+-- (_internal/trace_context.sql; a malformed one raises 22023). A repeat
+-- answers the existing run and keeps the context it was created with.
+--
 -- Locks: for a run with a concurrency key, the key's advisory lock (custody
 -- step 1) before deciding whether the run is the key's head; no run row lock
 -- is needed for a row no one else can see yet. Emits run.queued. Called inside
@@ -38,10 +43,15 @@ DECLARE
     v_existing runs;
     v_held boolean := FALSE;
     v_inserted text;
+    v_trace_context jsonb;
 BEGIN
     PERFORM _require_read_committed();
     PERFORM _check_enqueue('', enqueue_run.run_id, enqueue_run.queue, enqueue_run.payload, enqueue_run.run_at,
         enqueue_run.priority, enqueue_run.max_attempts, enqueue_run.payload_retention, enqueue_run.concurrency_key);
+    -- One current_setting() when the producer traces nothing.
+    IF current_setting('runrelay.trace_context', TRUE) <> '' THEN
+        v_trace_context := _setting_trace_context();
+    END IF;
 
     v_now := _now();
     v_run_at := coalesce(enqueue_run.run_at, v_now);
@@ -60,14 +70,14 @@ BEGIN
         END IF;
         INSERT INTO runs AS r (
             run_id, queue, status, priority, concurrency_key, key_position, key_held,
-            payload, run_at, max_attempts, payload_retention, created_at, updated_at, ledger_seq
+            payload, run_at, max_attempts, payload_retention, created_at, updated_at, ledger_seq, trace_context
         )
         VALUES (
             enqueue_run.run_id, enqueue_run.queue, 'queued', enqueue_run.priority,
             enqueue_run.concurrency_key,
             CASE WHEN enqueue_run.concurrency_key IS NOT NULL THEN nextval('runs_key_position_seq') END,
             v_held, enqueue_run.payload, v_run_at, enqueue_run.max_attempts,
-            enqueue_run.payload_retention, v_now, v_now, 1
+            enqueue_run.payload_retention, v_now, v_now, 1, v_trace_context
         )
         ON CONFLICT ON CONSTRAINT runs_pkey DO NOTHING
         RETURNING r.run_id INTO v_inserted;

@@ -8,6 +8,12 @@
 -- is no key, anything else null is invalid). One result row per item, in
 -- item order: (run_id, status, created), as enqueue_run answers.
 --
+-- Trace context: an item may also carry trace_context, the W3C trace
+-- context its new run keeps (_internal/trace_context.sql; JSON null: none);
+-- an item without the key gets the transaction-local setting
+-- runrelay.trace_context, as enqueue_run does. A malformed one raises 22023
+-- naming items[i].trace_context (or the setting).
+--
 -- Each item is decided as enqueue_run decides it and the items as
 -- sequential enqueue_run calls in item order would be (_enqueue): idempotent
 -- on run_id; a run_id repeated in the array is a repeat of its first item
@@ -33,7 +39,8 @@ AS $$
 DECLARE
     v_caller_lock_timeout text := _bound_lock_wait();
     v_hint constant text := 'Pass an array of 1 to 10000 objects with enqueue_run''s parameters as keys: '
-        'run_id, queue, payload, run_at, priority, max_attempts, payload_retention, concurrency_key.';
+        'run_id, queue, payload, run_at, priority, max_attempts, payload_retention, concurrency_key '
+        '(and trace_context, a W3C trace context object).';
     v_parameters constant text[] := ARRAY[
         'run_id', 'queue', 'payload', 'run_at', 'priority', 'max_attempts', 'payload_retention', 'concurrency_key'
     ];
@@ -51,6 +58,8 @@ DECLARE
     v_max_attempts integer;
     v_retention text;
     v_key text;
+    v_trace_context jsonb;
+    v_default_trace_context jsonb;
     v_run_ids text[] := '{}'::text[];
     v_queues text[] := '{}'::text[];
     v_payloads jsonb[] := '{}'::jsonb[];
@@ -59,6 +68,7 @@ DECLARE
     v_max_attempts_all integer[] := '{}'::integer[];
     v_retentions text[] := '{}'::text[];
     v_keys text[] := '{}'::text[];
+    v_trace_contexts jsonb[] := '{}'::jsonb[];
     v_now timestamptz;
     v_valid boolean;
     v_max_payload_bytes integer := (SELECT s.max_payload_bytes FROM settings AS s);
@@ -73,6 +83,10 @@ BEGIN
         PERFORM _invalid('items', format('must have 1 to 10000 items (got %s)', v_count), v_hint);
     END IF;
     v_now := _now();
+    -- One current_setting() when the producer traces nothing.
+    IF current_setting('runrelay.trace_context', TRUE) <> '' THEN
+        v_default_trace_context := _setting_trace_context();
+    END IF;
 
     -- The common case in one statement: every item well-formed and valid,
     -- its parameters read with enqueue_run's defaults. If any is not (or a
@@ -86,6 +100,7 @@ BEGIN
                     i.run_id, i.queue, i.payload, i.run_at, i.priority, i.max_attempts, i.retention, i.concurrency_key,
                     v_max_payload_bytes
                 )
+                AND _trace_context_valid(i.trace_context)
             ),
             array_agg(i.run_id ORDER BY i.n),
             array_agg(i.queue ORDER BY i.n),
@@ -94,8 +109,11 @@ BEGIN
             array_agg(i.priority ORDER BY i.n),
             array_agg(i.max_attempts ORDER BY i.n),
             array_agg(i.retention ORDER BY i.n),
-            array_agg(i.concurrency_key ORDER BY i.n)
-        INTO v_valid, v_run_ids, v_queues, v_payloads, v_run_ats, v_priorities, v_max_attempts_all, v_retentions, v_keys
+            array_agg(i.concurrency_key ORDER BY i.n),
+            array_agg(i.trace_context ORDER BY i.n)
+        INTO
+            v_valid, v_run_ids, v_queues, v_payloads, v_run_ats, v_priorities, v_max_attempts_all, v_retentions, v_keys,
+            v_trace_contexts
         FROM (
             SELECT
                 e.n,
@@ -110,7 +128,11 @@ BEGIN
                 CASE WHEN e.value ? 'priority' THEN (e.value ->> 'priority')::integer ELSE 0 END AS priority,
                 CASE WHEN e.value ? 'max_attempts' THEN (e.value ->> 'max_attempts')::integer ELSE 3 END AS max_attempts,
                 CASE WHEN e.value ? 'payload_retention' THEN e.value ->> 'payload_retention' ELSE 'keep' END AS retention,
-                e.value ->> 'concurrency_key' AS concurrency_key
+                e.value ->> 'concurrency_key' AS concurrency_key,
+                CASE
+                    WHEN e.value ? 'trace_context' THEN nullif(e.value -> 'trace_context', 'null')
+                    ELSE v_default_trace_context
+                END AS trace_context
             FROM jsonb_array_elements(enqueue_runs.items) WITH ORDINALITY AS e (value, n)
         ) AS i;
     EXCEPTION
@@ -127,6 +149,7 @@ BEGIN
         v_max_attempts_all := '{}'::integer[];
         v_retentions := '{}'::text[];
         v_keys := '{}'::text[];
+        v_trace_contexts := '{}'::jsonb[];
         BEGIN
             FOR v_item, v_index IN
                 SELECT e.value, e.n - 1
@@ -137,7 +160,8 @@ BEGIN
                     IF jsonb_typeof(v_item) IS DISTINCT FROM 'object' THEN
                         PERFORM _invalid(v_at, format('must be a JSON object (got %s)', jsonb_typeof(v_item)), v_hint);
                     END IF;
-                    SELECT min(k.name) INTO v_name FROM jsonb_object_keys(v_item - v_parameters) AS k (name);
+                    SELECT min(k.name) INTO v_name
+                    FROM jsonb_object_keys(v_item - v_parameters - 'trace_context') AS k (name);
                     IF v_name IS NOT NULL THEN
                         PERFORM _invalid(v_at || '.' || v_name, 'is not a parameter of enqueue_run', v_hint);
                     END IF;
@@ -157,8 +181,14 @@ BEGIN
                             format('must be an integer of at most 9 digits (got %s)', v_item ->> v_name),
                             'Pass an integer.');
                     END IF;
+                    IF jsonb_typeof(v_item -> 'trace_context') NOT IN ('object', 'null') THEN
+                        PERFORM _invalid(v_at || '.trace_context',
+                            format('must be a JSON object (got %s)', jsonb_typeof(v_item -> 'trace_context')),
+                            'Pass a W3C trace context object, or null.');
+                    END IF;
+                    -- What is left: a parameter whose type is a string.
                     SELECT min(p.name) INTO v_name
-                    FROM unnest(v_parameters) AS p (name)
+                    FROM unnest(ARRAY['run_id', 'queue', 'run_at', 'payload_retention', 'concurrency_key']) AS p (name)
                     WHERE jsonb_typeof(v_item -> p.name) NOT IN ('string', 'null');
                     PERFORM _invalid(v_at || '.' || v_name,
                         format('must be a JSON string (got %s)', jsonb_typeof(v_item -> v_name)), v_hint);
@@ -177,6 +207,11 @@ BEGIN
                 v_key := v_item ->> 'concurrency_key';
                 PERFORM _check_enqueue(v_at || '.', v_run_id, v_queue, v_payload, v_run_at, v_priority,
                     v_max_attempts, v_retention, v_key);
+                v_trace_context := CASE
+                    WHEN v_item ? 'trace_context' THEN nullif(v_item -> 'trace_context', 'null')
+                    ELSE v_default_trace_context
+                END;
+                PERFORM _check_trace_context(v_at || '.trace_context', v_trace_context);
 
                 v_run_ids := v_run_ids || v_run_id;
                 v_queues := v_queues || v_queue;
@@ -186,6 +221,7 @@ BEGIN
                 v_max_attempts_all := v_max_attempts_all || v_max_attempts;
                 v_retentions := v_retentions || v_retention;
                 v_keys := v_keys || v_key;
+                v_trace_contexts := v_trace_contexts || v_trace_context;
             END LOOP;
         EXCEPTION
             WHEN data_exception THEN
@@ -200,7 +236,8 @@ BEGIN
 
     RETURN QUERY
     SELECT * FROM _enqueue(
-        v_run_ids, v_queues, v_payloads, v_run_ats, v_priorities, v_max_attempts_all, v_retentions, v_keys, TRUE
+        v_run_ids, v_queues, v_payloads, v_run_ats, v_priorities, v_max_attempts_all, v_retentions, v_keys,
+        v_trace_contexts, TRUE
     );
     PERFORM _restore_lock_wait(v_caller_lock_timeout);
 END;

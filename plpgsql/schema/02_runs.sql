@@ -134,6 +134,11 @@ CREATE TABLE runs (
     -- (_retry_decision). 0 until retry_run starts a new series for an
     -- ended run, at its last attempt.
     series_start integer NOT NULL DEFAULT 0,
+    -- The W3C trace context the producer's tracing gave the run at enqueue
+    -- ({"traceparent", "tracestate"?}, _internal/trace_context.sql), read by
+    -- the workers and relays of a tracing client (run_trace_context); null
+    -- when the producer traced nothing. Written once, at the insert.
+    trace_context jsonb,
     -- Every row rule of a run, one per name; see _runs_rules above.
     CONSTRAINT runs_rules CHECK (
         _runs_rules(

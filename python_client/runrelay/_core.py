@@ -9,6 +9,7 @@ the server resolves the function without guessing.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -336,6 +337,7 @@ OPERATIONS: dict[str, Operation] = {
             "resume_queue", (("queue", "text"),), _enum(t.ResumeOutcome), set_returning=False
         ),
         Operation("list_paused_queues", (), _each(t.PausedQueue)),
+        Operation("run_trace_context", (("run_id", "text"),), _scalar, set_returning=False),
         Operation(
             "purge_runs",
             (
@@ -348,6 +350,88 @@ OPERATIONS: dict[str, Operation] = {
         ),
     )
 }
+
+
+# -- tracing (runrelay.tracing, docs/operations.md "Tracing") ---------------
+
+# The claims whose claimed runs a tracing client reads the trace contexts of
+# in the statement of the claim: function -> the `kind` of a claimed row
+# (None: every row is a claim).
+TRACED_CLAIMS: dict[str, str | None] = {
+    "claim_attempts": None,
+    "settle_and_claim": "claimed",
+    "claim_ledger": "claimed",
+    "ack_ledger": "claimed",
+}
+
+
+def traced_claim_query(schema: str, function: str) -> sql.Composed:
+    """A tracing client's statement for a claim of TRACED_CLAIMS: the same
+    call, its rows in their order, each claimed row with its run's trace
+    context (run_trace_context, one primary-key probe per claimed run) in a
+    last column, trace_context, and the ordinality column, which the client
+    drops. One statement, so still one round trip."""
+    claimed = TRACED_CLAIMS[function]
+    only_claims: sql.Composable = sql.SQL("")
+    on_claims: sql.Composable = sql.SQL("")
+    if claimed is not None:
+        only_claims = sql.SQL(" WHERE c.kind = {}").format(sql.Literal(claimed))
+        on_claims = sql.SQL(" AND c.kind = {}").format(sql.Literal(claimed))
+    call = OPERATIONS[function].query(schema)
+    return sql.SQL(
+        "WITH c AS ({call} WITH ORDINALITY),"
+        " t AS (SELECT d.run_id, {trace}(d.run_id) AS trace_context"
+        " FROM (SELECT DISTINCT c.run_id FROM c{only_claims}) AS d)"
+        " SELECT c.*, t.trace_context FROM c LEFT JOIN t ON t.run_id = c.run_id{on_claims}"
+        " ORDER BY c.ordinality"
+    ).format(
+        call=call,
+        trace=sql.Identifier(schema, "run_trace_context"),
+        only_claims=only_claims,
+        on_claims=on_claims,
+    )
+
+
+def untraced_rows(rows: list[Row]) -> list[Row]:
+    """The rows of a traced claim as `read` takes them: without ordinality."""
+    for row in rows:
+        del row["ordinality"]
+    return rows
+
+
+# A statement a call sends before or after its own, in the same pipeline.
+Statement = tuple[str, Sequence[Any] | None]
+
+# The enqueues a tracing client gives its span's trace context.
+TRACED_ENQUEUES = frozenset({"enqueue_run", "enqueue_runs"})
+# enqueue_run takes its trace context from the transaction-local setting:
+# a tracing client sets it in the same pipeline (one round trip, one implicit
+# transaction with the enqueue) and, on a caller's connection (whose
+# transaction may go on), clears it again after.
+SET_TRACE_CONTEXT = "SELECT set_config('runrelay.trace_context', %s, true)"
+CLEAR_TRACE_CONTEXT = "SELECT set_config('runrelay.trace_context', '', true)"
+
+
+def traced_enqueue(
+    function: str,
+    values: dict[str, Any],
+    trace_context: Mapping[str, str] | None,
+    callers_connection: bool,
+) -> tuple[dict[str, Any], tuple[Statement, ...], tuple[Statement, ...]]:
+    """A tracing client's enqueue: (its values, statements before, after).
+    enqueue_runs items without a trace_context of their own get
+    `trace_context`; enqueue_run gets it through the setting."""
+    if trace_context is None:
+        return values, (), ()
+    if function == "enqueue_runs":
+        items = [
+            item if "trace_context" in item else {**item, "trace_context": dict(trace_context)}
+            for item in values["items"]
+        ]
+        return {**values, "items": items}, (), ()
+    before: tuple[Statement, ...] = ((SET_TRACE_CONTEXT, (json.dumps(trace_context),)),)
+    after: tuple[Statement, ...] = ((CLEAR_TRACE_CONTEXT, None),) if callers_connection else ()
+    return values, before, after
 
 
 def waiting_failure(prepared: t.PrepareOutcome, failed: t.FailOutcome) -> t.WaitingFailureOutcome:
@@ -432,4 +516,6 @@ def enqueue_items(items: Sequence[t.EnqueueItem | Mapping[str, Any]]) -> list[di
                 "concurrency_key": item.concurrency_key,
             }
         )
+        if item.trace_context is not None:
+            out[-1]["trace_context"] = dict(item.trace_context)
     return out

@@ -26,7 +26,7 @@ from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, contextmanager
 from datetime import datetime
 from types import MethodType
-from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, Self, TypeVar, overload
 
 import psycopg
 from psycopg.rows import dict_row
@@ -66,6 +66,11 @@ from .types import (
     SuspendOutcome,
     WaitingFailureOutcome,
 )
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
+
+    from .tracing import Tracing
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -120,23 +125,67 @@ def _raise_typed(error: psycopg.Error) -> None:
     raise error
 
 
-def _one_flight(conn: psycopg.Connection[Any], query: Any, params: dict[str, Any] | None) -> Rows:
+def _one_flight(
+    conn: psycopg.Connection[Any],
+    query: Any,
+    params: dict[str, Any] | None,
+    before: Sequence[_core.Statement] = (),
+    after: Sequence[_core.Statement] = (),
+) -> Rows:
     """Execute and fetch in one network round trip. Pipeline mode sends Parse,
     Bind, Execute and Sync together, so even the call on which psycopg first
-    prepares the statement (or opens the caller's transaction) is one flight."""
+    prepares the statement (or opens the caller's transaction) is one flight.
+    `before` and `after` (a tracing client's setting of the trace context)
+    ride the same flight and, up to the one Sync, the same transaction."""
     cur = conn.cursor(row_factory=dict_row)
     with conn.pipeline():
+        for text, args in before:
+            conn.cursor().execute(text, args)
         cur.execute(query, params)
+        for text, args in after:
+            conn.cursor().execute(text, args)
     return cur.fetchall()
 
 
 async def _one_flight_async(
-    conn: psycopg.AsyncConnection[Any], query: Any, params: dict[str, Any] | None
+    conn: psycopg.AsyncConnection[Any],
+    query: Any,
+    params: dict[str, Any] | None,
+    before: Sequence[_core.Statement] = (),
+    after: Sequence[_core.Statement] = (),
 ) -> Rows:
     async with conn.pipeline():
+        for text, args in before:
+            await conn.cursor().execute(text, args)
         cur = conn.cursor(row_factory=dict_row)
         await cur.execute(query, params)
+        for text, args in after:
+            await conn.cursor().execute(text, args)
     return await cur.fetchall()
+
+
+def _tracing_of(tracing: bool | TracerProvider) -> Tracing | None:
+    """A client's Tracing: None for tracing=False; for True the global
+    TracerProvider's, else the given one's. Imports OpenTelemetry only here."""
+    if tracing is False:
+        return None
+    try:
+        from .tracing import Tracing
+    except ImportError as err:
+        raise ImportError(
+            f"tracing needs opentelemetry-api: pip install 'runrelay[tracing]' ({err})"
+        ) from err
+    return Tracing(None if tracing is True else tracing)
+
+
+def _queries(schema: str, tracing: Tracing | None) -> dict[str, Any]:
+    """Each function's statement; a tracing client's claims read their runs'
+    trace contexts in the same statement (_core.traced_claim_query)."""
+    queries = {name: op.query(schema) for name, op in _core.OPERATIONS.items()}
+    if tracing is not None:
+        for name in _core.TRACED_CLAIMS:
+            queries[name] = _core.traced_claim_query(schema, name)
+    return queries
 
 
 @contextmanager
@@ -794,6 +843,12 @@ class _Methods:
         return _Call("purge_runs", values, conn)
 
     @_operation
+    def run_trace_context(self, run_id: str, *, conn: Any = None) -> _Call[dict[str, str] | None]:
+        """The W3C trace context a run was enqueued with -> dict | None (none,
+        or no such run). A tracing client's claims read it themselves."""
+        return _Call("run_trace_context", {"run_id": run_id}, conn)
+
+    @_operation
     def get_schema_version(self, *, conn: Any = None) -> _Call[str]:
         """The Alembic revision of the installed functions -> str."""
         return _Call("get_schema_version", {}, conn)
@@ -803,7 +858,13 @@ class Client(_Methods):
     """Synchronous client (psycopg 3, autocommit connections).
 
     `on_call(function, seconds)`, if given, is called after every successful
-    call with its latency: a hook for metrics and tracing."""
+    call with its latency: a hook for metrics.
+
+    `tracing=True` (the global TracerProvider) or `tracing=provider` makes
+    the client trace with OpenTelemetry (runrelay.tracing; the
+    `runrelay[tracing]` extra): a span per enqueue whose trace context the
+    run keeps, and claims that read it, so that the Worker and Relay on this
+    client continue the run's trace. Still one round trip per call."""
 
     def __init__(
         self,
@@ -812,6 +873,7 @@ class Client(_Methods):
         schema: str = "runrelay",
         prepare_threshold: int | None = DEFAULT_PREPARE_THRESHOLD,
         on_call: Callable[[str, float], None] | None = None,
+        tracing: bool | TracerProvider = False,
     ) -> None:
         self.schema = schema
         self._source = source
@@ -819,7 +881,8 @@ class Client(_Methods):
         self._on_call = on_call
         self._own: psycopg.Connection[Any] | None = None
         self._lock = threading.Lock()
-        self._queries = {name: op.query(schema) for name, op in _core.OPERATIONS.items()}
+        self.tracing = _tracing_of(tracing)
+        self._queries = _queries(schema, self.tracing)
 
     @contextmanager
     def connection(self) -> Iterator[psycopg.Connection[Any]]:
@@ -838,23 +901,58 @@ class Client(_Methods):
             with source.connection() as pooled, _autocommit(pooled):
                 yield pooled
 
-    def _execute(self, function: str, values: dict[str, Any], conn: Any) -> Rows:
+    def _execute(
+        self,
+        function: str,
+        values: dict[str, Any],
+        conn: Any,
+        before: Sequence[_core.Statement] = (),
+        after: Sequence[_core.Statement] = (),
+    ) -> Rows:
         params = _core.OPERATIONS[function].bind(values)
-        return self._fetch(self._queries[function], params, conn)
+        rows = self._fetch(self._queries[function], params, conn, before, after)
+        if self.tracing is not None and function in _core.TRACED_CLAIMS:
+            rows = _core.untraced_rows(rows)
+        return rows
 
-    def _fetch(self, query: Any, params: dict[str, Any] | None, conn: Any) -> Rows:
+    def _fetch(
+        self,
+        query: Any,
+        params: dict[str, Any] | None,
+        conn: Any,
+        before: Sequence[_core.Statement] = (),
+        after: Sequence[_core.Statement] = (),
+    ) -> Rows:
         try:
             if conn is not None:
-                return _one_flight(conn, query, params)
+                return _one_flight(conn, query, params, before, after)
             with self.connection() as c:
-                return _one_flight(c, query, params)
+                return _one_flight(c, query, params, before, after)
         except psycopg.Error as error:
             _raise_typed(error)
             raise  # unreachable: _raise_typed always raises
 
     def _call(self, function: str, values: dict[str, Any], conn: Any) -> Any:
+        if self.tracing is not None and function in _core.TRACED_ENQUEUES:
+            with self.tracing.enqueue(function, values) as (span, context):
+                traced, before, after = _core.traced_enqueue(
+                    function, values, context, conn is not None
+                )
+                result = self._run(function, traced, conn, before, after)
+                self.tracing.enqueued(span, result)
+                return result
+        return self._run(function, values, conn)
+
+    def _run(
+        self,
+        function: str,
+        values: dict[str, Any],
+        conn: Any,
+        before: Sequence[_core.Statement] = (),
+        after: Sequence[_core.Statement] = (),
+    ) -> Any:
         started = time.perf_counter()
-        rows = self._execute(function, values, conn)
+        rows = self._execute(function, values, conn, before, after)
         if self._on_call is not None:
             self._on_call(function, time.perf_counter() - started)
         return _core.OPERATIONS[function].read(rows)
@@ -913,7 +1011,7 @@ class Client(_Methods):
 
 
 class AsyncClient(_Methods):
-    """asyncio client; the same methods, awaited."""
+    """asyncio client; the same methods, awaited. `tracing` as for Client."""
 
     def __init__(
         self,
@@ -921,6 +1019,7 @@ class AsyncClient(_Methods):
         *,
         schema: str = "runrelay",
         prepare_threshold: int | None = DEFAULT_PREPARE_THRESHOLD,
+        tracing: bool | TracerProvider = False,
     ) -> None:
         import asyncio
 
@@ -929,7 +1028,8 @@ class AsyncClient(_Methods):
         self._prepare_threshold = prepare_threshold
         self._own: psycopg.AsyncConnection[Any] | None = None
         self._lock = asyncio.Lock()
-        self._queries = {name: op.query(schema) for name, op in _core.OPERATIONS.items()}
+        self.tracing = _tracing_of(tracing)
+        self._queries = _queries(schema, self.tracing)
 
     def connection(self) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]:
         from contextlib import asynccontextmanager
@@ -959,24 +1059,49 @@ class AsyncClient(_Methods):
 
         return _conn()
 
-    async def _execute(self, function: str, values: dict[str, Any], conn: Any) -> Rows:
+    async def _execute(
+        self,
+        function: str,
+        values: dict[str, Any],
+        conn: Any,
+        before: Sequence[_core.Statement] = (),
+        after: Sequence[_core.Statement] = (),
+    ) -> Rows:
         params = _core.OPERATIONS[function].bind(values)
-        return await self._fetch(self._queries[function], params, conn)
+        rows = await self._fetch(self._queries[function], params, conn, before, after)
+        if self.tracing is not None and function in _core.TRACED_CLAIMS:
+            rows = _core.untraced_rows(rows)
+        return rows
 
-    async def _fetch(self, query: Any, params: dict[str, Any] | None, conn: Any) -> Rows:
+    async def _fetch(
+        self,
+        query: Any,
+        params: dict[str, Any] | None,
+        conn: Any,
+        before: Sequence[_core.Statement] = (),
+        after: Sequence[_core.Statement] = (),
+    ) -> Rows:
         try:
             if conn is not None:
-                return await _one_flight_async(conn, query, params)
+                return await _one_flight_async(conn, query, params, before, after)
             async with self.connection() as c:
-                return await _one_flight_async(c, query, params)
+                return await _one_flight_async(c, query, params, before, after)
         except psycopg.Error as error:
             _raise_typed(error)
             raise
 
     def _call(self, function: str, values: dict[str, Any], conn: Any) -> Coroutine[Any, Any, Any]:
         async def run() -> Any:
-            rows = await self._execute(function, values, conn)
-            return _core.OPERATIONS[function].read(rows)
+            read = _core.OPERATIONS[function].read
+            if self.tracing is not None and function in _core.TRACED_ENQUEUES:
+                with self.tracing.enqueue(function, values) as (span, context):
+                    traced, before, after = _core.traced_enqueue(
+                        function, values, context, conn is not None
+                    )
+                    result = read(await self._execute(function, traced, conn, before, after))
+                    self.tracing.enqueued(span, result)
+                    return result
+            return read(await self._execute(function, values, conn))
 
         return run()
 

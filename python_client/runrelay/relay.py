@@ -28,6 +28,13 @@ finishes the delivery in progress, acknowledges it and hands back any batch
 claimed next (release_ledger, no attempt charged); a second signal interrupts
 the delivery at once, hands its batch back and returns.
 
+Tracing: on a tracing client (`Client(..., tracing=...)`, runrelay.tracing)
+each sink call runs in a span "runrelay deliver <lane>" whose parent is the
+trace context the batch's run was enqueued with (read in the claim's
+statement); the sink finds the span's own context in
+runrelay.sinks.trace_headers(), which WebhookSink sends as `traceparent` /
+`tracestate` headers, so the consumer's receipt joins the run's trace.
+
 Metrics: given a prometheus_client registry (`metrics=registry`), the relay
 also records deliveries, events delivered, failed deliveries, local acks,
 lease renewals, lost leases, delivery time and retried calls as
@@ -59,6 +66,7 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
     from .metrics import RelayMetrics
+    from .tracing import Tracing
 
 log = logging.getLogger("runrelay.relay")
 T = TypeVar("T")
@@ -108,6 +116,7 @@ class Relay:
         self._signals = 0
         self._holding: list[int] = []
         self._metrics = relay_metrics(metrics)
+        self._tracing: Tracing | None = getattr(client, "tracing", None)
 
     def stop(self) -> None:
         """Finish the delivery in progress, hand back what is claimed, return."""
@@ -297,7 +306,11 @@ class Relay:
         self._holding = ids
         started, result = time.perf_counter(), "error"
         try:
-            self.sink(lane, events)
+            if self._tracing is None:
+                self.sink(lane, events)
+            else:
+                with self._tracing.deliver(lane, events, self.name):
+                    self.sink(lane, events)
             result = "ok"
         except Exception:
             self._holding = []  # a sink error is failed (fail_ledger), not handed back

@@ -11,6 +11,13 @@ JsonLinesSink (append to a file, fsynced).
 
 verify_signature() is the consumer's half of the signing: it checks the
 `webhook-*` headers of a request against its raw body.
+
+Tracing: a Relay on a tracing client (runrelay.tracing) runs each sink call
+inside its delivery span and makes that span's W3C trace context available
+to the sink as trace_headers() ({"traceparent", "tracestate"?}; {} when not
+traced). WebhookSink sends them as HTTP headers, so the consumer's own span
+joins the run's trace; JsonLinesSink adds them to each line; a custom sink
+passes them on however its consumer takes them.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import contextvars
 import hashlib
 import hmac
 import json
@@ -25,7 +33,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
 from pathlib import Path
@@ -54,6 +62,27 @@ _RESERVED_HEADERS = frozenset(
 _SECRET_PREFIX = "whsec_"
 _APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
 _ERROR_BODY_CHARS = 200
+_TRACE_HEADERS: contextvars.ContextVar[Mapping[str, str] | None] = contextvars.ContextVar(
+    "runrelay_trace_headers", default=None
+)
+
+
+def trace_headers() -> dict[str, str]:
+    """The W3C trace context of the delivery in progress, as HTTP headers
+    ({"traceparent": ..., "tracestate"?: ...}): set by a tracing Relay
+    around each sink call, {} otherwise."""
+    return dict(_TRACE_HEADERS.get() or {})
+
+
+@contextlib.contextmanager
+def delivering(headers: Mapping[str, str]) -> Iterator[None]:
+    """trace_headers() answers `headers` inside the block (this thread or
+    task only)."""
+    token = _TRACE_HEADERS.set(dict(headers))
+    try:
+        yield
+    finally:
+        _TRACE_HEADERS.reset(token)
 
 
 class DeliveryError(Exception):
@@ -246,7 +275,9 @@ class WebhookSink:
 
     With `secret`, each request is signed the Standard Webhooks way
     (`webhook-id` = the batch key, `webhook-timestamp`, `webhook-signature`);
-    consumers check it with verify_signature(). One pooled, thread-safe
+    consumers check it with verify_signature(). When the relay traces, the
+    delivery span's W3C trace context goes in `traceparent` and `tracestate`
+    headers (replacing any given in `headers`). One pooled, thread-safe
     httpx.Client per sink keeps connections alive between batches; close() it
     (or use the sink as a context manager) when done.
 
@@ -326,6 +357,9 @@ class WebhookSink:
         body = json.dumps(batch_json(lane, events)).encode()
         key = batch_key(events)
         headers = dict(self.headers)
+        traced = trace_headers()
+        if traced:
+            headers = {k: v for k, v in headers.items() if k.lower() not in traced} | traced
         headers["Idempotency-Key"] = key
         if self._key is not None:
             # The timestamp is per attempt and the id per batch, as the
@@ -378,7 +412,9 @@ class JsonLinesSink:
     A batch is written with one write, flushed and fsynced before the call
     returns, so an acknowledged event survives a crash of this machine. A
     failed write is cut back off the file, so a retry does not leave a torn
-    line behind. The file's directory must exist.
+    line behind. The file's directory must exist. When the relay traces,
+    each line also carries the delivery's trace context (`traceparent`, and
+    `tracestate` when there is one).
     """
 
     def __init__(self, path: str | Path) -> None:
@@ -393,7 +429,8 @@ class JsonLinesSink:
     def __call__(self, lane: str, events: Sequence[LedgerEvent]) -> None:
         if not events:
             return
-        text = "".join(json.dumps({"lane": lane, **event_json(e)}) + "\n" for e in events)
+        traced = trace_headers()
+        text = "".join(json.dumps({"lane": lane, **event_json(e), **traced}) + "\n" for e in events)
         data = text.encode("utf-8")
         where = f"JsonLinesSink {str(self.path)!r}"
         with self._lock:

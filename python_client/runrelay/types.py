@@ -189,6 +189,9 @@ class EnqueueItem:
     max_attempts: int = 3
     payload_retention: str = "keep"
     concurrency_key: str | None = None
+    # The W3C trace context its run keeps ({"traceparent", "tracestate"?});
+    # None: a tracing client's own, or none (docs/operations.md, "Tracing").
+    trace_context: dict[str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,6 +217,8 @@ class ClaimedAttempt:
     payload: JSON
     resume: JSON
     lease_expires_at: datetime
+    # The run's trace context, read by a tracing client's claim; else None.
+    trace_context: JSON = None
 
     @property
     def fence(self) -> dict[str, Any]:
@@ -249,6 +254,8 @@ class SettleAndClaimRow:
     payload: JSON
     resume: JSON
     lease_expires_at: datetime | None
+    # A claimed run's trace context, read by a tracing client; else None.
+    trace_context: JSON = None
 
     @property
     def claim(self) -> ClaimedAttempt | None:
@@ -265,6 +272,7 @@ class SettleAndClaimRow:
             self.payload,
             self.resume,
             self.lease_expires_at,
+            self.trace_context,
         )
 
 
@@ -297,6 +305,8 @@ class LedgerEvent:
     lease_expires_at: datetime | None
     lease_remaining_ms: int | None
     lag_ms: int | None = None
+    # A claimed event's run's trace context, read by a tracing client; else None.
+    trace_context: JSON = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,6 +365,7 @@ class RunDetail:
     created_at: datetime
     updated_at: datetime
     finished_at: datetime | None
+    trace_context: JSON
     cancel_requested: bool
     cancel_reason: str | None
 

@@ -66,6 +66,12 @@ counts from the database clock, not this host's: the worker reads that clock
 off the leases the server grants (Job.db_now), so a host whose clock is off
 neither ends waits early nor holds them late.
 
+Tracing: on a tracing client (`Client(..., tracing=...)`, runrelay.tracing)
+each handler attempt runs in a span "runrelay run <queue>" whose parent is
+the trace context the run was enqueued with (read in the claim's statement),
+current while the handler runs and ended once the outcome is written, with
+the write's answer as runrelay.outcome and the handler's exception recorded.
+
 Metrics: given a prometheus_client registry (`metrics=registry`), a worker
 also counts runs claimed, the outcomes written, handler time, heartbeats and
 replayed calls as runrelay_worker_* metrics (runrelay.metrics; the
@@ -90,7 +96,7 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -119,6 +125,7 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
     from .metrics import WorkerMetrics
+    from .tracing import RunSpan, Tracing
 
 log = logging.getLogger("runrelay.worker")
 # A handler's traceback is stored in the attempt's error; the end of it (the
@@ -242,6 +249,9 @@ class Job:
     # The best reading of the database clock so far: (what it read, this
     # host's monotonic time when the reading arrived). See db_now.
     clock: tuple[datetime, float] | None = None
+    # The attempt's span, from its handler's start until its outcome is
+    # written, when the worker's client traces (runrelay.tracing).
+    span: RunSpan | None = field(default=None, repr=False, compare=False)
 
     def saw_lease(self, expires_at: datetime, lease_seconds: int, at: float) -> None:
         """Take a reading of the database clock from a lease the server just
@@ -434,6 +444,17 @@ def log_finished(job: Job, written: Any, failure: BaseException | None = None) -
         log.warning("run finished", exc_info=failure, extra=extra)
     else:
         log.info("run finished", extra=extra)
+    if job.span is not None:
+        job.span.end(written, failure)
+
+
+def left(jobs: Sequence[Job]) -> None:
+    """Jobs leave the worker: the span of one whose outcome no write
+    answered (the write failed; log_finished ended every other) ends as an
+    error."""
+    for job in jobs:
+        if job.span is not None:
+            job.span.end(None)
 
 
 def heartbeat_seen(job: Job, beat: HeartbeatResult, lease_seconds: int) -> bool:
@@ -503,9 +524,22 @@ class _Recorder:
     was given. Each worker supplies _count (the sync one under its lock)."""
 
     _metrics: WorkerMetrics | None
+    _tracing: Tracing | None
+    name: str
 
     def _count(self, key: str, n: int = 1) -> None:
         raise NotImplementedError
+
+    @contextlib.contextmanager
+    def _handler_span(self, job: Job) -> Iterator[None]:
+        """Run the handler inside its attempt's span (a tracing client's
+        worker only): log_finished ends it once the outcome is written."""
+        if self._tracing is None:
+            yield
+            return
+        job.span = self._tracing.run(job.attempt, self.name)
+        with job.span.current():
+            yield
 
     def _claimed(self, claimed: Sequence[ClaimedAttempt]) -> None:
         self._count("claimed", len(claimed))
@@ -605,6 +639,7 @@ class Worker(_Signals, _Recorder):
         self._slots = threading.Semaphore(self.concurrency)
         self.stats: dict[str, int] = {}
         self._metrics = worker_metrics(metrics)
+        self._tracing = getattr(client, "tracing", None)
 
     # -- control -----------------------------------------------------------
     def stop(self) -> None:
@@ -832,6 +867,7 @@ class Worker(_Signals, _Recorder):
                 self._inflight[(job.run_id, job.attempt.attempt)] = job
             for job in done:
                 self._inflight.pop((job.run_id, job.attempt.attempt), None)
+        left(done)
         self._release_slots(free)
 
     def _settle_call(
@@ -887,16 +923,18 @@ class Worker(_Signals, _Recorder):
     def _finish(self, job: Job) -> None:
         with self._lock:
             self._inflight.pop((job.run_id, job.attempt.attempt), None)
+        left([job])
         self._slots.release()
 
     def _call_handler(self, job: Job) -> Any:
         started = time.perf_counter()
-        try:
-            return self.handler(job)
-        except Exception as exc:
-            return exc
-        finally:
-            self._handled(job, started)
+        with self._handler_span(job):
+            try:
+                return self.handler(job)
+            except Exception as exc:
+                return exc
+            finally:
+                self._handled(job, started)
 
     def _write_outcome(self, job: Job, outcome: Any) -> None:
         """Write what the handler's outcome calls for; then, for a suspension
@@ -1088,6 +1126,7 @@ class AsyncWorker(_Signals, _Recorder):
         self._unsettled.set()
         self.stats: dict[str, int] = {}
         self._metrics = worker_metrics(metrics)
+        self._tracing = getattr(client, "tracing", None)
 
     def stop(self) -> None:
         """Stop claiming; run() returns after the shutdown grace period."""
@@ -1222,6 +1261,7 @@ class AsyncWorker(_Signals, _Recorder):
     def _drop(self, jobs: list[Job]) -> None:
         for job in jobs:
             self._inflight.pop((job.run_id, job.attempt.attempt), None)
+        left(jobs)
 
     async def _settle(self, jobs: list[Job], outcomes: list[Any]) -> list[Job]:
         """As Worker._settle: a job's slot is its place in _inflight, and a
@@ -1332,12 +1372,13 @@ class AsyncWorker(_Signals, _Recorder):
 
     async def _call_handler(self, job: Job) -> Any:
         started = time.perf_counter()
-        try:
-            return await self.handler(job)
-        except Exception as exc:
-            return exc
-        finally:
-            self._handled(job, started)
+        with self._handler_span(job):
+            try:
+                return await self.handler(job)
+            except Exception as exc:
+                return exc
+            finally:
+                self._handled(job, started)
 
     async def _write_outcome(self, job: Job, outcome: Any) -> None:
         """As Worker._write_outcome; the on_waiting step may be a coroutine
@@ -1368,7 +1409,7 @@ class AsyncWorker(_Signals, _Recorder):
             log.exception("writing the outcome of run %s failed", job.run_id)
             self._write_failed()
         finally:
-            self._inflight.pop((job.run_id, job.attempt.attempt), None)
+            self._drop([job])
 
     async def _run_batch(self, jobs: list[Job]) -> None:
         """Handlers of one claim run concurrently; the successful ones are
@@ -1390,8 +1431,7 @@ class AsyncWorker(_Signals, _Recorder):
             log.exception("batch completion failed")
             self._write_failed()
         finally:
-            for job in jobs:
-                self._inflight.pop((job.run_id, job.attempt.attempt), None)
+            self._drop(jobs)
 
     async def _write(self, method: str, kwargs: dict[str, Any], tries: int = 6) -> Any:
         return await self._call(lambda: getattr(self.client, method)(**kwargs), tries)

@@ -81,6 +81,8 @@ VIEW_METHODS = ("run_stats", "ledger_stats", "wait_stats")
 # A session-level clock two hours ahead (runrelay._now() honours it because
 # the test database sets settings.allow_clock_override).
 SHIFTED_CLOCK = "-c runrelay.clock_offset=7200s"
+# A W3C traceparent, for runs enqueued with a trace context.
+TP = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
 async def _aw(value: Any) -> Any:
@@ -1238,6 +1240,7 @@ def round_trip_calls(now: datetime) -> dict[str, tuple[tuple[Any, ...], dict[str
         "resume_queue": (("rt-never-paused",), {}),
         "list_paused_queues": ((), {}),
         "purge_runs": ((now - timedelta(days=1),), {}),
+        "run_trace_context": (("rt",), {}),
         "run_stats": ((), {}),
         "ledger_stats": ((), {}),
         "wait_stats": ((), {}),
@@ -1366,11 +1369,16 @@ def declared_result(name: str) -> Any:
 
 
 def conforms(value: Any, declared: Any) -> bool:
-    """`value` is of the declared type: list[X], X | None, or exactly class X
+    """`value` is of the declared type: list[X], dict[K, V], X | None, or exactly class X
     (so an int is not a bool and a plain str is not an outcome enum)."""
     if typing.get_origin(declared) is list:
         (item,) = typing.get_args(declared)
         return type(value) is list and all(conforms(v, item) for v in value)
+    if typing.get_origin(declared) is dict:
+        key, item = typing.get_args(declared)
+        return type(value) is dict and all(
+            conforms(k, key) and conforms(v, item) for k, v in value.items()
+        )
     if typing.get_origin(declared) in (types.UnionType, typing.Union):
         return any(conforms(value, option) for option in typing.get_args(declared))
     if declared is type(None):
@@ -1385,6 +1393,8 @@ def test_conforms_rejects_what_a_type_checker_would() -> None:
     assert not conforms("completed", CompleteOutcome)
     assert conforms(None, datetime | None)
     assert not conforms(None, datetime)
+    assert conforms({"a": "b"}, dict[str, str] | None)
+    assert not conforms({"a": 1}, dict[str, str])
     assert declared_result("claim_attempts") == list[ClaimedAttempt]
 
 
@@ -1459,6 +1469,9 @@ def test_every_method_returns_its_declared_type(
         await call("pause_queue", "frozen", reason="maintenance", requested_by="ops")
         await call("list_paused_queues")
         await call("resume_queue", "frozen")
+        await call("run_trace_context", "a")  # enqueued untraced: None
+        await call("enqueue_runs", [EnqueueItem("traced", trace_context={"traceparent": TP})])
+        await call("run_trace_context", "traced")
 
     drive(scenario)
     assert set(seen) == set(_core.OPERATIONS), "a method is not checked"
@@ -1468,5 +1481,5 @@ def test_every_method_returns_its_declared_type(
         if typing.get_origin(declared_result(name)) is list and not any(values)
     }
     assert empty == set(), "a list result was only ever checked empty"
-    for optional in ("read_runner_terminal", "ledger_next_due_at", "get_run"):
+    for optional in ("read_runner_terminal", "ledger_next_due_at", "get_run", "run_trace_context"):
         assert None in seen[optional] and any(v is not None for v in seen[optional]), optional

@@ -61,6 +61,10 @@ SUBSTITUTE: dict[str, tuple[str, str]] = {
         "python -m pip install '{wheel}[metrics]'",
         "the package index is this checkout's wheel",
     ),
+    "python -m pip install 'runrelay[tracing]'": (
+        "python -m pip install '{wheel}[tracing]'",
+        "the package index is this checkout's wheel",
+    ),
 }
 NOT_RUN: dict[str, str] = {
     "make test": "the suite itself; .ci/run runs it on a clean clone",

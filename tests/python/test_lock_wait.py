@@ -238,6 +238,8 @@ def test_every_writing_function_restores_the_callers_lock_timeout_on_every_exit(
         "run_ledger_events",
         "list_blocked_heads",
         "list_paused_queues",
+        # a run's trace context, for tracing workers and relays
+        "run_trace_context",
     }
     assert set(unbounded) <= readers, unbounded
     for name, src, setof in bounded:

@@ -29,7 +29,8 @@ from sqlapi import JSON_PARAMS, table_checksum
 
 ROLE_SUFFIXES = ("producer", "worker", "relay", "admin")
 
-# SPEC §5: each role gets exactly the functions of its SPEC section.
+# SPEC §5: each role gets exactly the functions of its SPEC section; the
+# worker and the relay also run_trace_context, their tracing lookup.
 GRANTS: dict[str, frozenset[str]] = {
     "producer": frozenset(
         {
@@ -56,6 +57,7 @@ GRANTS: dict[str, frozenset[str]] = {
             "claim_detached_terminal",
             "read_runner_terminal",
             "reap_expired",
+            "run_trace_context",
             "get_schema_version",
         }
     ),
@@ -67,6 +69,7 @@ GRANTS: dict[str, frozenset[str]] = {
             "release_ledger",
             "fail_ledger",
             "ledger_next_due_at",
+            "run_trace_context",
             "get_schema_version",
         }
     ),
@@ -110,7 +113,8 @@ ADMIN_VIEWS = frozenset({"run_stats", "ledger_stats", "wait_stats"})
 # _enqueue_item_well_formed, the enqueue argument rules as expressions: they
 # read only their arguments (the payload cap is passed in) and are inlined
 # into enqueue_runs' one-statement check of all its items
-# (plpgsql/_internal/validate.sql).
+# (plpgsql/_internal/validate.sql). _trace_context_valid, the shape of a
+# trace context, the same way (plpgsql/_internal/trace_context.sql).
 VOLATILITY_ALLOW_LIST: frozenset[str] = frozenset(
     {
         "_runnable",
@@ -121,6 +125,7 @@ VOLATILITY_ALLOW_LIST: frozenset[str] = frozenset(
         "_ledger_row",
         "_enqueue_valid",
         "_enqueue_item_well_formed",
+        "_trace_context_valid",
     }
 )
 
@@ -211,6 +216,7 @@ def _allowed_calls() -> dict[str, tuple[dict[str, Any], Callable[[list[tuple[Any
         ),
         "list_paused_queues": ({}, lambda rows: all(len(r) == 4 for r in rows)),
         "purge_runs": ({"finished_before": far}, first_is(0)),
+        "run_trace_context": ({"run_id": "sec-seed"}, first_is(None)),
     }
 
 
@@ -386,6 +392,7 @@ def test_every_function_is_volatile_unless_allow_listed(db: psycopg.Connection) 
             "_ledger_row",
             "_enqueue_valid",
             "_enqueue_item_well_formed",
+            "_trace_context_valid",
         }
     )
     assert reviewed == VOLATILITY_ALLOW_LIST, "the reviewed allow-list"

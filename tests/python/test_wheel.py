@@ -95,3 +95,51 @@ def test_demo_on_the_embedded_default_from_the_wheel(installed: Installed) -> No
     out = _runrelay(installed, "demo", "--runs", "100", "--workers", "1", "--relays", "1")
     assert "embedded PostgreSQL" in out
     assert "every run ended as expected" in out
+
+
+def test_the_installed_package_runs_without_ever_importing_opentelemetry(
+    installed: Installed,
+) -> None:
+    """Tracing is an extra: a producer, a worker and a relay of the installed
+    wheel run without importing OpenTelemetry, and asking for tracing where
+    it is missing says what to install."""
+    url = create_database("rr_wheel_otel")
+    try:
+        _runrelay(installed, "migrate", "--database-url", url)
+        program = (
+            "import sys\n"
+            "from runrelay import Client\n"
+            "from runrelay.relay import Relay\n"
+            "from runrelay.sinks import JsonLinesSink, WebhookSink\n"
+            "from runrelay.worker import AsyncWorker, Worker\n"
+            "import runrelay.cli\n"
+            f"client = Client({url!r})\n"
+            "client.enqueue_run('wheel-1')\n"
+            "Worker(client, lambda job: None).run(until_idle=0.1)\n"
+            "Relay(client, lambda lane, events: None).run(until_idle=0.1)\n"
+            "prefixes = ('opentelemetry', 'runrelay.tracing')\n"
+            "print(sorted(m for m in sys.modules if m.startswith(prefixes)))\n"
+            "sys.modules['opentelemetry'] = None  # as where the extra is not installed\n"
+            "try:\n"
+            f"    Client({url!r}, tracing=True)\n"
+            "except ImportError as err:\n"
+            "    print(err)\n"
+        )
+        done = subprocess.run(
+            [installed.python, "-c", program],
+            cwd=installed.home,
+            env=installed.env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=True,
+        )
+        loaded, message = done.stdout.strip().splitlines()
+        assert loaded == "[]"
+        assert message.startswith(
+            "tracing needs opentelemetry-api: pip install 'runrelay[tracing]'"
+        )
+        with psycopg.connect(url) as conn:
+            assert conn.execute("SELECT status FROM runrelay.runs").fetchall() == [("completed",)]
+    finally:
+        drop_database("rr_wheel_otel")

@@ -2,6 +2,11 @@
 -- delimited by a header and an end line, so that sections written
 -- separately merge side by side.
 
+-- ==== trace context ========================================================
+-- 0008 traces nothing: the runs' trace contexts are dropped.
+ALTER TABLE runs DROP COLUMN trace_context;
+-- ==== end: trace context ===================================================
+
 -- ==== purging runs =========================================================
 DROP INDEX calls_run_id_idx;
 

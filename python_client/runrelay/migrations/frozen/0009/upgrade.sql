@@ -184,3 +184,12 @@ BEGIN
 END;
 $$;
 -- ==== end: purging runs ====================================================
+
+-- ==== trace context ========================================================
+-- runs.trace_context: the W3C trace context a producer's tracing gave the
+-- run at enqueue (plpgsql/schema/02_runs.sql, _internal/trace_context.sql),
+-- read by tracing workers and relays through run_trace_context. Nullable
+-- with no default: adding it rewrites nothing, and every existing run has
+-- none.
+ALTER TABLE runs ADD COLUMN trace_context jsonb;
+-- ==== end: trace context ===================================================
