@@ -2,6 +2,12 @@
 -- delimited by a header and an end line, so that sections written
 -- separately merge side by side.
 
+-- ==== schedules ============================================================
+-- 0008 has no schedules: every declaration is dropped (the runs they
+-- enqueued stay).
+DROP TABLE schedules;
+-- ==== end: schedules =======================================================
+
 -- ==== purging runs =========================================================
 DROP INDEX calls_run_id_idx;
 
