@@ -23,7 +23,9 @@ BEGIN
     PERFORM _require_read_committed();
     SELECT min(s.next_slot_at) INTO v_next FROM schedules AS s;
     RETURN QUERY
-    SELECT v_next, greatest(0, ceil(extract(EPOCH FROM v_next - _clock_now()) * 1000))::bigint;
+    SELECT v_next, CASE
+        WHEN v_next IS NOT NULL THEN greatest(0, ceil(extract(EPOCH FROM v_next - _clock_now()) * 1000))::bigint
+    END;
 END;
 $$;
 
