@@ -106,7 +106,6 @@ DECLARE
     v_step integer;
     v_low integer;
     v_high integer;
-    v_value integer;
     v_mask bigint := 0;
 BEGIN
     FOREACH v_item IN ARRAY string_to_array(p_text, ',') LOOP
@@ -167,7 +166,6 @@ DECLARE
     v_text text := lower(btrim(p_cron, E' \t\n\r'));
     v_fields text[];
     v_spec cron_fields;
-    v_month integer;
 BEGIN
     IF p_cron IS NULL THEN
         PERFORM _invalid('cron', 'must not be null', _cron_hint());
