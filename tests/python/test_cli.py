@@ -14,7 +14,17 @@ import pytest
 from conftest import REPO
 from runrelay.cli import EXIT_UNREACHABLE, EXIT_USAGE, build_parser
 
-COMMANDS = ["migrate", "downgrade", "status", "worker", "relay", "maintain", "exporter", "demo"]
+COMMANDS = [
+    "migrate",
+    "downgrade",
+    "status",
+    "worker",
+    "relay",
+    "maintain",
+    "exporter",
+    "schedules",
+    "demo",
+]
 NOWHERE = "postgresql://runrelay@127.0.0.1:1/nothing?connect_timeout=2"
 
 

@@ -56,6 +56,8 @@ GRANTS: dict[str, frozenset[str]] = {
             "claim_detached_terminal",
             "read_runner_terminal",
             "reap_expired",
+            "enqueue_due_schedules",
+            "schedules_next_due_at",
             "get_schema_version",
         }
     ),
@@ -85,6 +87,11 @@ GRANTS: dict[str, frozenset[str]] = {
             "resume_queue",
             "list_paused_queues",
             "purge_runs",
+            "upsert_schedule",
+            "delete_schedule",
+            "list_schedules",
+            "enqueue_due_schedules",
+            "schedules_next_due_at",
             "get_schema_version",
         }
     ),
@@ -211,6 +218,20 @@ def _allowed_calls() -> dict[str, tuple[dict[str, Any], Callable[[list[tuple[Any
         ),
         "list_paused_queues": ({}, lambda rows: all(len(r) == 4 for r in rows)),
         "purge_runs": ({"finished_before": far}, first_is(0)),
+        # upsert_schedule writes a schedule whose first slot is a year on:
+        # enqueue_due_schedules then finds nothing due, and the matrix calls
+        # the functions in name order, so delete_schedule comes first.
+        "upsert_schedule": (
+            {"name": "sec-schedule", "cron": "@yearly"},
+            lambda rows: rows in ([("created",)], [("unchanged",)]),
+        ),
+        "delete_schedule": (
+            {"name": "sec-schedule"},
+            lambda rows: rows in ([("deleted",)], [("not_found",)]),
+        ),
+        "list_schedules": ({}, lambda rows: all(len(r) == 14 for r in rows)),
+        "enqueue_due_schedules": ({}, empty),
+        "schedules_next_due_at": ({}, lambda rows: len(rows) == 1 and len(rows[0]) == 2),
     }
 
 
