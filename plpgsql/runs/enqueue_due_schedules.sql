@@ -118,10 +118,16 @@ BEGIN
         RETURN;
     END IF;
 
-    -- The slots whose run does not exist yet, one primary-key probe each.
+    -- The slots whose run does not exist yet, one primary-key probe each
+    -- (LATERAL ... LIMIT 1, as _enqueue looks its items up).
     SELECT array_agg(g.i ORDER BY g.i) INTO v_new
     FROM generate_subscripts(v_run_ids, 1) AS g (i)
-    WHERE NOT EXISTS (SELECT FROM runs AS r WHERE r.run_id = v_run_ids[g.i]);
+    LEFT JOIN LATERAL (
+        SELECT r.run_id FROM runs AS r
+        WHERE r.run_id = v_run_ids[g.i]
+        LIMIT 1
+    ) AS e ON TRUE
+    WHERE e.run_id IS NULL;
     IF v_new IS NOT NULL THEN
         SELECT array_agg(e.run_id) FILTER (WHERE e.created) INTO v_created
         FROM _enqueue(
