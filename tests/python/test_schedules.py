@@ -8,6 +8,7 @@ wake for the next one; the CLI and the client helpers."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -25,8 +26,8 @@ from psycopg.conninfo import make_conninfo
 
 from conftest import run_in_thread
 from faults import wait_for
-from runrelay import Client, Schedule, schedule_slot
-from runrelay.maintenance import MIN_WAKE, SLOT_GRACE, Maintenance
+from runrelay import AsyncClient, Client, Schedule, schedule_slot
+from runrelay.maintenance import MIN_WAKE, SLOT_GRACE, AsyncMaintenance, Maintenance
 from runrelay.types import ScheduleDue
 from runrelay.worker import Job, Worker
 from sqlapi import call, scalar
@@ -343,6 +344,30 @@ def test_the_loop_sleeps_no_longer_than_until_the_next_slot() -> None:
     assert loop._until_slot(30.0, ScheduleDue(datetime.now(UTC), 0)) == MIN_WAKE
     off = Maintenance(Client("postgresql://unused"), schedules=False)
     assert off.disabled == {"schedule"} and off.next_slot() is None
+
+
+def test_the_async_loop_enqueues_due_slots_and_reads_the_next_one(
+    db: psycopg.Connection, db_url: str
+) -> None:
+    """AsyncMaintenance (an AsyncWorker's) runs the same schedule duty."""
+    at(db, utc("2030-06-01 09:00:30"))
+    call(db, "upsert_schedule", name="tick", cron="*/10 * * * *", missed="catch_up")
+
+    async def rounds() -> tuple[dict[str, int], ScheduleDue | None]:
+        options = "-c runrelay.clock_offset=" + str(
+            int((utc("2030-06-01 09:35:00") - datetime.now(UTC)).total_seconds())
+        )
+        async with await psycopg.AsyncConnection.connect(
+            db_url, autocommit=True, options=options
+        ) as conn:
+            loop = AsyncMaintenance(AsyncClient(conn), prune_after=None)
+            return await loop.run_once(), await loop.next_slot()
+
+    done, due = asyncio.run(rounds())
+    assert done == {"reaped": 0, "scheduled": 3, "pruned": 0}
+    assert due is not None and due.next_slot_at == utc("2030-06-01 09:40")
+    assert due.due_in_ms is not None and 4 * 60_000 < due.due_in_ms <= 6 * 60_000
+    assert scheduled(db, "tick") == every(utc("2030-06-01 09:10"), timedelta(minutes=10), 3)
 
 
 def test_a_loop_with_an_hour_between_rounds_wakes_for_a_minutely_slot(
