@@ -66,7 +66,14 @@ BEGIN
             ('pause_queue', 'admin'),
             ('resume_queue', 'admin'),
             ('list_paused_queues', 'admin'),
-            ('purge_runs', 'admin')
+            ('purge_runs', 'admin'),
+            ('upsert_schedule', 'admin'),
+            ('delete_schedule', 'admin'),
+            ('list_schedules', 'admin'),
+            ('enqueue_due_schedules', 'worker'),
+            ('enqueue_due_schedules', 'admin'),
+            ('schedules_next_due_at', 'worker'),
+            ('schedules_next_due_at', 'admin')
         ) AS g (function_name, role_suffix)
         INNER JOIN pg_catalog.pg_proc AS p
             ON

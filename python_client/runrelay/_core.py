@@ -339,6 +339,36 @@ OPERATIONS: dict[str, Operation] = {
         Operation("list_paused_queues", (), _each(t.PausedQueue)),
         Operation("run_trace_context", (("run_id", "text"),), _scalar, set_returning=False),
         Operation(
+            "upsert_schedule",
+            (
+                ("name", "text"),
+                ("cron", "text"),
+                ("time_zone", "text"),
+                ("queue", "text"),
+                ("payload", "jsonb"),
+                ("priority", "integer"),
+                ("max_attempts", "integer"),
+                ("concurrency_key", "text"),
+                ("missed", "text"),
+                ("enabled", "boolean"),
+            ),
+            _enum(t.ScheduleOutcome),
+            set_returning=False,
+        ),
+        Operation(
+            "delete_schedule",
+            (("name", "text"),),
+            _enum(t.DeleteScheduleOutcome),
+            set_returning=False,
+        ),
+        Operation(
+            "list_schedules",
+            (("after_name", "text"), ("max_rows", "integer")),
+            _each(t.ScheduleInfo, missed=t.MissedSlots),
+        ),
+        Operation("enqueue_due_schedules", (("max_runs", "integer"),), _each(t.ScheduledRun)),
+        Operation("schedules_next_due_at", (), _one(t.ScheduleDue)),
+        Operation(
             "purge_runs",
             (
                 ("finished_before", "timestamptz"),
@@ -447,6 +477,16 @@ def waiting_failure(prepared: t.PrepareOutcome, failed: t.FailOutcome) -> t.Wait
     for the failure, and is not consulted here."""
     del prepared
     return t.WaitingFailureOutcome(str(failed))
+
+
+def schedule_names(schedules: Sequence[t.Schedule]) -> set[str]:
+    """The names of a list of schedules to declare; ValueError on a repeat."""
+    names: set[str] = set()
+    for schedule in schedules:
+        if schedule.name in names:
+            raise ValueError(f"schedule {schedule.name!r} is declared twice")
+        names.add(schedule.name)
+    return names
 
 
 def view_query(schema: str, view: str) -> sql.Composed:

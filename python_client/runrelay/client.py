@@ -40,6 +40,7 @@ from .types import (
     ClaimedAttempt,
     CompletedItem,
     CompleteOutcome,
+    DeleteScheduleOutcome,
     EnqueueItem,
     EnqueueResult,
     FailOutcome,
@@ -61,6 +62,11 @@ from .types import (
     RunnerTerminal,
     RunnerTerminalOutcome,
     RunSummary,
+    Schedule,
+    ScheduledRun,
+    ScheduleDue,
+    ScheduleInfo,
+    ScheduleOutcome,
     SettleAndClaimRow,
     SignalOutcome,
     SuspendOutcome,
@@ -110,6 +116,18 @@ write then answers).
 code that names it): the prepare's ``not_applicable`` reads the run as it is
 at each call, so it cannot tell a repeat (the run moved on after the first
 call) from a first call.
+"""
+
+# The documentation of Client.declare_schedules and AsyncClient.declare_schedules.
+DECLARE_SCHEDULES_DOC = """Declare a program's schedules -> {name: outcome}.
+
+One upsert_schedule call per `Schedule` (created, updated or unchanged), so
+declaring the same list at every start is cheap and changes nothing. With
+``delete_others=True`` the schedules not in the list are deleted afterwards
+(list_schedules, then delete_schedule for each: outcome deleted), which
+makes the list the whole truth. Each call is its own transaction unless
+``conn=`` is inside yours; names must be unique (ValueError otherwise,
+before any call).
 """
 
 # psycopg prepares a statement after this many executions on a connection.
@@ -849,6 +867,63 @@ class _Methods:
         return _Call("run_trace_context", {"run_id": run_id}, conn)
 
     @_operation
+    def upsert_schedule(
+        self,
+        name: str,
+        cron: str,
+        time_zone: str = "UTC",
+        queue: str = "default",
+        payload: Any = None,
+        priority: int = 0,
+        max_attempts: int = 3,
+        concurrency_key: str | None = None,
+        missed: str = "skip",
+        enabled: bool = True,
+        *,
+        conn: Any = None,
+    ) -> _Call[ScheduleOutcome]:
+        """Declare or change a schedule, one run per slot of a cron expression
+        in a time zone -> ScheduleOutcome."""
+        values = {
+            "name": name,
+            "cron": cron,
+            "time_zone": time_zone,
+            "queue": queue,
+            "payload": {} if payload is None else payload,
+            "priority": priority,
+            "max_attempts": max_attempts,
+            "concurrency_key": concurrency_key,
+            "missed": str(missed),
+            "enabled": enabled,
+        }
+        return _Call("upsert_schedule", values, conn)
+
+    @_operation
+    def delete_schedule(self, name: str, *, conn: Any = None) -> _Call[DeleteScheduleOutcome]:
+        """Delete a schedule; the runs it enqueued stay -> DeleteScheduleOutcome."""
+        return _Call("delete_schedule", {"name": name}, conn)
+
+    @_operation
+    def list_schedules(
+        self, after_name: str | None = None, max_rows: int = 100, *, conn: Any = None
+    ) -> _Call[list[ScheduleInfo]]:
+        """The schedules by name, a page at a time -> list[ScheduleInfo]."""
+        return _Call("list_schedules", {"after_name": after_name, "max_rows": max_rows}, conn)
+
+    @_operation
+    def enqueue_due_schedules(
+        self, max_runs: int = 100, *, conn: Any = None
+    ) -> _Call[list[ScheduledRun]]:
+        """Enqueue the runs of due schedule slots, each slot once -> list[ScheduledRun]
+        (the maintenance loop calls it every round)."""
+        return _Call("enqueue_due_schedules", {"max_runs": max_runs}, conn)
+
+    @_operation
+    def schedules_next_due_at(self, *, conn: Any = None) -> _Call[ScheduleDue]:
+        """The earliest next slot and the milliseconds until it -> ScheduleDue."""
+        return _Call("schedules_next_due_at", {}, conn)
+
+    @_operation
     def get_schema_version(self, *, conn: Any = None) -> _Call[str]:
         """The Alembic revision of the installed functions -> str."""
         return _Call("get_schema_version", {}, conn)
@@ -982,6 +1057,25 @@ class Client(_Methods):
         return _core.waiting_failure(prepared, failed)
 
     fail_waiting.__doc__ = FAIL_WAITING_DOC
+
+    def declare_schedules(
+        self, schedules: Sequence[Schedule], *, delete_others: bool = False, conn: Any = None
+    ) -> dict[str, ScheduleOutcome | DeleteScheduleOutcome]:
+        names = _core.schedule_names(schedules)
+        done: dict[str, ScheduleOutcome | DeleteScheduleOutcome] = {}
+        for schedule in schedules:
+            done[schedule.name] = self.upsert_schedule(**schedule.arguments(), conn=conn)
+        if delete_others:
+            after: str | None = None
+            stale: list[str] = []
+            while page := self.list_schedules(after, 1000, conn=conn):
+                stale += [s.name for s in page if s.name not in names]
+                after = page[-1].name
+            for name in stale:
+                done[name] = self.delete_schedule(name, conn=conn)
+        return done
+
+    declare_schedules.__doc__ = DECLARE_SCHEDULES_DOC
 
     def run_stats(self, *, conn: Any = None) -> list[dict[str, Any]]:
         """Rows of the run_stats view (admin role)."""
@@ -1130,6 +1224,25 @@ class AsyncClient(_Methods):
         return _core.waiting_failure(prepared, failed)
 
     fail_waiting.__doc__ = FAIL_WAITING_DOC
+
+    async def declare_schedules(
+        self, schedules: Sequence[Schedule], *, delete_others: bool = False, conn: Any = None
+    ) -> dict[str, ScheduleOutcome | DeleteScheduleOutcome]:
+        names = _core.schedule_names(schedules)
+        done: dict[str, ScheduleOutcome | DeleteScheduleOutcome] = {}
+        for schedule in schedules:
+            done[schedule.name] = await self.upsert_schedule(**schedule.arguments(), conn=conn)
+        if delete_others:
+            after: str | None = None
+            stale: list[str] = []
+            while page := await self.list_schedules(after, 1000, conn=conn):
+                stale += [s.name for s in page if s.name not in names]
+                after = page[-1].name
+            for name in stale:
+                done[name] = await self.delete_schedule(name, conn=conn)
+        return done
+
+    declare_schedules.__doc__ = DECLARE_SCHEDULES_DOC
 
     async def run_stats(self, *, conn: Any = None) -> list[dict[str, Any]]:
         return await self._view("run_stats", conn)

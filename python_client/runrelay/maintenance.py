@@ -2,7 +2,7 @@
 
     maintenance = Maintenance(client, interval=30.0, prune_after=timedelta(days=7))
     maintenance.run()            # until stop() / SIGINT / SIGTERM
-    maintenance.run_once()       # one round -> {"reaped": 3, "pruned": 120}
+    maintenance.run_once()       # one round -> {"reaped": 3, "scheduled": 1, "pruned": 120}
 
 Duties, each round:
 
@@ -10,18 +10,28 @@ Duties, each round:
   retry or fail by the normal rules) and applies stranded cancellations. It is
   called again while a call returns as many rows as it was allowed to, at
   most `max_calls` times, so a backlog drains without one long transaction.
+* **schedule** — `enqueue_due_schedules` enqueues one run per due slot of
+  the declared schedules (upsert_schedule; docs/operations.md, "Periodic
+  runs"), `schedule_batch` slots a call, again while a call is full, at
+  most `max_calls` times. Each slot is enqueued once however many loops
+  run it (row locks SKIP LOCKED, a run_id per slot). After the round the
+  loop asks `schedules_next_due_at` and sleeps no longer than until the
+  next slot (measured by the database clock), so a schedule due every
+  minute is not late by a whole interval.
 * **prune** — with `prune_after` set, `prune(delivered_before=now -
   prune_after)` deletes delivered ledger events in chunks of `prune_batch`,
   again at most `max_calls` chunks per round.
 
 Which role may call what (plpgsql/grants.sql): `reap_expired` is a worker
-function, `prune` an admin one. A duty whose call raises PermissionDenied is
+function, `prune` an admin one, `enqueue_due_schedules` and
+`schedules_next_due_at` both. A duty whose call raises PermissionDenied is
 switched off for the life of this object with one WARNING line; the other
 duties go on. A superuser or the schema owner may run both.
 
-Every Worker and AsyncWorker runs reap on its own (see worker.py), so a fleet
-of workers recovers a SIGKILLed peer's runs without any extra process;
-`runrelay maintain` is for pruning, or for fleets that opt out.
+Every Worker and AsyncWorker runs reap and schedule on its own (see
+worker.py), so a fleet of workers recovers a SIGKILLed peer's runs and
+enqueues its schedules without any extra process; `runrelay maintain` is
+for pruning, or for fleets that opt out.
 
 The loop survives the database being away: a failed round is logged and the
 next one waits a full-jitter backoff instead of the interval. The interval
@@ -40,10 +50,17 @@ from typing import Any
 
 from ._backoff import CONNECTION_ERRORS, Backoff, first_line, jittered, wait_event
 from .errors import PermissionDenied
+from .types import ScheduleDue
 
 log = logging.getLogger("runrelay.maintenance")
 
-DUTIES = ("reap", "prune")
+DUTIES = ("reap", "schedule", "prune")
+
+# A loop woken for a schedule slot sleeps until this long after it (the
+# slot's time by the database clock), and never less than MIN_WAKE between
+# rounds: a slot a peer holds (SKIP LOCKED) is not polled in a busy loop.
+SLOT_GRACE = 0.05
+MIN_WAKE = 0.1
 
 
 class _Duties:
@@ -60,24 +77,31 @@ class _Duties:
         prune_batch: int = 10000,
         max_calls: int = 50,
         reap: bool = True,
+        schedules: bool = True,
+        schedule_batch: int = 100,
     ) -> None:
         if interval <= 0:
             raise ValueError(f"interval must be positive, got {interval!r}")
         if prune_after is not None and prune_after < timedelta(0):
             raise ValueError(f"prune_after must not be negative, got {prune_after!r}")
-        if reap_batch < 1 or prune_batch < 1 or max_calls < 1:
-            raise ValueError("reap_batch, prune_batch and max_calls must be at least 1")
+        if reap_batch < 1 or prune_batch < 1 or schedule_batch < 1 or max_calls < 1:
+            raise ValueError(
+                "reap_batch, prune_batch, schedule_batch and max_calls must be at least 1"
+            )
         self.client = client
         self.interval = interval
         self.prune_after = prune_after
         self.reap_batch = reap_batch
         self.prune_batch = prune_batch
+        self.schedule_batch = schedule_batch
         self.max_calls = max_calls
         self.disabled: set[str] = set()
         if not reap:
             self.disabled.add("reap")
         if prune_after is None:
             self.disabled.add("prune")
+        if not schedules:
+            self.disabled.add("schedule")
         self._signals = 0
         self._stop = self._new_event()
 
@@ -101,6 +125,13 @@ class _Duties:
         assert self.prune_after is not None
         return datetime.now(UTC) - self.prune_after
 
+    def _until_slot(self, delay: float, due: ScheduleDue | None) -> float:
+        """The sleep after a round: `delay`, or less when a schedule slot
+        comes sooner."""
+        if due is None or due.due_in_ms is None:
+            return delay
+        return min(delay, max(MIN_WAKE, due.due_in_ms / 1000 + SLOT_GRACE))
+
     def _log_round(self, done: dict[str, int]) -> None:
         level = logging.INFO if any(done.values()) else logging.DEBUG
         log.log(level, "maintenance round", extra=dict(done))
@@ -111,10 +142,11 @@ class _Duties:
 
 
 class Maintenance(_Duties):
-    """Reaps expired leases and prunes delivered events on a jittered interval.
+    """Reaps expired leases, enqueues due schedule slots and prunes delivered
+    events on a jittered interval.
 
-    `reap=False` leaves reaping to others (a prune-only loop); `prune_after=None`
-    never prunes."""
+    `reap=False` leaves reaping to others (a prune-only loop); `schedules=False`
+    enqueues no schedule; `prune_after=None` never prunes."""
 
     _stop: threading.Event
 
@@ -137,11 +169,14 @@ class Maintenance(_Duties):
             signal.signal(sig, handle)
 
     def run_once(self) -> dict[str, int]:
-        """One round of every enabled duty -> {"reaped": n, "pruned": m}.
-        Connection errors propagate; the loop in run() handles them."""
-        done = {"reaped": 0, "pruned": 0}
+        """One round of every enabled duty -> {"reaped": n, "scheduled": s,
+        "pruned": m}. Connection errors propagate; the loop in run() handles
+        them."""
+        done = {"reaped": 0, "scheduled": 0, "pruned": 0}
         if "reap" not in self.disabled:
             done["reaped"] = self._chunks("reap", self._reap, self.reap_batch)
+        if "schedule" not in self.disabled:
+            done["scheduled"] = self._chunks("schedule", self._schedule, self.schedule_batch)
         if "prune" not in self.disabled:
             done["pruned"] = self._chunks("prune", self._prune, self.prune_batch)
         self._log_round(done)
@@ -152,6 +187,20 @@ class Maintenance(_Duties):
 
     def _prune(self) -> int:
         return int(self.client.prune(self._cutoff(), self.prune_batch))
+
+    def _schedule(self) -> int:
+        return len(self.client.enqueue_due_schedules(self.schedule_batch))
+
+    def next_slot(self) -> ScheduleDue | None:
+        """schedules_next_due_at, or None when the schedule duty is off."""
+        if "schedule" in self.disabled:
+            return None
+        try:
+            due: ScheduleDue = self.client.schedules_next_due_at()
+        except PermissionDenied as exc:
+            self._denied("schedule", exc)
+            return None
+        return due
 
     def _chunks(self, duty: str, call: Callable[[], int], full: int) -> int:
         total = 0
@@ -173,7 +222,7 @@ class Maintenance(_Duties):
             try:
                 self.run_once()
                 backoff.reset()
-                delay = jittered(self.interval)
+                delay = self._until_slot(jittered(self.interval), self.next_slot())
             except CONNECTION_ERRORS as exc:
                 delay = backoff.next()
                 log.warning(
@@ -210,9 +259,11 @@ class AsyncMaintenance(_Duties):
             loop.add_signal_handler(sig, handle, sig)
 
     async def run_once(self) -> dict[str, int]:
-        done = {"reaped": 0, "pruned": 0}
+        done = {"reaped": 0, "scheduled": 0, "pruned": 0}
         if "reap" not in self.disabled:
             done["reaped"] = await self._chunks("reap", self._reap, self.reap_batch)
+        if "schedule" not in self.disabled:
+            done["scheduled"] = await self._chunks("schedule", self._schedule, self.schedule_batch)
         if "prune" not in self.disabled:
             done["pruned"] = await self._chunks("prune", self._prune, self.prune_batch)
         self._log_round(done)
@@ -223,6 +274,19 @@ class AsyncMaintenance(_Duties):
 
     async def _prune(self) -> int:
         return int(await self.client.prune(self._cutoff(), self.prune_batch))
+
+    async def _schedule(self) -> int:
+        return len(await self.client.enqueue_due_schedules(self.schedule_batch))
+
+    async def next_slot(self) -> ScheduleDue | None:
+        if "schedule" in self.disabled:
+            return None
+        try:
+            due: ScheduleDue = await self.client.schedules_next_due_at()
+        except PermissionDenied as exc:
+            self._denied("schedule", exc)
+            return None
+        return due
 
     async def _chunks(self, duty: str, call: Callable[[], Any], full: int) -> int:
         total = 0
@@ -242,7 +306,7 @@ class AsyncMaintenance(_Duties):
             try:
                 await self.run_once()
                 backoff.reset()
-                delay = jittered(self.interval)
+                delay = self._until_slot(jittered(self.interval), await self.next_slot())
             except CONNECTION_ERRORS as exc:
                 delay = backoff.next()
                 log.warning(

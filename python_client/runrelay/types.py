@@ -115,6 +115,24 @@ class RetryOutcome(enum.StrEnum):
     NOT_FOUND = "not_found"
 
 
+class ScheduleOutcome(enum.StrEnum):
+    CREATED = "created"
+    UPDATED = "updated"
+    UNCHANGED = "unchanged"
+
+
+class DeleteScheduleOutcome(enum.StrEnum):
+    DELETED = "deleted"
+    NOT_FOUND = "not_found"
+
+
+class MissedSlots(enum.StrEnum):
+    """What a schedule enqueues for slots that passed while no maintainer ran."""
+
+    CATCH_UP = "catch_up"
+    SKIP = "skip"
+
+
 class PauseOutcome(enum.StrEnum):
     PAUSED = "paused"
     ALREADY_PAUSED = "already_paused"
@@ -443,3 +461,76 @@ class PausedQueue:
     reason: str | None
     paused_by: str | None
     paused_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """A schedule declaration: upsert_schedule's arguments, with its defaults
+    (``payload=None`` is ``{}``). `Client.declare_schedules` upserts a list of
+    them; ``client.upsert_schedule(**schedule.arguments())`` one."""
+
+    name: str
+    cron: str
+    time_zone: str = "UTC"
+    queue: str = "default"
+    payload: Any = None
+    priority: int = 0
+    max_attempts: int = 3
+    concurrency_key: str | None = None
+    missed: str = "skip"
+    enabled: bool = True
+
+    def arguments(self) -> dict[str, Any]:
+        """upsert_schedule's keyword arguments."""
+        return {
+            "name": self.name,
+            "cron": self.cron,
+            "time_zone": self.time_zone,
+            "queue": self.queue,
+            "payload": {} if self.payload is None else self.payload,
+            "priority": self.priority,
+            "max_attempts": self.max_attempts,
+            "concurrency_key": self.concurrency_key,
+            "missed": str(self.missed),
+            "enabled": self.enabled,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleInfo:
+    """One row of list_schedules: the declaration and its state."""
+
+    name: str
+    cron: str
+    time_zone: str
+    queue: str
+    payload: JSON
+    priority: int
+    max_attempts: int
+    concurrency_key: str | None
+    missed: MissedSlots
+    enabled: bool
+    next_slot_at: datetime | None
+    last_slot_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledRun:
+    """One row of enqueue_due_schedules: a slot and its run (created false:
+    the slot's run already existed)."""
+
+    schedule: str
+    slot: datetime
+    run_id: str
+    created: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleDue:
+    """schedules_next_due_at: the earliest next slot (None: no enabled
+    schedule) and the milliseconds until it by the database clock."""
+
+    next_slot_at: datetime | None
+    due_in_ms: int | None

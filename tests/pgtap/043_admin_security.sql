@@ -16,7 +16,10 @@ INSERT INTO admin_fn VALUES
 ('pause_queue', $$SELECT runrelay.pause_queue('sec-none')$$),
 ('resume_queue', $$SELECT runrelay.resume_queue('sec-none')$$),
 ('list_paused_queues', $$SELECT * FROM runrelay.list_paused_queues()$$),
-('purge_runs', $$SELECT runrelay.purge_runs('2000-01-01')$$);
+('purge_runs', $$SELECT runrelay.purge_runs('2000-01-01')$$),
+('upsert_schedule', $$SELECT runrelay.upsert_schedule('sec-none', '@daily')$$),
+('delete_schedule', $$SELECT runrelay.delete_schedule('sec-none')$$),
+('list_schedules', $$SELECT * FROM runrelay.list_schedules()$$);
 -- Read by the roles below while they call each function.
 GRANT SELECT ON admin_fn TO public;
 

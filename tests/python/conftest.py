@@ -25,6 +25,7 @@ from runrelay.worker import Worker
 
 REPO = Path(__file__).resolve().parents[2]
 TABLES = (
+    "schedules",
     "paused_queues",
     "calls",
     "ledger_wakeups",

@@ -96,6 +96,7 @@ def table_checksum(conn: psycopg.Connection) -> str:
         "ledger_wakeups",
         "calls",
         "paused_queues",
+        "schedules",
     )
     for table in tables:
         row = conn.execute(

@@ -16,13 +16,14 @@ from runrelay.cli import EXIT_UNREACHABLE, EXIT_USAGE, build_parser
 
 COMMANDS = [
     "migrate", "downgrade", "status", "worker", "relay", "maintain", "exporter", "demo",
-    "runs", "ledger", "queues",
+    "runs", "ledger", "queues", "schedules",
 ]  # fmt: skip
 # The actions of each command group.
 ACTIONS = {
     "runs": ["list", "show", "enqueue", "cancel", "signal", "retry", "purge"],
     "ledger": ["blocked", "show", "requeue"],
     "queues": ["list", "pause", "resume"],
+    "schedules": ["list", "set", "delete"],
 }
 NOWHERE = "postgresql://runrelay@127.0.0.1:1/nothing?connect_timeout=2"
 

@@ -1241,6 +1241,11 @@ def round_trip_calls(now: datetime) -> dict[str, tuple[tuple[Any, ...], dict[str
         "list_paused_queues": ((), {}),
         "purge_runs": ((now - timedelta(days=1),), {}),
         "run_trace_context": (("rt",), {}),
+        "upsert_schedule": (("rt-tick", "@hourly"), {"payload": {"k": 1}}),
+        "delete_schedule": (("rt-none",), {}),
+        "list_schedules": ((), {}),
+        "enqueue_due_schedules": ((), {}),
+        "schedules_next_due_at": ((), {}),
         "run_stats": ((), {}),
         "ledger_stats": ((), {}),
         "wait_stats": ((), {}),
@@ -1472,6 +1477,13 @@ def test_every_method_returns_its_declared_type(
         await call("run_trace_context", "a")  # enqueued untraced: None
         await call("enqueue_runs", [EnqueueItem("traced", trace_context={"traceparent": TP})])
         await call("run_trace_context", "traced")
+
+        await call("upsert_schedule", "tick", "@hourly", payload={"k": 1}, missed="catch_up")
+        await call("list_schedules")
+        await call("schedules_next_due_at")
+        await call("enqueue_due_schedules", conn=ahead)  # two hours ahead: two slots
+        await call("delete_schedule", "tick")
+        await call("schedules_next_due_at")  # no schedule: its fields are None
 
     drive(scenario)
     assert set(seen) == set(_core.OPERATIONS), "a method is not checked"

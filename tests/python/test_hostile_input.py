@@ -166,6 +166,22 @@ def base_calls(w: World) -> dict[str, dict[str, Any]]:
             "max_rows": 10,
             "include_undelivered": False,
         },
+        "upsert_schedule": {
+            "name": "s",
+            "cron": "*/5 * * * *",
+            "time_zone": "UTC",
+            "queue": "q",
+            "payload": {},
+            "priority": 0,
+            "max_attempts": 3,
+            "concurrency_key": "k",
+            "missed": "skip",
+            "enabled": True,
+        },
+        "delete_schedule": {"name": "s"},
+        "list_schedules": {"after_name": "a", "max_rows": 10},
+        "enqueue_due_schedules": {"max_runs": 10},
+        "schedules_next_due_at": {},
     }
 
 
@@ -211,6 +227,8 @@ NULLABLE = {
     ("requeue_blocked_heads", "lane"),
     ("pause_queue", "reason"),
     ("pause_queue", "requested_by"),
+    ("upsert_schedule", "concurrency_key"),
+    ("list_schedules", "after_name"),
 }
 
 # Identifier parameters: 1 to 200 characters, not blank.
@@ -254,6 +272,10 @@ IDENTIFIERS = [
     ("pause_queue", "queue"),
     ("pause_queue", "requested_by"),
     ("resume_queue", "queue"),
+    ("upsert_schedule", "queue"),
+    ("upsert_schedule", "concurrency_key"),
+    ("delete_schedule", "name"),
+    ("list_schedules", "after_name"),
 ]
 
 
@@ -351,6 +373,7 @@ def test_identifier_bounds_and_blanks(
         ("list_blocked_heads", "lane"),
         ("list_blocked_heads", "after_lane"),
         ("requeue_blocked_heads", "lane"),
+        ("upsert_schedule", "missed"),
     ],
 )
 def test_enumerated_text_parameters(

@@ -205,6 +205,15 @@ def test_the_callers_lock_timeout_is_unchanged_after_every_outcome(
     checked("resume_queue", queue="default")  # not_paused
     checked("purge_runs", finished_before="2000-01-01")  # nothing ended then
     checked("purge_runs", finished_before="2100-01-01", include_undelivered=True)
+    checked("upsert_schedule", name="tick", cron="* * * * *")
+    checked("upsert_schedule", name="tick", cron="* * * * *")  # unchanged
+    checked("upsert_schedule", name="tick", cron="*/2 * * * *")  # updated
+    checked("enqueue_due_schedules")  # nothing due
+    conn.execute("SELECT set_config('runrelay.clock_offset', '1 hour', true)")
+    assert checked("enqueue_due_schedules")  # a slot due an hour on
+    conn.execute("SELECT set_config('runrelay.clock_offset', '', true)")
+    checked("delete_schedule", name="tick")
+    checked("delete_schedule", name="tick")  # not_found
     conn.rollback()
 
 
@@ -240,6 +249,8 @@ def test_every_writing_function_restores_the_callers_lock_timeout_on_every_exit(
         "list_paused_queues",
         # a run's trace context, for tracing workers and relays
         "run_trace_context",
+        "list_schedules",
+        "schedules_next_due_at",
     }
     assert set(unbounded) <= readers, unbounded
     for name, src, setof in bounded:

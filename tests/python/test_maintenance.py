@@ -103,7 +103,7 @@ def test_maintain_once_reaps_an_expired_lease_and_prunes_old_deliveries(
         timeout=120,
     )
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout) == {"reaped": 1, "pruned": old_delivered[0]}
+    assert json.loads(out.stdout) == {"reaped": 1, "scheduled": 0, "pruned": old_delivered[0]}
     attempt = db.execute(
         "SELECT status, error->>'reason' FROM runrelay.attempts WHERE run_id = 'orphan'"
     ).fetchone()
@@ -136,9 +136,9 @@ def test_a_denied_duty_is_disabled_with_one_warning_and_the_others_go_on(
     as_worker.execute("SET ROLE runrelay_worker")
     maintenance = Maintenance(Client(as_worker), prune_after=timedelta(days=1))
     with caplog.at_level(logging.WARNING, logger="runrelay.maintenance"):
-        assert maintenance.run_once() == {"reaped": 1, "pruned": 0}
+        assert maintenance.run_once() == {"reaped": 1, "scheduled": 0, "pruned": 0}
         _expired_claim(connect, "orphan2")
-        assert maintenance.run_once() == {"reaped": 1, "pruned": 0}
+        assert maintenance.run_once() == {"reaped": 1, "scheduled": 0, "pruned": 0}
     warnings = [r for r in caplog.records if r.name == "runrelay.maintenance"]
     assert len(warnings) == 1, [r.getMessage() for r in warnings]
     assert "maintenance duty prune disabled" in warnings[0].getMessage()

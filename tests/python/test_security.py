@@ -58,6 +58,8 @@ GRANTS: dict[str, frozenset[str]] = {
             "read_runner_terminal",
             "reap_expired",
             "run_trace_context",
+            "enqueue_due_schedules",
+            "schedules_next_due_at",
             "get_schema_version",
         }
     ),
@@ -88,6 +90,11 @@ GRANTS: dict[str, frozenset[str]] = {
             "resume_queue",
             "list_paused_queues",
             "purge_runs",
+            "upsert_schedule",
+            "delete_schedule",
+            "list_schedules",
+            "enqueue_due_schedules",
+            "schedules_next_due_at",
             "get_schema_version",
         }
     ),
@@ -217,6 +224,20 @@ def _allowed_calls() -> dict[str, tuple[dict[str, Any], Callable[[list[tuple[Any
         "list_paused_queues": ({}, lambda rows: all(len(r) == 4 for r in rows)),
         "purge_runs": ({"finished_before": far}, first_is(0)),
         "run_trace_context": ({"run_id": "sec-seed"}, first_is(None)),
+        # upsert_schedule writes a schedule whose first slot is a year on:
+        # enqueue_due_schedules then finds nothing due, and the matrix calls
+        # the functions in name order, so delete_schedule comes first.
+        "upsert_schedule": (
+            {"name": "sec-schedule", "cron": "@yearly"},
+            lambda rows: rows in ([("created",)], [("unchanged",)]),
+        ),
+        "delete_schedule": (
+            {"name": "sec-schedule"},
+            lambda rows: rows in ([("deleted",)], [("not_found",)]),
+        ),
+        "list_schedules": ({}, lambda rows: all(len(r) == 14 for r in rows)),
+        "enqueue_due_schedules": ({}, empty),
+        "schedules_next_due_at": ({}, lambda rows: len(rows) == 1 and len(rows[0]) == 2),
     }
 
 

@@ -7,6 +7,12 @@
 ALTER TABLE runs DROP COLUMN trace_context;
 -- ==== end: trace context ===================================================
 
+-- ==== schedules ============================================================
+-- 0008 has no schedules: every declaration is dropped (the runs they
+-- enqueued stay).
+DROP TABLE schedules;
+-- ==== end: schedules =======================================================
+
 -- ==== purging runs =========================================================
 DROP INDEX calls_run_id_idx;
 

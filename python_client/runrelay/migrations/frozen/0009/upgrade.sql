@@ -193,3 +193,37 @@ $$;
 -- none.
 ALTER TABLE runs ADD COLUMN trace_context jsonb;
 -- ==== end: trace context ===================================================
+
+-- ==== schedules ============================================================
+-- Periodic runs: upsert_schedule declares, enqueue_due_schedules enqueues
+-- the due slots (plpgsql/schema/10_schedules.sql). Empty after the upgrade.
+CREATE TABLE schedules (
+    name text PRIMARY KEY,
+    cron text NOT NULL,
+    time_zone text NOT NULL,
+    queue text NOT NULL,
+    payload jsonb NOT NULL,
+    priority integer NOT NULL,
+    max_attempts integer NOT NULL,
+    concurrency_key text,
+    missed text NOT NULL,
+    enabled boolean NOT NULL,
+    next_slot_at timestamptz,
+    last_slot_at timestamptz,
+    created_at timestamptz NOT NULL,
+    updated_at timestamptz NOT NULL,
+    CONSTRAINT schedules_name_length CHECK (length(name) BETWEEN 1 AND 160),
+    CONSTRAINT schedules_cron_length CHECK (length(cron) BETWEEN 1 AND 200),
+    CONSTRAINT schedules_queue_length CHECK (length(queue) BETWEEN 1 AND 200),
+    CONSTRAINT schedules_concurrency_key_length CHECK (
+        concurrency_key IS NULL OR length(concurrency_key) BETWEEN 1 AND 200
+    ),
+    CONSTRAINT schedules_max_attempts CHECK (max_attempts BETWEEN 1 AND 1000),
+    CONSTRAINT schedules_missed CHECK (missed IN ('catch_up', 'skip')),
+    CONSTRAINT schedules_enabled_has_next_slot CHECK (enabled = (next_slot_at IS NOT NULL)),
+    CONSTRAINT schedules_slots_in_order CHECK (next_slot_at > last_slot_at)
+);
+
+CREATE INDEX schedules_due_idx ON schedules (next_slot_at, name)
+WHERE next_slot_at IS NOT NULL;
+-- ==== end: schedules =======================================================

@@ -1,0 +1,239 @@
+-- Cron expressions (plpgsql/_internal/cron.sql; docs/operations.md,
+-- "Periodic runs"): the fields, lists, ranges, steps, names and macros;
+-- Vixie's day rule; slots across daylight-saving changes in Europe/Berlin
+-- and America/New_York (a skipped local time is the first instant after
+-- the gap, a repeated one runs once, at its first occurrence); the latest
+-- slot for missed skip; every malformed expression is 22023 naming its
+-- field.
+BEGIN;
+SELECT plan(38);
+
+-- The first p_count slots of an expression strictly after p_after, in UTC.
+CREATE FUNCTION pg_temp.slots(p_cron text, p_time_zone text, p_after timestamptz, p_count integer)
+RETURNS text[]
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_spec runrelay.cron_fields := runrelay._cron_parse(p_cron);
+    v_at timestamptz := p_after;
+    v_out text[] := '{}';
+BEGIN
+    FOR i IN 1..p_count LOOP
+        v_at := runrelay._cron_next(v_spec, p_time_zone, v_at);
+        v_out := v_out || to_char(v_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI');
+    END LOOP;
+    RETURN v_out;
+END;
+$$;
+
+-- Fields, lists, ranges, steps, names.
+SELECT is(
+    pg_temp.slots('*/15 * * * *', 'UTC', '2030-01-01 00:07Z', 4),
+    ARRAY['2030-01-01 00:15', '2030-01-01 00:30', '2030-01-01 00:45', '2030-01-01 01:00'],
+    '*/15: every quarter hour'
+);
+SELECT is(
+    pg_temp.slots('1-5/2 0 * * *', 'UTC', '2030-01-01 00:00Z', 4),
+    ARRAY['2030-01-01 00:01', '2030-01-01 00:03', '2030-01-01 00:05', '2030-01-02 00:01'],
+    '1-5/2: a range with a step'
+);
+SELECT is(
+    pg_temp.slots('5/20 8 * * *', 'UTC', '2030-01-01 00:00Z', 4),
+    ARRAY['2030-01-01 08:05', '2030-01-01 08:25', '2030-01-01 08:45', '2030-01-02 08:05'],
+    '5/20: from a value to the field''s end'
+);
+SELECT is(
+    pg_temp.slots('0,30 6,18 * * *', 'UTC', '2030-01-01 06:00Z', 4),
+    ARRAY['2030-01-01 06:30', '2030-01-01 18:00', '2030-01-01 18:30', '2030-01-02 06:00'],
+    'lists in two fields'
+);
+-- 2030-01-04 is a Friday.
+SELECT is(
+    pg_temp.slots('0 9-17/4 * * mon-fri', 'UTC', '2030-01-04 12:00Z', 4),
+    ARRAY['2030-01-04 13:00', '2030-01-04 17:00', '2030-01-07 09:00', '2030-01-07 13:00'],
+    'weekday names and an hour range with a step: weekends skipped'
+);
+SELECT is(
+    pg_temp.slots('0 0 1 JAN,jul *', 'UTC', '2030-01-01 00:00Z', 3),
+    ARRAY['2030-07-01 00:00', '2031-01-01 00:00', '2031-07-01 00:00'],
+    'month names, in any letter case'
+);
+SELECT is(
+    pg_temp.slots('0 12 * * 7', 'UTC', '2030-01-01 00:00Z', 2),
+    pg_temp.slots('0 12 * * 0', 'UTC', '2030-01-01 00:00Z', 2),
+    'day-of-week 7 is Sunday, as 0 is'
+);
+SELECT is(
+    pg_temp.slots('0 12 * * sun', 'UTC', '2030-01-01 00:00Z', 2),
+    ARRAY['2030-01-06 12:00', '2030-01-13 12:00'],
+    'sun'
+);
+SELECT is(
+    pg_temp.slots('0 0 29 2 *', 'UTC', '2097-03-01Z', 2),
+    ARRAY['2104-02-29 00:00', '2108-02-29 00:00'],
+    'the 29th of February: leap years only (2100 is not one)'
+);
+
+-- Vixie's day rule.
+SELECT is(
+    pg_temp.slots('0 0 13 * fri', 'UTC', '2030-09-01Z', 4),
+    ARRAY['2030-09-06 00:00', '2030-09-13 00:00', '2030-09-20 00:00', '2030-09-27 00:00'],
+    'both day fields restricted: the 13th or a Friday'
+);
+SELECT is(
+    pg_temp.slots('0 0 13 * fri', 'UTC', '2030-10-01Z', 3),
+    ARRAY['2030-10-04 00:00', '2030-10-11 00:00', '2030-10-13 00:00'],
+    'a 13th that is no Friday matches too'
+);
+SELECT is(
+    pg_temp.slots('0 0 */2 * mon', 'UTC', '2030-01-01Z', 3),
+    ARRAY['2030-01-07 00:00', '2030-01-21 00:00', '2030-02-11 00:00'],
+    'a day-of-month field starting with *: odd days that are Mondays'
+);
+
+-- Macros.
+SELECT is(
+    pg_temp.slots('@hourly', 'UTC', '2030-01-01 00:30Z', 1) || pg_temp.slots('@DAILY', 'UTC', '2030-01-01 00:30Z', 1)
+    || pg_temp.slots('@midnight', 'UTC', '2030-01-01 00:30Z', 1)
+    || pg_temp.slots('@weekly', 'UTC', '2030-01-01 00:30Z', 1)
+    || pg_temp.slots('@monthly', 'UTC', '2030-01-01 00:30Z', 1)
+    || pg_temp.slots('@yearly', 'UTC', '2030-01-01 00:30Z', 1)
+    || pg_temp.slots('@annually', 'UTC', '2030-01-01 00:30Z', 1),
+    ARRAY[
+        '2030-01-01 01:00', '2030-01-02 00:00', '2030-01-02 00:00', '2030-01-06 00:00', '2030-02-01 00:00',
+        '2031-01-01 00:00', '2031-01-01 00:00'
+    ],
+    '@hourly, @daily, @midnight, @weekly, @monthly, @yearly, @annually'
+);
+
+-- Time zones and daylight saving. New York springs forward on 2030-03-10
+-- (02:00 EST -> 03:00 EDT) and falls back on 2030-11-03 (02:00 EDT -> 01:00
+-- EST); Berlin on 2030-03-31 (02:00 CET -> 03:00 CEST) and 2030-10-27
+-- (03:00 CEST -> 02:00 CET).
+SELECT is(
+    pg_temp.slots('0 9 * * *', 'America/New_York', '2030-01-01Z', 1)
+    || pg_temp.slots('0 9 * * *', 'America/New_York', '2030-07-01Z', 1),
+    ARRAY['2030-01-01 14:00', '2030-07-01 13:00'],
+    'slots are local times: 09:00 New York is 14:00 UTC in winter, 13:00 in summer'
+);
+SELECT is(
+    pg_temp.slots('30 2 * * *', 'America/New_York', '2030-03-09 12:00Z', 2),
+    ARRAY['2030-03-10 07:00', '2030-03-11 06:30'],
+    'New York spring gap: 02:30 runs at the first instant after the gap, 03:00 EDT, and at 02:30 the next day'
+);
+SELECT is(
+    pg_temp.slots('*/30 * * * *', 'America/New_York', '2030-03-10 05:45Z', 5),
+    ARRAY['2030-03-10 06:00', '2030-03-10 06:30', '2030-03-10 07:00', '2030-03-10 07:30', '2030-03-10 08:00'],
+    'New York spring gap: 02:00, 02:30 and 03:00 are one slot, 03:00 EDT'
+);
+SELECT is(
+    pg_temp.slots('30 1 * * *', 'America/New_York', '2030-11-02 12:00Z', 2),
+    ARRAY['2030-11-03 05:30', '2030-11-04 06:30'],
+    'New York fall back: 01:30 happens twice and runs once, at its first occurrence (EDT)'
+);
+SELECT is(
+    pg_temp.slots('*/30 * * * *', 'America/New_York', '2030-11-03 04:45Z', 5),
+    ARRAY['2030-11-03 05:00', '2030-11-03 05:30', '2030-11-03 07:00', '2030-11-03 07:30', '2030-11-03 08:00'],
+    'New York fall back: the repeated hour has no slots of its own'
+);
+SELECT is(
+    pg_temp.slots('*/30 * * * *', 'America/New_York', '2030-11-03 06:10Z', 1),
+    ARRAY['2030-11-03 07:00'],
+    'from inside the repeated hour, the next slot is after it'
+);
+SELECT is(
+    pg_temp.slots('30 2 * * *', 'Europe/Berlin', '2030-03-30 12:00Z', 2),
+    ARRAY['2030-03-31 01:00', '2030-04-01 00:30'],
+    'Berlin spring gap: 02:30 runs at 03:00 CEST'
+);
+SELECT is(
+    pg_temp.slots('30 2 * * *', 'Europe/Berlin', '2030-10-26 12:00Z', 2),
+    ARRAY['2030-10-27 00:30', '2030-10-28 01:30'],
+    'Berlin fall back: 02:30 runs once, at 02:30 CEST'
+);
+SELECT is(
+    pg_temp.slots('0 * * * *', 'Europe/Berlin', '2030-10-26 23:30Z', 4),
+    ARRAY['2030-10-27 00:00', '2030-10-27 02:00', '2030-10-27 03:00', '2030-10-27 04:00'],
+    'Berlin fall back, hourly: 02:00 once (CEST), then 03:00 CET'
+);
+
+-- The latest slot at or before now (missed skip).
+SELECT is(
+    runrelay._cron_latest(
+        runrelay._cron_parse('*/5 * * * *'), 'UTC', '2030-01-01 00:00Z', '2030-06-01 12:34:56Z'
+    ),
+    '2030-06-01 12:30Z'::timestamptz,
+    '_cron_latest: the latest slot at or before now'
+);
+SELECT is(
+    runrelay._cron_latest(
+        runrelay._cron_parse('*/30 * * * *'), 'America/New_York', '2030-11-03 04:00Z', '2030-11-03 06:45Z'
+    ),
+    '2030-11-03 05:30Z'::timestamptz,
+    '_cron_latest inside the repeated hour: the first 01:30'
+);
+SELECT is(
+    runrelay._cron_latest(
+        runrelay._cron_parse('0 0 29 2 *'), 'UTC', '2000-02-29Z', '2099-03-01Z'
+    ),
+    '2096-02-29 00:00Z'::timestamptz,
+    '_cron_latest a century on'
+);
+
+-- Malformed expressions: 22023 naming the field.
+SELECT throws_ok(
+    $$SELECT runrelay._cron_parse('60 * * * *')$$, '22023',
+    'runrelay: invalid cron: minute field "60": 60 is out of range 0-59', 'minute out of range'
+);
+SELECT throws_ok(
+    $$SELECT runrelay._cron_parse('* * 0 * *')$$, '22023',
+    'runrelay: invalid cron: day-of-month field "0": 0 is out of range 1-31', 'day-of-month out of range'
+);
+SELECT throws_ok(
+    $$SELECT runrelay._cron_parse('* * * 13 *')$$, '22023',
+    'runrelay: invalid cron: month field "13": 13 is out of range 1-12', 'month out of range'
+);
+SELECT throws_ok(
+    $$SELECT runrelay._cron_parse('* * * * 8')$$, '22023',
+    'runrelay: invalid cron: day-of-week field "8": 8 is out of range 0-7', 'day-of-week out of range'
+);
+SELECT throws_ok(
+    $$SELECT runrelay._cron_parse('* * * mon *')$$, '22023',
+    'runrelay: invalid cron: month field "mon": ''mon'' is not a number or name', 'a weekday name as a month'
+);
+SELECT throws_ok(
+    $$SELECT runrelay._cron_parse('* x * * *')$$, '22023',
+    'runrelay: invalid cron: hour field "x": ''x'' is not a number', 'letters in a field without names'
+);
+SELECT throws_ok(
+    $$SELECT runrelay._cron_parse('1,,2 * * * *')$$, '22023',
+    'runrelay: invalid cron: minute field "1,,2": a value is missing', 'an empty list item'
+);
+SELECT throws_ok(
+    $$SELECT runrelay._cron_parse('*/0 * * * *')$$, '22023',
+    'runrelay: invalid cron: minute field "*/0": the step must be a positive integer', 'a zero step'
+);
+SELECT throws_ok(
+    $$SELECT runrelay._cron_parse('5-1 * * * *')$$, '22023',
+    'runrelay: invalid cron: minute field "5-1": the range runs backwards', 'a backwards range'
+);
+SELECT throws_ok(
+    $$SELECT runrelay._cron_parse('1-2-3 * * * *')$$, '22023',
+    'runrelay: invalid cron: minute field "1-2-3": a range has two ends', 'a range with three ends'
+);
+SELECT throws_ok(
+    $$SELECT runrelay._cron_parse('0 0 30 2 *')$$, '22023',
+    'runrelay: invalid cron: day-of-month field "30" never falls in month field "2"', 'a date that never comes'
+);
+SELECT lives_ok(
+    $$SELECT runrelay._cron_parse('0 0 30 2 mon')$$,
+    'the 30th of February or a Monday: Mondays come'
+);
+SELECT throws_ok(
+    $$SELECT runrelay._cron_parse('@often')$$, '22023',
+    'runrelay: invalid cron: must have five fields, minute hour day-of-month month day-of-week (got 1)',
+    'an unknown macro'
+);
+
+SELECT * FROM finish();
+ROLLBACK;
