@@ -6,8 +6,8 @@ Options common to every command (--database-url, --schema, --log-level,
 --log-format) are accepted before or after the command name. Exit codes: 0
 success, 1 the command failed or was refused (a demo invariant broke, a
 migration error, a retry of a run that did not fail), 2 bad usage, 3 the
-database could not be reached or has no runrelay schema, 4 no such run or
-event.
+database could not be reached or has no runrelay schema, 4 no such run,
+event or schedule.
 """
 
 from __future__ import annotations
@@ -370,153 +370,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
         )
 
 
-# -- schedules ------------------------------------------------------------------
-# `runrelay schedules list|set|delete`: the schedules of periodic runs
-# (upsert_schedule and friends, the admin role). Exit codes: 0 done, 1 not
-# found or refused (no privilege), 2 bad usage (a bad cron expression, time
-# zone or argument included: the call changed nothing).
-SCHEDULE_COLUMNS = (
-    "name",
-    "cron",
-    "time_zone",
-    "queue",
-    "missed",
-    "enabled",
-    "next_slot_at",
-    "last_slot_at",
-)
-
-
-def _schedule_client(args: argparse.Namespace) -> Any:
-    from .client import Client
-
-    url = _require_url(args)
-    _probe(args, url)
-    return Client(url, schema=args.schema)
-
-
-@contextmanager
-def _schedule_errors() -> Iterator[None]:
-    """A refused or invalid call as one line and its exit code."""
-    from .errors import InvalidArgument, PayloadTooLarge, PermissionDenied
-
-    try:
-        yield
-    except (InvalidArgument, PayloadTooLarge) as exc:
-        raise CommandError(str(exc), EXIT_USAGE) from None
-    except PermissionDenied as exc:
-        raise CommandError(f"refused: {exc.message}", EXIT_FAILED) from None
-
-
-def _all_schedules(client: Any) -> list[Any]:
-    found: list[Any] = []
-    while page := client.list_schedules(found[-1].name if found else None, 1000):
-        found += page
-    return found
-
-
-def _schedule_json(schedule: Any) -> dict[str, Any]:
-    from dataclasses import asdict
-
-    row = asdict(schedule)
-    return {k: v.isoformat() if hasattr(v, "isoformat") else v for k, v in row.items()}
-
-
-def cmd_schedules_list(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
-    with _schedule_client(args) as client, _schedule_errors():
-        schedules = _all_schedules(client)
-    if args.json:
-        print(json.dumps([_schedule_json(s) for s in schedules], indent=2))
-        return 0
-    table = Table(title="schedules")
-    for column in SCHEDULE_COLUMNS:
-        table.add_column(column)
-    for schedule in schedules:
-        row = _schedule_json(schedule)
-        table.add_row(*("" if row[c] is None else str(row[c]) for c in SCHEDULE_COLUMNS))
-    Console(width=200).print(table)
-    return 0
-
-
-def cmd_schedules_set(args: argparse.Namespace) -> int:
-    try:
-        payload = json.loads(args.payload)
-    except json.JSONDecodeError as exc:
-        raise CommandError(f"--payload is not JSON: {exc}", EXIT_USAGE) from None
-    with _schedule_client(args) as client, _schedule_errors():
-        outcome = client.upsert_schedule(
-            args.name,
-            args.cron,
-            time_zone=args.time_zone,
-            queue=args.queue,
-            payload=payload,
-            priority=args.priority,
-            max_attempts=args.max_attempts,
-            concurrency_key=args.concurrency_key,
-            missed=args.missed,
-            enabled=not args.disabled,
-        )
-        (schedule,) = [s for s in _all_schedules(client) if s.name == args.name]
-    next_slot = schedule.next_slot_at.isoformat() if schedule.next_slot_at else None
-    if args.json:
-        print(json.dumps({"name": args.name, "outcome": str(outcome), "next_slot_at": next_slot}))
-    else:
-        print(f"{args.name}: {outcome}, next slot {next_slot or 'none (disabled)'}")
-    return 0
-
-
-def cmd_schedules_delete(args: argparse.Namespace) -> int:
-    with _schedule_client(args) as client, _schedule_errors():
-        outcome = client.delete_schedule(args.name)
-    if args.json:
-        print(json.dumps({"name": args.name, "outcome": str(outcome)}))
-    else:
-        print(f"{args.name}: {outcome}")
-    return 0 if outcome == "deleted" else EXIT_FAILED
-
-
-def _schedules_parser(command: Callable[..., Any]) -> None:
-    """`runrelay schedules list|set|delete`, registered by build_parser."""
-    p = command("schedules", "periodic runs: list, declare (set) or delete schedules", None)
-    sub = p.add_subparsers(dest="schedules_command", required=True, metavar="SUBCOMMAND")
-
-    def subcommand(name: str, help: str, func: Callable[[argparse.Namespace], int]) -> Any:
-        q = sub.add_parser(name, help=help, description=help, formatter_class=_Formatter)
-        _common_options(q, suppress=True)
-        q.add_argument("--json", action="store_true", help="machine-readable output")
-        q.set_defaults(func=func)
-        return q
-
-    subcommand("list", "every schedule with its next and latest slot", cmd_schedules_list)
-    q = subcommand(
-        "set",
-        "declare a schedule or change it (upsert_schedule): created, updated or unchanged",
-        cmd_schedules_set,
-    )
-    q.add_argument("name", help="schedule name (1-160 characters)")
-    q.add_argument("cron", help="five cron fields or a macro, e.g. '*/15 * * * *' or @daily")
-    q.add_argument("--time-zone", default="UTC", help="IANA time zone the fields are read in")
-    q.add_argument("--queue", default="default", help="queue of the runs")
-    q.add_argument("--payload", default="{}", help="JSON payload of the runs")
-    q.add_argument("--priority", type=int, default=0, help="priority of the runs")
-    q.add_argument("--max-attempts", type=int, default=3, help="max_attempts of the runs")
-    q.add_argument("--concurrency-key", help="concurrency key of the runs (default: none)")
-    q.add_argument(
-        "--missed",
-        choices=("skip", "catch_up"),
-        default="skip",
-        help="slots missed while no maintainer ran: the latest only, or every one",
-    )
-    q.add_argument("--disabled", action="store_true", help="declare it but enqueue nothing")
-    q = subcommand(
-        "delete", "delete a schedule (its runs stay); exit 1 if none", cmd_schedules_delete
-    )
-    q.add_argument("name", help="schedule name")
-
-
 # -- the parser ---------------------------------------------------------------
 class _Formatter(argparse.RawDescriptionHelpFormatter):
     """Each option's default after its help (unless the help already says it,
@@ -599,11 +452,10 @@ def build_parser() -> argparse.ArgumentParser:
     _common_options(parser, suppress=False)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def command(name: str, help: str, func: Callable[[argparse.Namespace], int] | None) -> Any:
+    def command(name: str, help: str, func: Callable[[argparse.Namespace], int]) -> Any:
         p = sub.add_parser(name, help=help, description=help, formatter_class=_Formatter)
         _common_options(p, suppress=True)
-        if func is not None:
-            p.set_defaults(func=func)
+        p.set_defaults(func=func)
         return p
 
     p = command("migrate", "install or upgrade the schema (to the newest revision)", cmd_migrate)
@@ -715,8 +567,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds a scrape may spend connecting and reading the views before it "
         "answers runrelay_up 0",
     )
-
-    _schedules_parser(command)
 
     p = command("demo", "the whole system on this machine, checked end to end", cmd_demo)
     p.add_argument("--runs", type=_positive_int, default=5000, help="runs to enqueue")

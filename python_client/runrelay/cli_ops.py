@@ -4,6 +4,7 @@ deliveries and queues without writing SQL.
     runrelay runs list|show|enqueue|cancel|signal|retry|purge
     runrelay ledger blocked|show|requeue
     runrelay queues list|pause|resume
+    runrelay schedules list|set|delete
     runrelay status --watch
 
 Each is one call of the SQL API (or a few pages of one), made by the login of
@@ -19,9 +20,10 @@ Exit codes, so a script can branch on them:
 * 1 — refused by the run's state (retry of a run that did not fail, cancel or
   signal of an ended run, requeue of an event that is not blocked), or the
   login lacks the role;
-* 2 — bad usage, or the database rejected an argument (SQLSTATE 22023);
+* 2 — bad usage, or the database rejected an argument (SQLSTATE 22023: a
+  bad cron expression or time zone too);
 * 3 — the database could not be reached or has no runrelay schema;
-* 4 — no such run or event.
+* 4 — no such run, event or schedule.
 """
 
 from __future__ import annotations
@@ -229,7 +231,13 @@ def client(args: argparse.Namespace) -> Iterator[Any]:
     """A Client on one connection of --database-url. The database's typed
     errors become the command's exit codes: bad input 2, a missing role 1."""
     from .client import Client
-    from .errors import InvalidArgument, PermissionDenied, RunrelayError, SchemaMissing
+    from .errors import (
+        InvalidArgument,
+        PayloadTooLarge,
+        PermissionDenied,
+        RunrelayError,
+        SchemaMissing,
+    )
 
     url = _require_url(args)
     try:
@@ -238,7 +246,7 @@ def client(args: argparse.Namespace) -> Iterator[Any]:
             # ("run runrelay migrate"), whatever the command reads after.
             c.get_schema_version()
             yield c
-    except InvalidArgument as exc:
+    except (InvalidArgument, PayloadTooLarge) as exc:
         raise CommandError(f"rejected: {exc}", EXIT_USAGE) from None
     except PermissionDenied as exc:
         raise CommandError(
@@ -611,6 +619,64 @@ def cmd_queues_resume(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# -- schedules --------------------------------------------------------------------
+SCHEDULE_COLUMNS = ("name", "cron", "time_zone", "queue", "missed", "enabled", "next slot",
+                    "last slot")  # fmt: skip
+
+
+def _schedules(c: Any) -> list[Any]:
+    """Every schedule, by name, a page of list_schedules after another."""
+    found: list[Any] = []
+    while page := c.list_schedules(found[-1].name if found else None, 1000):
+        found += page
+    return found
+
+
+def cmd_schedules_list(args: argparse.Namespace) -> int:
+    with client(args) as c:
+        schedules = _schedules(c)
+    if args.json:
+        print_json(schedules)
+        return EXIT_OK
+    rows = [
+        [s.name, s.cron, s.time_zone, s.queue, s.missed, s.enabled, s.next_slot_at, s.last_slot_at]
+        for s in schedules
+    ]
+    show(table("schedules", SCHEDULE_COLUMNS, rows))
+    return EXIT_OK
+
+
+def cmd_schedules_set(args: argparse.Namespace) -> int:
+    with client(args) as c:
+        outcome = c.upsert_schedule(
+            args.name,
+            args.cron,
+            time_zone=args.time_zone,
+            queue=args.queue,
+            payload=args.payload,
+            priority=args.priority,
+            max_attempts=args.max_attempts,
+            concurrency_key=args.key,
+            missed=args.missed,
+            enabled=not args.disabled,
+        )
+        (schedule,) = [s for s in _schedules(c) if s.name == args.name]
+    next_slot = schedule.next_slot_at.isoformat() if schedule.next_slot_at else None
+    say(
+        args,
+        {"name": args.name, "outcome": str(outcome), "next_slot_at": next_slot},
+        f"{args.name}: {outcome}, next slot {next_slot or 'none (disabled)'}",
+    )
+    return EXIT_OK
+
+
+def cmd_schedules_delete(args: argparse.Namespace) -> int:
+    with client(args) as c:
+        outcome = c.delete_schedule(args.name)
+    say(args, {"name": args.name, "outcome": str(outcome)}, f"{args.name}: {outcome}")
+    return EXIT_OK if outcome == "deleted" else EXIT_NOT_FOUND
+
+
 # -- status -----------------------------------------------------------------------
 def status_data(c: Any) -> dict[str, Any]:
     return {
@@ -685,7 +751,7 @@ def _watch(args: argparse.Namespace) -> int:
 def add_commands(
     group: Callable[[str, str], Any], leaf: Callable[[Any, str, str, Command], Any]
 ) -> None:
-    """Add the `runs`, `ledger` and `queues` command groups. `group(name,
+    """Add the `runs`, `ledger`, `queues` and `schedules` command groups. `group(name,
     help)` makes a command group's subparsers; `leaf(subparsers, name, help,
     func)` one command of it (both from cli.build_parser, which adds the
     common options)."""
@@ -825,6 +891,36 @@ def add_commands(
     _json(p)
     p = leaf(queues, "resume", "let claims take the queue's runs again", cmd_queues_resume)
     p.add_argument("queue")
+    _json(p)
+
+    schedules = group("schedules", "periodic runs: list, declare (set) or delete schedules")
+    p = leaf(schedules, "list", "every schedule with its next and latest slot",
+             cmd_schedules_list)  # fmt: skip
+    _json(p)
+    p = leaf(schedules, "set",
+             "declare a schedule or change it (upsert_schedule): created, updated or unchanged",
+             cmd_schedules_set)  # fmt: skip
+    p.add_argument("name", help="schedule name (1-160 characters)")
+    p.add_argument("cron", help="five cron fields or a macro, e.g. '*/15 * * * *' or @daily")
+    p.add_argument("--time-zone", default="UTC", help="IANA time zone the fields are read in")
+    p.add_argument("--queue", default="default", help="queue of the runs")
+    p.add_argument(
+        "--payload", type=json_value, default={}, help="JSON, @file or - (stdin) (default: {})"
+    )
+    p.add_argument("--priority", type=int, default=0, help="priority of the runs")
+    p.add_argument("--max-attempts", type=int, default=3, help="max_attempts of the runs")
+    p.add_argument("--key", "--concurrency-key", dest="key",
+                   help="concurrency key of the runs: one at a time, in slot order")  # fmt: skip
+    p.add_argument(
+        "--missed",
+        choices=("skip", "catch_up"),
+        default="skip",
+        help="slots missed while no maintainer ran: the latest only, or every one",
+    )
+    p.add_argument("--disabled", action="store_true", help="declare it but enqueue nothing")
+    _json(p)
+    p = leaf(schedules, "delete", "delete a schedule (its runs stay)", cmd_schedules_delete)
+    p.add_argument("name", help="schedule name")
     _json(p)
 
 

@@ -495,13 +495,13 @@ def test_cli_schedules_set_list_delete_with_exit_codes(db: psycopg.Connection, d
         assert refused.returncode == 2, refused
         assert "runrelay: invalid" in refused.stderr
     bad_json = runrelay_cli("schedules", "set", "nightly", "@daily", "--payload", "{", url=db_url)
-    assert bad_json.returncode == 2 and "--payload is not JSON" in bad_json.stderr
+    assert bad_json.returncode == 2 and "--payload: not JSON" in bad_json.stderr
     assert db.execute("SELECT updated_at FROM runrelay.schedules").fetchall() == before
 
     gone = runrelay_cli("schedules", "delete", "nightly", "--json", url=db_url)
     assert gone.returncode == 0 and json.loads(gone.stdout)["outcome"] == "deleted"
     missing = runrelay_cli("schedules", "delete", "nightly", url=db_url)
-    assert missing.returncode == 1 and missing.stdout == "nightly: not_found\n"
+    assert missing.returncode == 4 and missing.stdout == "nightly: not_found\n"
     assert runrelay_cli("schedules", url=db_url).returncode == 2
 
 
@@ -515,6 +515,7 @@ def test_cli_schedules_refused_for_a_role_without_the_privilege(
         url = make_conninfo(db_url, user="rr_sched_worker")
         refused = runrelay_cli("schedules", "set", "x", "@daily", url=url)
         assert refused.returncode == 1, refused
-        assert "refused: permission denied for function upsert_schedule" in refused.stderr
+        assert "permission denied for function upsert_schedule" in refused.stderr
+        assert "the login needs runrelay_admin" in refused.stderr
     finally:
         db.execute("DROP ROLE rr_sched_worker")
