@@ -141,9 +141,25 @@ def _pooled_client(args: argparse.Namespace, url: str, size: int) -> Any:
 
     from .client import Client
 
+    tracing = _tracing(args)
     _probe(args, url)
     pool = ConnectionPool(url, min_size=1, max_size=size, kwargs=_pool_kwargs(args), open=True)
-    return Client(pool, schema=args.schema)
+    return Client(pool, schema=args.schema, tracing=tracing)
+
+
+def _tracing(args: argparse.Namespace) -> bool:
+    """--tracing: trace with OpenTelemetry's global TracerProvider (set up by
+    the application, or by `opentelemetry-instrument runrelay ...`); one
+    clear line when the runrelay[tracing] extra is not installed."""
+    if not getattr(args, "tracing", False):
+        return False
+    try:
+        import opentelemetry.trace  # noqa: F401
+    except ImportError:
+        raise CommandError(
+            "--tracing needs opentelemetry-api: pip install 'runrelay[tracing]'", EXIT_FAILED
+        ) from None
+    return True
 
 
 def _probe(args: argparse.Namespace, url: str) -> None:
@@ -214,7 +230,7 @@ async def _run_async_worker(
     async with AsyncConnectionPool(
         url, min_size=1, max_size=size, kwargs=_pool_kwargs(args), open=False
     ) as pool:
-        client = AsyncClient(pool, schema=args.schema)
+        client = AsyncClient(pool, schema=args.schema, tracing=_tracing(args))
         worker = AsyncWorker(client, handler, **options)
         worker.install_signal_handlers()
         await worker.run()
@@ -431,6 +447,15 @@ def _connection_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _tracing_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--tracing",
+        action="store_true",
+        help="trace runs with OpenTelemetry's global TracerProvider (the runrelay[tracing] "
+        "extra; see docs/operations.md, Tracing)",
+    )
+
+
 def _metrics_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("metrics (see docs/operations.md, Metrics)")
     group.add_argument(
@@ -521,6 +546,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", help="worker name in attempts (default: host:pid:random)")
     _connection_options(p)
     _metrics_options(p)
+    _tracing_options(p)
 
     p = command("relay", "run a Relay loop to a webhook, a JSON-lines file or a sink", cmd_relay)
     p.add_argument("--webhook", help="POST batches to this URL")
@@ -536,6 +562,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", help="relay name in leases (default: relay-host:pid:random)")
     _connection_options(p)
     _metrics_options(p)
+    _tracing_options(p)
 
     p = command(
         "maintain",

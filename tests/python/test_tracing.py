@@ -619,3 +619,68 @@ def test_a_client_given_no_provider_uses_the_global_one(db_url: str) -> None:
     with Client(db_url, tracing=True) as c:
         c.enqueue_run("global-1")
         assert c.run_trace_context("global-1") is None
+
+
+# -- the command line -----------------------------------------------------------------
+TRACED_APP = '''
+"""A worker's application that sets up OpenTelemetry's SDK, as an
+application (or opentelemetry-instrument) does, and records what trace each
+handler ran in."""
+import json, os
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+
+trace.set_tracer_provider(TracerProvider())
+
+
+def handle(job):
+    context = trace.get_current_span().get_span_context()
+    with open(os.environ["SEEN"], "a") as seen:
+        seen.write(json.dumps([job.run_id, format(context.trace_id, "032x")]) + "\\n")
+
+
+async def handle_async(job):
+    handle(job)
+'''
+
+
+@pytest.mark.parametrize("flags", [[], ["--async"]], ids=["sync", "async"])
+def test_runrelay_worker_tracing_continues_each_runs_trace(
+    db: psycopg.Connection, db_url: str, tmp_path: Path, flags: list[str]
+) -> None:
+    """`runrelay worker --tracing` traces with the global TracerProvider: the
+    handler runs in a span of the trace the run was enqueued in (without
+    the flag it would run outside any trace: trace id 0)."""
+    import os
+    import signal
+    import time
+
+    handler = "handle_async" if flags else "handle"
+    (tmp_path / "tracedapp.py").write_text(TRACED_APP)
+    seen = tmp_path / "seen.jsonl"
+    trace_id = uuid.uuid4().hex
+    with db.transaction():
+        db.execute(
+            "SELECT set_config('runrelay.trace_context', %s, true)",
+            [json.dumps({"traceparent": f"00-{trace_id}-{'1' * 16}-01"})],
+        )
+        db.execute("SELECT runrelay.enqueue_run('cli-traced')")
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "runrelay.cli", "worker", f"tracedapp:{handler}", "--tracing",
+         "--poll-interval", "0.1", "--database-url", db_url, *flags],
+        cwd=tmp_path,
+        env={**os.environ, "SEEN": str(seen)},
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not seen.exists() and worker.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        _, err = worker.communicate(timeout=60)
+    assert worker.returncode == 0, err
+    assert [json.loads(line) for line in seen.read_text().splitlines()] == [
+        ["cli-traced", trace_id]
+    ]
