@@ -66,33 +66,29 @@ class Refused(Exception):
 
 
 # -- values on the command line ---------------------------------------------
-def when(text: str) -> datetime:
-    """A moment: an ISO 8601 timestamp (UTC when it names no offset), or a
-    duration ago ('15m', '2h', '7d': this host's clock minus it)."""
+def _moment(text: str, direction: int, example: str) -> datetime:
+    """An ISO 8601 timestamp (UTC when it names no offset), or a duration
+    from this host's clock: back (direction -1) or ahead (+1)."""
     try:
         parsed = datetime.fromisoformat(text)
     except ValueError:
         try:
-            return datetime.now(UTC) - _duration(text)
+            return datetime.now(UTC) + direction * _duration(text)
         except argparse.ArgumentTypeError:
             raise argparse.ArgumentTypeError(
-                f"not a timestamp or a duration: {text!r} (e.g. 2026-12-01T10:00:00Z, 2h, 7d)"
+                f"not a timestamp or a duration: {text!r} (e.g. 2026-12-01T10:00:00Z, {example})"
             ) from None
     return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+
+
+def when(text: str) -> datetime:
+    """A moment: a timestamp, or a duration ago ('15m', '2h', '7d')."""
+    return _moment(text, -1, "2h, 7d")
 
 
 def later(text: str) -> datetime:
-    """A moment ahead: an ISO 8601 timestamp, or a duration from now ('10m')."""
-    try:
-        parsed = datetime.fromisoformat(text)
-    except ValueError:
-        try:
-            return datetime.now(UTC) + _duration(text)
-        except argparse.ArgumentTypeError:
-            raise argparse.ArgumentTypeError(
-                f"not a timestamp or a duration: {text!r} (e.g. 2026-12-01T10:00:00Z, 10m)"
-            ) from None
-    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+    """A moment ahead: a timestamp, or a duration from now ('10m')."""
+    return _moment(text, +1, "10m")
 
 
 def json_value(text: str) -> Any:
