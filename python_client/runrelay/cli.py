@@ -357,6 +357,90 @@ def cmd_exporter(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    """Serve the web dashboard until SIGINT/SIGTERM (docs/dashboard.md)."""
+    try:
+        from . import dashboard
+    except ImportError as exc:
+        if (exc.name or "").split(".")[0] not in ("starlette", "jinja2", "uvicorn", "markupsafe"):
+            raise
+        raise CommandError(
+            "needs the dashboard extra: pip install 'runrelay[dashboard]'", EXIT_FAILED
+        ) from None
+    url = _require_url(args)
+    password = _dashboard_password(args)
+    if args.read_write and not password:
+        raise CommandError(
+            "--read-write needs a password: set RUNRELAY_DASHBOARD_PASSWORD or pass "
+            "--password-file (actions are taken only for a logged-in session)",
+            EXIT_USAGE,
+        )
+    _check_admin_role(url, args.schema)
+    secret = os.environ.get("RUNRELAY_DASHBOARD_SECRET")
+    settings = dashboard.DashboardSettings(
+        database_url=url,
+        schema=args.schema,
+        read_write=args.read_write,
+        password=password,
+        secret=secret.encode() if secret else None,
+        page_size=args.page_size,
+    )
+    if password is None and args.host not in ("127.0.0.1", "::1", "localhost"):
+        log.warning(
+            "the dashboard listens on %s with no password: anyone who reaches it sees every "
+            "run's payload and error (set RUNRELAY_DASHBOARD_PASSWORD)",
+            args.host,
+        )
+    try:
+        dashboard.serve(settings, host=args.host, port=args.port)
+    except OSError as exc:
+        raise CommandError(
+            f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}"
+        ) from None
+    return 0
+
+
+def _dashboard_password(args: argparse.Namespace) -> str | None:
+    """--password-file's first line, else $RUNRELAY_DASHBOARD_PASSWORD (never
+    an argument: the process list would show it)."""
+    if args.password_file:
+        try:
+            with open(args.password_file, encoding="utf-8") as f:
+                password = f.readline().rstrip("\r\n")
+        except OSError as exc:
+            raise CommandError(
+                f"cannot read {args.password_file}: {exc.strerror}", EXIT_USAGE
+            ) from None
+        if not password:
+            raise CommandError(f"{args.password_file} holds no password", EXIT_USAGE)
+        return password
+    return os.environ.get("RUNRELAY_DASHBOARD_PASSWORD") or None
+
+
+def _check_admin_role(url: str, schema: str) -> None:
+    """Refuse to start as a role that may not call the admin functions, in one
+    line; a database that is away is only a warning (the pages say so until
+    it is back)."""
+    import psycopg
+
+    from .client import Client
+    from .errors import PermissionDenied
+
+    try:
+        with Client(url, schema=schema) as c:
+            c.list_paused_queues()
+    except PermissionDenied:
+        raise CommandError(
+            "this role may not call the admin functions: connect the dashboard as the "
+            f"install's admin role ({schema}_admin) or a member of it",
+            EXIT_FAILED,
+        ) from None
+    except psycopg.OperationalError as exc:
+        from ._backoff import first_line
+
+        log.warning("database unreachable for now (%s); serving anyway", first_line(exc))
+
+
 @contextmanager
 def _demo_database(url: str | None) -> Iterator[str]:
     """DATABASE_URL when given, otherwise a throwaway embedded PostgreSQL (the
@@ -594,6 +678,27 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds a scrape may spend connecting and reading the views before it "
         "answers runrelay_up 0",
     )
+
+    p = command(
+        "dashboard",
+        "serve the web dashboard: queues, runs, the ledger, schedules (needs the "
+        "runrelay[dashboard] extra)",
+        cmd_dashboard,
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=8787, help="port to listen on (0: any free port)")
+    p.add_argument(
+        "--read-write",
+        action="store_true",
+        help="allow logged-in users to cancel, retry, signal, requeue, pause and resume "
+        "(default: read-only); needs a password",
+    )
+    p.add_argument(
+        "--password-file",
+        help="file whose first line is the login password (default: "
+        "$RUNRELAY_DASHBOARD_PASSWORD; with neither, pages need no login and nothing can act)",
+    )
+    p.add_argument("--page-size", type=_positive_int, default=50, help="rows a page")
 
     p = command("demo", "the whole system on this machine, checked end to end", cmd_demo)
     p.add_argument("--runs", type=_positive_int, default=5000, help="runs to enqueue")

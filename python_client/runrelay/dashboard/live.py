@@ -1,0 +1,102 @@
+"""Live pages: PostgreSQL notifications turned into server-sent events.
+
+The engine notifies on every change a page shows: `runrelay_runs` (a queue
+has runnable work: enqueues, retries, wakes, a resumed queue),
+`runrelay_terminal` (a run ended), `runrelay_ledger` (a lane has events to
+deliver) and `runrelay_delivered` (events were acknowledged). One
+connection of the dashboard LISTENs on all four and fans each notification
+out to every open page's event stream (`GET /live`).
+
+Pages do not re-render on every notification: each stream sends at most one
+`change` event a second (notifications in between are folded into the
+next), and a `tick` every TICK_SECONDS when nothing happened, so ages and
+sparklines move with the clock and idle proxies keep the stream open. The
+page's script then fetches itself and swaps the parts marked `data-live`.
+
+The listener reconnects on its own (full-jitter backoff) when the database
+goes away; while it is away the streams still tick, so pages keep polling
+at the tick's pace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import AsyncIterator
+
+import psycopg
+from psycopg import sql
+
+log = logging.getLogger("runrelay.dashboard")
+
+CHANNELS = ("runrelay_runs", "runrelay_terminal", "runrelay_ledger", "runrelay_delivered")
+# The fewest seconds between two refreshes of one page.
+MIN_GAP_SECONDS = 1.0
+# A refresh at least this often, for the clock's sake.
+TICK_SECONDS = 15.0
+
+
+class Notifications:
+    """One LISTEN connection shared by every open page."""
+
+    def __init__(self, database_url: str) -> None:
+        self._url = database_url
+        self._subscribers: set[asyncio.Queue[str]] = set()
+        self.listening = False
+
+    def subscribe(self) -> asyncio.Queue[str]:
+        # One slot: a page that has not caught up yet needs one refresh, not many.
+        queue: asyncio.Queue[str] = asyncio.Queue(maxsize=1)
+        self._subscribers.add(queue)
+        return queue
+
+    def unsubscribe(self, queue: asyncio.Queue[str]) -> None:
+        self._subscribers.discard(queue)
+
+    def publish(self, channel: str) -> None:
+        for queue in self._subscribers:
+            if queue.empty():
+                queue.put_nowait(channel)
+
+    async def run(self) -> None:
+        """LISTEN until cancelled, reconnecting whenever the connection fails."""
+        failures = 0
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(
+                    self._url, autocommit=True
+                ) as conn:
+                    for channel in CHANNELS:
+                        await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+                    self.listening = True
+                    failures = 0
+                    log.info("listening for changes on %s", ", ".join(CHANNELS))
+                    # Anything may have changed while we were away.
+                    self.publish("reconnected")
+                    async for notify in conn.notifies():
+                        self.publish(notify.channel)
+            except psycopg.Error as exc:
+                self.listening = False
+                failures += 1
+                delay = random.uniform(0, min(30.0, 0.5 * 2**failures))
+                log.warning("change notifications lost (%s); again in %.1fs", exc, delay)
+                await asyncio.sleep(delay)
+
+
+async def event_stream(notifications: Notifications) -> AsyncIterator[str]:
+    """The text/event-stream of one page: `change` events, at most one a
+    MIN_GAP_SECONDS, and a `tick` every TICK_SECONDS otherwise."""
+    queue = notifications.subscribe()
+    try:
+        yield "retry: 3000\n\n"
+        while True:
+            try:
+                channel = await asyncio.wait_for(queue.get(), timeout=TICK_SECONDS)
+            except TimeoutError:
+                yield "event: tick\ndata: \n\n"
+                continue
+            yield f"event: change\ndata: {channel}\n\n"
+            await asyncio.sleep(MIN_GAP_SECONDS)
+    finally:
+        notifications.unsubscribe(queue)

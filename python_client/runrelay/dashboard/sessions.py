@@ -1,0 +1,97 @@
+"""The dashboard's sessions: a signed cookie, and the CSRF token it carries.
+
+A session is a small JSON object in one cookie, signed with HMAC-SHA256 under
+the dashboard's secret, so the server keeps no session state and a browser
+cannot edit its own. It holds:
+
+* ``csrf`` — a random token, made when the session starts. Every form of the
+  dashboard carries it in a hidden field, and every POST must send it back
+  (compared in constant time). A page of another site can make the browser
+  send the cookie but cannot read the token, so it cannot forge an action.
+* ``user`` — the name given at login, or absent: not logged in.
+* ``exp`` — when the session ends (Unix seconds); an expired cookie is no
+  session at all.
+* ``flash`` — a one-line message for the next page (what an action did).
+
+The cookie is HttpOnly and SameSite=Strict (and Secure behind https), so
+scripts cannot read it and other sites' requests do not carry it at all in
+current browsers; the token is the defence that does not depend on that.
+Without a configured secret (RUNRELAY_DASHBOARD_SECRET) the process makes a
+random one, and restarting it logs everybody out.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import json
+import secrets
+import time
+from typing import Any
+
+COOKIE = "runrelay_session"
+# How long a session lasts after login (or after its first page).
+MAX_AGE_SECONDS = 12 * 3600
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+class Sessions:
+    """Signs and reads session cookies with one secret."""
+
+    def __init__(self, secret: bytes, max_age: int = MAX_AGE_SECONDS) -> None:
+        if len(secret) < 16:
+            raise ValueError("the session secret must be at least 16 bytes")
+        self._key = hashlib.sha256(b"runrelay-dashboard-session\0" + secret).digest()
+        self.max_age = max_age
+
+    def new(self) -> dict[str, Any]:
+        """A fresh anonymous session with its own CSRF token."""
+        return {"csrf": secrets.token_urlsafe(32), "exp": int(time.time()) + self.max_age}
+
+    def dump(self, session: dict[str, Any]) -> str:
+        body = _b64(json.dumps(session, separators=(",", ":"), sort_keys=True).encode())
+        return body + "." + _b64(self._sign(body))
+
+    def load(self, cookie: str | None) -> dict[str, Any] | None:
+        """The session a cookie holds, or None: absent, forged, altered or expired."""
+        if not cookie or cookie.count(".") != 1:
+            return None
+        body, signature = cookie.split(".")
+        try:
+            given = _unb64(signature)
+            data = json.loads(_unb64(body))
+        except (binascii.Error, ValueError):
+            return None
+        if not hmac.compare_digest(given, self._sign(body)):
+            return None
+        if not isinstance(data, dict) or not isinstance(data.get("csrf"), str):
+            return None
+        expires = data.get("exp")
+        if not isinstance(expires, int) or expires <= time.time():
+            return None
+        return data
+
+    def _sign(self, body: str) -> bytes:
+        return hmac.new(self._key, body.encode("ascii"), hashlib.sha256).digest()
+
+
+def same_token(given: object, expected: str) -> bool:
+    """Whether a form's CSRF token is the session's, in constant time."""
+    return isinstance(given, str) and hmac.compare_digest(given.encode(), expected.encode())
+
+
+def password_matches(given: str, expected: str) -> bool:
+    """Compare passwords by their digests, so the time taken tells nothing of
+    either's length or content."""
+    a = hashlib.sha256(given.encode()).digest()
+    b = hashlib.sha256(expected.encode()).digest()
+    return hmac.compare_digest(a, b)
