@@ -337,6 +337,8 @@ OPERATIONS: dict[str, Operation] = {
             "resume_queue", (("queue", "text"),), _enum(t.ResumeOutcome), set_returning=False
         ),
         Operation("list_paused_queues", (), _each(t.PausedQueue)),
+        Operation("queue_overview", (), _each(t.QueueOverview)),
+        Operation("ledger_overview", (), _each(t.LaneOverview, lane=t.Lane)),
         Operation("run_trace_context", (("run_id", "text"),), _scalar, set_returning=False),
         Operation(
             "upsert_schedule",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib
 import json
 import logging
@@ -464,10 +465,44 @@ def _demo_database(url: str | None) -> Iterator[str]:
 def cmd_demo(args: argparse.Namespace) -> int:
     from . import demo
 
-    with _demo_database(_database_url(args)) as url:
-        return demo.run(
+    with _demo_database(_database_url(args)) as url, _demo_dashboard(url, args) as board:
+        code = demo.run(
             url, runs=args.runs, workers=args.workers, relays=args.relays, reset=args.reset
         )
+        if board is not None and args.keep_dashboard:
+            print(f"dashboard still on {board.url} — Ctrl-C ends it", flush=True)
+            stop = threading.Event()
+            signal.signal(signal.SIGTERM, lambda _signum, _frame: stop.set())
+            with contextlib.suppress(KeyboardInterrupt):
+                while not stop.wait(1.0):
+                    pass
+        return code
+
+
+@contextmanager
+def _demo_dashboard(url: str, args: argparse.Namespace) -> Iterator[Any]:
+    """A read-only dashboard of the demo's database for as long as it runs,
+    when the `runrelay[dashboard]` extra is installed: its URL is printed
+    first, so the runs can be watched as they flow."""
+    from rich.console import Console
+
+    console = Console()
+    try:
+        from . import dashboard
+    except ImportError:
+        console.print("[dim]pip install 'runrelay[dashboard]' to watch the demo in a browser[/dim]")
+        yield None
+        return
+    settings = dashboard.DashboardSettings(database_url=url, schema=args.schema)
+    try:
+        board = dashboard.start(settings, port=args.dashboard_port)
+    except OSError:  # the port is taken: any free one
+        board = dashboard.start(settings, port=0)
+    console.print(f"[bold]dashboard[/bold] (read-only): {board.url} — open it while the demo runs")
+    try:
+        yield board
+    finally:
+        board.stop()
 
 
 # -- the parser ---------------------------------------------------------------
@@ -705,6 +740,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=_positive_int, default=4, help="worker loops")
     p.add_argument("--relays", type=_positive_int, default=2, help="relay loops")
     p.add_argument("--reset", action="store_true", help="delete existing runs first")
+    p.add_argument(
+        "--dashboard-port",
+        type=int,
+        default=8787,
+        help="port of the demo's read-only dashboard (a free one if taken)",
+    )
+    p.add_argument(
+        "--keep-dashboard",
+        action="store_true",
+        help="keep the database and the dashboard up after the demo, until Ctrl-C",
+    )
     return parser
 
 

@@ -45,11 +45,13 @@ from .types import (
     EnqueueResult,
     FailOutcome,
     HeartbeatResult,
+    LaneOverview,
     LedgerEvent,
     LedgerFailure,
     PausedQueue,
     PauseOutcome,
     PrepareOutcome,
+    QueueOverview,
     ReapedAttempt,
     ReleaseOutcome,
     RenewedLease,
@@ -841,6 +843,18 @@ class _Methods:
     def list_paused_queues(self, *, conn: Any = None) -> _Call[list[PausedQueue]]:
         """The paused queues -> list[PausedQueue]."""
         return _Call("list_paused_queues", {}, conn)
+
+    @_operation
+    def queue_overview(self, *, conn: Any = None) -> _Call[list[QueueOverview]]:
+        """Every queue's live runs, oldest runnable age and last hour, minute by
+        minute -> list[QueueOverview] (the dashboard's overview)."""
+        return _Call("queue_overview", {}, conn)
+
+    @_operation
+    def ledger_overview(self, *, conn: Any = None) -> _Call[list[LaneOverview]]:
+        """Each ledger lane's pending, leased and blocked runs and its delivery
+        lag -> list[LaneOverview]."""
+        return _Call("ledger_overview", {}, conn)
 
     @_operation
     def purge_runs(

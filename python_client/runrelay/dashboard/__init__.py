@@ -17,20 +17,58 @@ docs/dashboard.md.
 
 from __future__ import annotations
 
+import socket
+import threading
+import time
+from typing import Any
+
 from .app import DashboardSettings, create_app
 
-__all__ = ["DashboardSettings", "create_app", "serve"]
+__all__ = ["DashboardSettings", "Running", "create_app", "serve", "start"]
 
 
 def serve(settings: DashboardSettings, host: str = "127.0.0.1", port: int = 8787) -> None:
     """Serve the dashboard until SIGINT/SIGTERM. Binds first (OSError when the
     address is taken), then prints the URL it serves on: port 0 takes a free
     port, and the line says which."""
-    import socket
+    sock, url = _bind(host, port)
+    mode = "read-write" if settings.read_write else "read-only"
+    print(f"runrelay dashboard ({mode}) on {url}", flush=True)
+    _server(settings).run(sockets=[sock])
 
-    import uvicorn
 
-    app = create_app(settings)
+class Running:
+    """A dashboard served from a background thread (start())."""
+
+    def __init__(self, server: Any, thread: threading.Thread, url: str) -> None:
+        self._server = server
+        self._thread = thread
+        self.url = url
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=10)
+
+
+def start(settings: DashboardSettings, host: str = "127.0.0.1", port: int = 0) -> Running:
+    """Serve the dashboard from a daemon thread (the demo does) and return once
+    it accepts connections; stop() ends it."""
+    sock, url = _bind(host, port)
+    server = _server(settings)
+    thread = threading.Thread(
+        target=server.run, kwargs={"sockets": [sock]}, name="runrelay-dashboard", daemon=True
+    )
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if not server.started:
+        server.should_exit = True
+        raise RuntimeError("the dashboard did not start")
+    return Running(server, thread, url)
+
+
+def _bind(host: str, port: int) -> tuple[socket.socket, str]:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -39,15 +77,18 @@ def serve(settings: DashboardSettings, host: str = "127.0.0.1", port: int = 8787
     except OSError:
         sock.close()
         raise
-    bound = sock.getsockname()[1]
     shown = f"[{host}]" if family == socket.AF_INET6 else host
+    return sock, f"http://{shown}:{sock.getsockname()[1]}/"
+
+
+def _server(settings: DashboardSettings) -> Any:
+    import uvicorn
+
     config = uvicorn.Config(
-        app,
+        create_app(settings),
         log_level="warning",
         # Open event streams would hold a shutdown for ever otherwise.
         timeout_graceful_shutdown=2,
         proxy_headers=False,
     )
-    mode = "read-write" if settings.read_write else "read-only"
-    print(f"runrelay dashboard ({mode}) on http://{shown}:{bound}/", flush=True)
-    uvicorn.Server(config).run(sockets=[sock])
+    return uvicorn.Server(config)
