@@ -61,6 +61,10 @@ SUBSTITUTE: dict[str, tuple[str, str]] = {
         "python -m pip install '{wheel}[metrics]'",
         "the package index is this checkout's wheel",
     ),
+    "python -m pip install 'runrelay[dashboard]'": (
+        "python -m pip install '{wheel}[dashboard]'",
+        "the package index is this checkout's wheel",
+    ),
     "python -m pip install 'runrelay[tracing]'": (
         "python -m pip install '{wheel}[tracing]'",
         "the package index is this checkout's wheel",
@@ -74,7 +78,11 @@ NOT_RUN: dict[str, str] = {
         "the full benchmark at large sizes; make bench-quick runs the same code"
     ),
 }
-LONG_RUNNING = re.compile(r"^runrelay (worker|relay|exporter)\b|^runrelay maintain\b(?!.*--once)")
+# Servers and loops, after any VAR=value assignments for their environment.
+LONG_RUNNING = re.compile(
+    r"^(?:\w+=\S+ )*runrelay (worker|relay|exporter|dashboard)\b"
+    r"|^runrelay maintain\b(?!.*--once)"
+)
 
 MYAPP = '''
 """The example application the docs' commands name."""
@@ -189,21 +197,41 @@ def _prepare(url: str, installed: Installed) -> None:
                 )
 
 
+def _get(command: Command, url: str) -> httpx.Response:
+    deadline = time.monotonic() + 60
+    while True:  # a busy machine may still be starting the process
+        try:
+            return httpx.get(url, timeout=60)
+        except httpx.ConnectError:
+            assert time.monotonic() < deadline, f"{command}: nothing serves {url}"
+            time.sleep(0.2)
+
+
+def _check_dashboard(command: Command, text: str) -> None:
+    """`runrelay dashboard --port N` serves its pages from the database: the
+    overview without a password, the login page with one."""
+    port = re.search(r"--port[ =](\d+)", text)
+    assert port is not None, f"{command}: the docs should say which port"
+    base = f"http://127.0.0.1:{port.group(1)}"
+    health = _get(command, f"{base}/healthz").json()
+    assert health["ok"], f"{command}: {health}"
+    page = httpx.get(f"{base}/", timeout=60, follow_redirects=True)
+    assert page.status_code == 200, f"{command}: {page.status_code} {page.text[:500]}"
+    wanted = "Log in" if "RUNRELAY_DASHBOARD_PASSWORD=" in text else 'data-testid="queues"'
+    assert wanted in page.text, f"{command}: {page.text[:2000]}"
+
+
 def _check_metrics(command: Command, text: str) -> None:
     """A process serving Prometheus metrics (`runrelay exporter --port`, a
     loop's `--metrics-port`) serves runrelay's; the exporter reads the
     database."""
+    if " dashboard" in text:
+        _check_dashboard(command, text)
+        return
     match = re.search(r"--(?:metrics-)?port[ =](\d+)", text)
     if match is None:
         return
-    url, deadline = f"http://127.0.0.1:{match.group(1)}/metrics", time.monotonic() + 60
-    while True:  # a busy machine may still be starting the process
-        try:
-            body = httpx.get(url, timeout=60).text
-            break
-        except httpx.ConnectError:
-            assert time.monotonic() < deadline, f"{command}: nothing serves {url}"
-            time.sleep(0.2)
+    body = _get(command, f"http://127.0.0.1:{match.group(1)}/metrics").text
     assert "# TYPE runrelay_" in body, f"{command}: no runrelay metrics"
     if text.startswith("runrelay exporter"):
         assert "runrelay_up 1.0" in body, f"{command}: {body[:500]}"
@@ -211,8 +239,10 @@ def _check_metrics(command: Command, text: str) -> None:
 
 def _run(command: Command, text: str, cwd: Path, env: dict[str, str]) -> None:
     if LONG_RUNNING.search(text):
+        # `VAR=value ... exec command`: the assignments go first.
+        script = re.sub(r"^((?:\w+=\S+ )*)", r"\1exec ", text, count=1)
         proc = subprocess.Popen(
-            ["bash", "-c", f"exec {text}"],
+            ["bash", "-c", script],
             cwd=cwd,
             env=env,
             stdout=subprocess.PIPE,

@@ -92,9 +92,11 @@ def sparkline(
     title = (
         f"last {len(done)} minutes: {sum(done)} completed, {sum(bad)} failed; busiest minute {peak}"
     )
-    lines = Markup('<polyline class="done" points="{}"/>').format(points(done))
+    # Failures first, so that completions draw over them where both are 0.
+    lines = Markup("")
     if any(bad):
         lines += Markup('<polyline class="bad" points="{}"/>').format(points(bad))
+    lines += Markup('<polyline class="done" points="{}"/>').format(points(done))
     return Markup(
         '<svg class="spark" viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img" '
         'aria-label="{t}"><title>{t}</title>{lines}</svg>'
