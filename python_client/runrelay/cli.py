@@ -432,8 +432,8 @@ def _check_admin_role(url: str, schema: str) -> None:
             c.list_paused_queues()
     except PermissionDenied:
         raise CommandError(
-            "this role may not call the admin functions: connect the dashboard as the "
-            f"install's admin role ({schema}_admin) or a member of it",
+            f"the login needs {schema}_admin: the dashboard reads and acts through the "
+            "admin functions",
             EXIT_FAILED,
         ) from None
     except psycopg.OperationalError as exc:

@@ -425,6 +425,27 @@ def test_a_login_without_the_admin_role_is_refused_in_one_line(
     assert cli("runs", "enqueue", "new", url=producer_only)[0] == 0
 
 
+def test_the_dashboard_refuses_to_start_wrongly_in_one_line(
+    cli: Cli, producer_only: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Read-write with no password, a login without the admin role, a
+    password file that is missing or empty: each ends at once with one line,
+    before anything listens."""
+    monkeypatch.delenv("RUNRELAY_DASHBOARD_PASSWORD", raising=False)
+    empty = tmp_path / "password"
+    empty.write_text("\n")
+    cases = [
+        (("--read-write",), None, 2, "--read-write needs a password"),
+        ((), producer_only, 1, "the login needs runrelay_admin"),
+        (("--password-file", str(empty)), None, 2, "holds no password"),
+        (("--password-file", str(tmp_path / "absent")), None, 2, "cannot read"),
+    ]
+    for args, url, expected, words in cases:
+        code, out, err = cli("dashboard", *args, "--port", "0", **({"url": url} if url else {}))
+        assert (code, out) == (expected, ""), (args, err)
+        assert words in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_an_unreachable_database_is_exit_3(cli: Cli) -> None:
     nowhere = "postgresql://runrelay@127.0.0.1:1/nothing?connect_timeout=2"
     for args in (("runs", "list"), ("queues", "list"), ("ledger", "blocked"), ("status",)):
