@@ -42,7 +42,7 @@ from typing import Any, ClassVar
 import jinja2
 import psycopg
 from markupsafe import escape
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import (
@@ -69,6 +69,7 @@ STATUSES = [s.value for s in RunStatus]
 LANES = ("lifecycle", "observability")
 # A form larger than this is refused before it is parsed.
 MAX_FORM_BYTES = 64 * 1024
+POOL_TIMEOUT_SECONDS = 5.0
 # Events and attempts shown on a run's page, per lane.
 RUN_PAGE_ROWS = 200
 
@@ -140,6 +141,9 @@ def create_app(settings: DashboardSettings) -> Starlette:
             max_size=settings.pool_size,
             kwargs={"autocommit": True},
             open=False,
+            # A page waits this long for a connection, then says the database
+            # is unreachable, instead of hanging.
+            timeout=POOL_TIMEOUT_SECONDS,
         )
         await pool.open()
         state["client"] = AsyncClient(pool, schema=settings.schema)
@@ -222,7 +226,12 @@ def create_app(settings: DashboardSettings) -> Starlette:
                 problem = ("Not allowed", _role_hint(exc), 403)
             except errors.SchemaMissing as exc:
                 problem = ("No runrelay schema", str(exc), 503)
-            except (psycopg.OperationalError, errors.LockTimeout, errors.StatementTimeout) as exc:
+            except (
+                psycopg.OperationalError,
+                PoolTimeout,
+                errors.LockTimeout,
+                errors.StatementTimeout,
+            ) as exc:
                 log.warning("database unreachable or busy: %s", exc)
                 problem = ("Database unreachable or busy", present.error_summary(str(exc)), 503)
             else:
