@@ -5,8 +5,11 @@ database and on the embedded default), report status, downgrade."""
 from __future__ import annotations
 
 import json
+import re
+import signal
 import subprocess
 
+import httpx
 import psycopg
 import pytest
 
@@ -36,6 +39,10 @@ def test_the_wheel_ships_the_migrations_and_no_dev_tooling(installed: Installed)
         "runrelay/migrations/env.py",
         "runrelay/migrations/script.py.mako",
         "runrelay/migrations/versions/0001_foundation.py",
+        "runrelay/dashboard/templates/base.html",
+        "runrelay/dashboard/templates/overview.html",
+        "runrelay/dashboard/static/dashboard.js",
+        "runrelay/dashboard/static/dashboard.css",
     ):
         assert required in names
     frozen = "runrelay/migrations/frozen/"
@@ -87,6 +94,45 @@ def test_migrate_demo_status_downgrade_from_the_wheel(installed: Installed) -> N
         assert left == [] and roles == []
     finally:
         drop_database("rr_wheel")
+
+
+def test_the_demo_serves_its_dashboard_while_it_runs(installed: Installed) -> None:
+    """The demo prints a dashboard address before its runs flow; with
+    --keep-dashboard the dashboard stays up after the summary, shows the
+    demo's queues, and SIGTERM ends the demo with exit 0."""
+    url = create_database("rr_wheel_demo_board")
+    proc = subprocess.Popen(
+        [installed.runrelay, "demo", "--runs", "100", "--workers", "1", "--relays", "1",
+         "--keep-dashboard", "--dashboard-port", "0", "--database-url", url],
+        cwd=installed.home,
+        env=installed.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if "dashboard still on" in line:
+                break
+        printed = "".join(lines)
+        board = re.search(r"dashboard \(read-only\): (http://127\.0\.0\.1:\d+/)", printed)
+        assert board is not None, printed
+        assert printed.index(board.group(0)) < printed.index("runs enqueued"), printed
+        assert "every run ended as expected" in printed, printed
+        page = httpx.get(board.group(1), timeout=30)
+        assert page.status_code == 200
+        for queue in ("email", "billing", "reports"):  # the demo's queues
+            assert f'data-queue="{queue}"' in page.text
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, proc.stderr.read() if proc.stderr else ""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        drop_database("rr_wheel_demo_board")
 
 
 @pytest.mark.slow
