@@ -172,7 +172,7 @@ def create_app(settings: DashboardSettings) -> Starlette:
             sessions.dump(session),
             max_age=sessions.max_age,
             httponly=True,
-            samesite="strict",
+            samesite="lax",
             secure=request.url.scheme == "https",
             path="/",
         )

@@ -13,9 +13,11 @@ cannot edit its own. It holds:
   session at all.
 * ``flash`` — a one-line message for the next page (what an action did).
 
-The cookie is HttpOnly and SameSite=Strict (and Secure behind https), so
-scripts cannot read it and other sites' requests do not carry it at all in
-current browsers; the token is the defence that does not depend on that.
+The cookie is HttpOnly and SameSite=Lax (and Secure behind https): scripts
+cannot read it, and browsers do not send it with another site's POSTs. Lax
+rather than Strict so that a link to a run, followed from chat or email,
+opens logged in; the token is the defence that does not depend on the
+browser either way.
 Without a configured secret (RUNRELAY_DASHBOARD_SECRET) the process makes a
 random one, and restarting it logs everybody out.
 """
