@@ -376,7 +376,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
             "--password-file (actions are taken only for a logged-in session)",
             EXIT_USAGE,
         )
-    _check_admin_role(url, args.schema)
+    _check_roles(url, args.schema, args.read_write)
     secret = os.environ.get("RUNRELAY_DASHBOARD_SECRET")
     settings = dashboard.DashboardSettings(
         database_url=url,
@@ -418,10 +418,11 @@ def _dashboard_password(args: argparse.Namespace) -> str | None:
     return os.environ.get("RUNRELAY_DASHBOARD_PASSWORD") or None
 
 
-def _check_admin_role(url: str, schema: str) -> None:
+def _check_roles(url: str, schema: str, read_write: bool) -> None:
     """Refuse to start as a role that may not call the admin functions, in one
-    line; a database that is away is only a warning (the pages say so until
-    it is back)."""
+    line; warn when a read-write dashboard's role may not cancel or signal
+    (producer functions). A database that is away is only a warning: the
+    pages say so until it is back."""
     import psycopg
 
     from .client import Client
@@ -430,6 +431,17 @@ def _check_admin_role(url: str, schema: str) -> None:
     try:
         with Client(url, schema=schema) as c:
             c.list_paused_queues()
+            if read_write:
+                with c.connection() as conn:
+                    row = conn.execute(
+                        "SELECT pg_has_role(current_user, %s, 'USAGE')", (f"{schema}_producer",)
+                    ).fetchone()
+                if row != (True,):
+                    log.warning(
+                        "the login is not a member of %s_producer: Cancel and Send a signal "
+                        "(cancel_run, signal_run) will be refused",
+                        schema,
+                    )
     except PermissionDenied:
         raise CommandError(
             f"the login needs {schema}_admin: the dashboard reads and acts through the "
