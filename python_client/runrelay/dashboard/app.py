@@ -20,7 +20,9 @@ Who may do what:
   the repeat answers the first outcome.
 
 The database role is whatever --database-url connects as; the admin
-functions need the install's admin role (runrelay_admin) or a member of it.
+functions need the install's admin role (runrelay_admin) or a member of it,
+and cancel and signal call the producer's functions (cancel_run,
+signal_run), which need runrelay_producer as well.
 """
 
 from __future__ import annotations
@@ -72,6 +74,9 @@ MAX_FORM_BYTES = 64 * 1024
 POOL_TIMEOUT_SECONDS = 5.0
 # Events and attempts shown on a run's page, per lane.
 RUN_PAGE_ROWS = 200
+# The actions that call a producer function (cancel_run, signal_run) rather
+# than an admin one: the login needs <schema>_producer for them.
+PRODUCER_ACTIONS = frozenset({"cancel", "signal"})
 
 
 @dataclass(frozen=True)
@@ -223,7 +228,7 @@ def create_app(settings: DashboardSettings) -> Starlette:
             except errors.InvalidArgument as exc:
                 problem = ("Bad request", str(exc), 400)
             except errors.PermissionDenied as exc:
-                problem = ("Not allowed", _role_hint(exc), 403)
+                problem = ("Not allowed", _role_hint(exc, f"{settings.schema}_admin"), 403)
             except errors.SchemaMissing as exc:
                 problem = ("No runrelay schema", str(exc), 503)
             except (
@@ -424,7 +429,8 @@ def create_app(settings: DashboardSettings) -> Starlette:
         except (BadForm, errors.InvalidArgument) as exc:
             message = f"Not done: {exc}"
         except errors.PermissionDenied as exc:
-            message = f"Not done: {_role_hint(exc)}"
+            role = "producer" if name in PRODUCER_ACTIONS else "admin"
+            message = f"Not done: {_role_hint(exc, f'{settings.schema}_{role}')}"
         session["flash"] = message
         target = _local(form.get("next"))
         return with_cookie(RedirectResponse(target, status_code=303), request, session)
@@ -649,8 +655,7 @@ def _timestamp(raw: str | None) -> datetime | None:
         raise errors.InvalidArgument(f"after_at is not a timestamp: {raw!r}") from None
 
 
-def _role_hint(exc: Exception) -> str:
-    return (
-        f"{exc}. The dashboard calls the admin functions: connect it as the install's "
-        "admin role (runrelay_admin) or a member of it."
-    )
+def _role_hint(exc: Exception, role: str) -> str:
+    """What a refused call needs: the role whose function it is. Pages and most
+    actions call admin functions; cancel and signal call producer ones."""
+    return f"{exc}. The dashboard's database login needs {role} for this: grant it to the login."
