@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Make sure the system PostgreSQL has what `make test` needs: pgTAP (with
-# pg_prove) and plpgsql_check. Installs the Debian packages when root; says
-# exactly what to install otherwise.
+# Make sure the machine has what `make test` needs: pgTAP (with pg_prove),
+# plpgsql_check and PgBouncer for the system PostgreSQL, and Debian's
+# Chromium (with a font) for the dashboard's browser tests, which Playwright
+# drives at /usr/bin/chromium (it never downloads a browser of its own).
+# Installs the Debian packages when root; says exactly what to install
+# otherwise.
 set -euo pipefail
 
 sharedir=$(pg_config --sharedir 2>/dev/null || true)
@@ -17,6 +20,9 @@ missing=()
 [ -f "$pkglibdir/plpgsql_check.so" ] || missing+=("postgresql-$major-plpgsql-check")
 command -v pg_prove >/dev/null 2>&1 || missing+=("libtap-parser-sourcehandler-pgtap-perl")
 command -v pgbouncer >/dev/null 2>&1 || missing+=("pgbouncer")
+[ -x /usr/bin/chromium ] || missing+=("chromium")
+# Chromium only recommends a font; without any, pages render as boxes.
+[ -d /usr/share/fonts/truetype/liberation ] || missing+=("fonts-liberation")
 
 # A non-C collation (glibc's en_US.UTF-8) for the lane-order test, which
 # needs a database whose default collation sorts run_ids unlike "C" (the
