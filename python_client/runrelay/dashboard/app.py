@@ -74,6 +74,8 @@ MAX_FORM_BYTES = 64 * 1024
 POOL_TIMEOUT_SECONDS = 5.0
 # Events and attempts shown on a run's page, per lane.
 RUN_PAGE_ROWS = 200
+# The X-Requested-With of dashboard.js's own refreshes of a live page.
+LIVE_REFRESH = "runrelay-live"
 # The actions that call a producer function (cancel_run, signal_run) rather
 # than an admin one: the login needs <schema>_producer for them.
 PRODUCER_ACTIONS = frozenset({"cancel", "signal"})
@@ -190,7 +192,13 @@ def create_app(settings: DashboardSettings) -> Starlette:
         status: int = 200,
         **context: Any,
     ) -> Response:
-        flash = session.pop("flash", None)
+        # dashboard.js refreshing the page it shows (live updates) leaves the
+        # session alone: it must not take the line an action left for the page
+        # the browser is loading after it (the action's own notification sets
+        # off such a refresh at that very moment), nor write back a cookie
+        # that a newer one may have replaced meanwhile.
+        refresh = request.headers.get("x-requested-with") == LIVE_REFRESH
+        flash = None if refresh else session.pop("flash", None)
         html = templates.get_template(template).render(
             request=request,
             page=template.removesuffix(".html"),
@@ -205,7 +213,8 @@ def create_app(settings: DashboardSettings) -> Starlette:
             here=_here(request),
             **context,
         )
-        return with_cookie(HTMLResponse(html, status_code=status), request, session)
+        response = HTMLResponse(html, status_code=status)
+        return response if refresh else with_cookie(response, request, session)
 
     def to_login(request: Request) -> Response:
         target = "/login?" + urllib.parse.urlencode({"next": _here(request)})

@@ -54,6 +54,8 @@
       return;
     }
     busy = true;
+    // The header tells the server this is a refresh: it leaves the session
+    // (and the line an action left for the next page) alone.
     fetch(window.location.href, {
       credentials: "same-origin",
       headers: { "X-Requested-With": "runrelay-live" },
