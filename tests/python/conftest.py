@@ -74,9 +74,11 @@ def drop_database(name: str) -> None:
 
 @pytest.fixture(scope="session")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
-    """The wheel of this checkout in a fresh venv outside the repository."""
+    """The wheel of this checkout in a fresh venv outside the repository, with
+    the extras the tests run from it: embedded (the demo's PostgreSQL) and
+    dashboard (the browser tests' `runrelay dashboard`)."""
     workdir = tmp_path_factory.mktemp("wheel")
-    return install(build_wheel(workdir), workdir)
+    return install(build_wheel(workdir), workdir, extras="embedded,dashboard")
 
 
 @pytest.fixture(scope="session")
