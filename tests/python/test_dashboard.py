@@ -767,6 +767,9 @@ def test_cancel_is_applied_once_even_when_the_form_is_sent_twice(
     assert again.status == 303 and again.headers["location"] == "/run?id=wait-c"
     assert table_checksum(db) == after
     assert (_events(db, "wait-c", "run.cancelled"), _calls(db, "wait-c", "cancel_run")) == (1, 1)
+    # ... and says what the first one did (not "already_terminal").
+    tab.goto(again.headers["location"])
+    assert tab.flash() == "Cancel wait-c: cancelled"
     expect(tab.page.locator("span.status").first).to_have_text("cancelled")
 
 
