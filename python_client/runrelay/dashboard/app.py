@@ -98,6 +98,11 @@ class DashboardSettings:
     pool_size: int = 4
 
 
+# The database's failures that a later try may not meet: unreachable, no
+# connection free in time, a lock or a statement that took too long.
+_UNAVAILABLE = (psycopg.OperationalError, PoolTimeout, errors.LockTimeout, errors.StatementTimeout)
+
+
 class Refused(Exception):
     """An action refused before it reached the database (403), or a form
     that cannot be read (400)."""
@@ -151,6 +156,10 @@ def create_app(settings: DashboardSettings) -> Starlette:
             # A page waits this long for a connection, then says the database
             # is unreachable, instead of hanging.
             timeout=POOL_TIMEOUT_SECONDS,
+            # A connection is checked as it leaves the pool, so that after a
+            # restart of the database (or a proxy closing idle connections) a
+            # page or an action gets a fresh one rather than an error.
+            check=AsyncConnectionPool.check_connection,
         )
         await pool.open()
         state["client"] = AsyncClient(pool, schema=settings.schema)
@@ -240,12 +249,7 @@ def create_app(settings: DashboardSettings) -> Starlette:
                 problem = ("Not allowed", _role_hint(exc, f"{settings.schema}_admin"), 403)
             except errors.SchemaMissing as exc:
                 problem = ("No runrelay schema", str(exc), 503)
-            except (
-                psycopg.OperationalError,
-                PoolTimeout,
-                errors.LockTimeout,
-                errors.StatementTimeout,
-            ) as exc:
+            except _UNAVAILABLE as exc:
                 log.warning("database unreachable or busy: %s", exc)
                 problem = ("Database unreachable or busy", present.error_summary(str(exc)), 503)
             else:
@@ -440,6 +444,15 @@ def create_app(settings: DashboardSettings) -> Starlette:
         except errors.PermissionDenied as exc:
             role = "producer" if name in PRODUCER_ACTIONS else "admin"
             message = f"Not done: {_role_hint(exc, f'{settings.schema}_{role}')}"
+        except _UNAVAILABLE as exc:
+            # Every action is safe to send again: cancel, retry and signal
+            # replay by their call id, the others are idempotent.
+            log.warning("dashboard: %s: %s not done: %s", actor, name, exc)
+            why = present.error_summary(str(exc))
+            message = (
+                f"Not done: the database is busy or unreachable ({why}). "
+                "Sending the same form again is safe: it is applied once."
+            )
         session["flash"] = message
         target = _local(form.get("next"))
         return with_cookie(RedirectResponse(target, status_code=303), request, session)
