@@ -966,6 +966,64 @@ def test_requeue_unblocks_one_lane_or_every_lane_once(
     assert table_checksum(db) == after
 
 
+def _cut_connections(db: psycopg.Connection, login: Login) -> None:
+    """End every session of the dashboards' login, as a restart of the
+    database (or a proxy's idle timeout) does; they open new ones."""
+    cut = [
+        r[0]
+        for r in db.execute(
+            # In the select list, so only the rows of the login are ended.
+            "SELECT pid, pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s",
+            (login.role,),
+        )
+    ]
+    assert cut, "the dashboards had no session to cut"
+    _until(
+        lambda: _count(db, "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", cut) == 0,
+        "the cut sessions ended",
+    )
+
+
+def test_an_action_outlives_cut_connections_and_says_when_the_database_is_busy(
+    db: psycopg.Connection, rw: Dashboard, browse: Callable[..., Tab], login: Login
+) -> None:
+    """After its connections are cut the dashboard acts on fresh ones; an
+    action that cannot take its locks in time says so on the page (and can
+    be sent again), rather than failing the request."""
+    client = Client(db)
+    client.enqueue_run("hook-busy", queue="webhooks")
+    _block(client, "hook-busy")
+    tab = browse(rw)
+    role = sql.Identifier(login.role)
+    # The dashboards' next sessions wait at most 200 ms for a lock.
+    db.execute(sql.SQL("ALTER ROLE {} SET lock_timeout = '200ms'").format(role))
+    try:
+        # Off any page while the connections are cut: a live refresh in
+        # flight then would fail, and rightly so, but it is not under test.
+        tab.page.goto("about:blank")
+        _cut_connections(db, login)
+        tab.goto("/run?id=hook-busy")
+        with psycopg.connect(db.info.dsn) as holder:  # a transaction holding the lane
+            holder.execute(
+                "SELECT 1 FROM runrelay.ledger_lanes WHERE run_id = 'hook-busy' FOR UPDATE"
+            )
+            before = table_checksum(db)
+            fields = tab.submit(tab.page.locator("button[data-action=requeue]"))
+            assert tab.path() == "/run?id=hook-busy"
+            assert tab.flash().startswith("Not done: the database is busy or unreachable")
+            assert table_checksum(db) == before
+            assert _blocked_lanes(db) == [("hook-busy", "lifecycle")]
+        # The lane is free again: the same form now acts.
+        assert tab.post("/actions/requeue", fields).status == 303
+        assert _blocked_lanes(db) == []
+    finally:
+        tab.page.goto("about:blank")
+        db.execute(sql.SQL("ALTER ROLE {} RESET lock_timeout").format(role))
+        _cut_connections(db, login)
+    tab.goto("/run?id=hook-busy")  # on fresh connections again
+    expect(tab.page.locator("button[data-action=requeue]")).to_have_count(0)
+
+
 def test_pause_and_resume_a_queue_from_the_overview_once_each(
     db: psycopg.Connection, rw: Dashboard, browse: Callable[..., Tab]
 ) -> None:
