@@ -12,8 +12,9 @@ paused_queues) and in a digest of every table, before and after, and again
 after the same form is sent a second time.
 
 Two dashboards serve the module, both behind one password and connected as a
-login that is a member of runrelay_admin (as an operator runs it): one
---read-write, one read-only. A screenshot of each page lands in
+login that is a member of runrelay_admin and runrelay_producer (as
+docs/operations.md has an operator's login): one --read-write, one
+read-only. A screenshot of each page lands in
 .runrelay/screenshots/ (git-ignored) for a person to look at.
 """
 
@@ -198,6 +199,7 @@ def _server_logs_stay_clean(dashboards: dict[str, Dashboard]) -> Iterator[None]:
 # -- the browser -------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
+    assert os.access(CHROMIUM, os.X_OK), f"no {CHROMIUM}: run bash scripts/ensure_prereqs.sh"
     with sync_playwright() as playwright:
         chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield chromium
