@@ -87,9 +87,7 @@ BEGIN
         LIMIT 10000
     );
 
-    RETURN _restore_lock_wait(
-        v_caller_lock_timeout, (extract(EPOCH FROM v_to - v_from) / 60)::integer
-    );
+    RETURN _restore_lock_wait(v_caller_lock_timeout, (extract(EPOCH FROM v_to - v_from) / 60)::integer);
 END;
 $$;
 

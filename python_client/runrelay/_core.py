@@ -368,6 +368,9 @@ OPERATIONS: dict[str, Operation] = {
         ),
         Operation("enqueue_due_schedules", (("max_runs", "integer"),), _each(t.ScheduledRun)),
         Operation("schedules_next_due_at", (), _one(t.ScheduleDue)),
+        Operation("queue_overview", (), _each(t.QueueOverview)),
+        Operation("ledger_overview", (), _each(t.LaneOverview, lane=t.Lane)),
+        Operation("record_queue_activity", (), _scalar, set_returning=False),
         Operation(
             "purge_runs",
             (
