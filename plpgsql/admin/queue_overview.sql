@@ -122,15 +122,19 @@ BEGIN
         FROM activity AS a
         GROUP BY a.queue, a.minute
     ),
-    series AS (
+    -- Per queue, its minutes with activity (indexes 0 .. 59) and their
+    -- counts, spread over the 60 entries below: no join of every queue's
+    -- 60 minutes with every minute counted.
+    active AS (
         SELECT
-            k.queue,
-            array_agg(coalesce(m.completed, 0) ORDER BY g.i) AS completed,
-            array_agg(coalesce(m.failed, 0) ORDER BY g.i) AS failed
-        FROM (SELECT DISTINCT m.queue FROM minutes AS m) AS k
-        CROSS JOIN generate_series(0, 59) AS g (i)
-        LEFT JOIN minutes AS m ON k.queue = m.queue AND g.i = m.i
-        GROUP BY k.queue
+            m.queue,
+            array_agg(m.i) AS minutes,
+            array_agg(m.completed) AS completed,
+            array_agg(m.failed) AS failed,
+            sum(m.completed) AS completed_total,
+            sum(m.failed) AS failed_total
+        FROM minutes AS m
+        GROUP BY m.queue
     )
     SELECT
         q.name,
@@ -141,10 +145,18 @@ BEGIN
         coalesce(rn.runs, 0),
         w.waiting,
         extract(EPOCH FROM v_now - c.oldest)::double precision,
-        (SELECT coalesce(sum(x), 0) FROM unnest(s.completed) AS x)::bigint,
-        (SELECT coalesce(sum(x), 0) FROM unnest(s.failed) AS x)::bigint,
-        coalesce(s.completed, array_fill(0, ARRAY[60])),
-        coalesce(s.failed, array_fill(0, ARRAY[60]))
+        coalesce(s.completed_total, 0)::bigint,
+        coalesce(s.failed_total, 0)::bigint,
+        ARRAY(
+            SELECT coalesce(s.completed[array_position(s.minutes, g.i)], 0)
+            FROM generate_series(0, 59) AS g (i)
+            ORDER BY g.i
+        ),
+        ARRAY(
+            SELECT coalesce(s.failed[array_position(s.minutes, g.i)], 0)
+            FROM generate_series(0, 59) AS g (i)
+            ORDER BY g.i
+        )
     FROM queues AS q
     -- The claim index's range of the queue: every queued run not held by
     -- its key (_runnable at any time), due or not.
@@ -168,7 +180,7 @@ BEGIN
         WHERE r.queue = q.name AND r.status = 'waiting' AND r.status <> 'running'
     ) AS w
     LEFT JOIN running AS rn ON q.name = rn.queue
-    LEFT JOIN series AS s ON q.name = s.queue
+    LEFT JOIN active AS s ON q.name = s.queue
     ORDER BY q.name;
 END;
 $$;
