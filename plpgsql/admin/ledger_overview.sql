@@ -42,8 +42,10 @@ VOLATILE
 SECURITY DEFINER
 SET search_path FROM CURRENT
 -- As queue_overview: a generic plan's guess at the pending lanes must not
--- make it compile the statement.
+-- make it compile the statement, nor read every lane instead of the
+-- pending lanes' index ranges.
 SET jit = off
+SET enable_seqscan = off
 AS $$
 DECLARE
     v_now timestamptz := _now();

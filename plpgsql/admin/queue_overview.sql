@@ -43,9 +43,13 @@
 -- of runs per terminal event. The queue list is one probe of runs_list_idx
 -- per queue.
 --
--- Reads only: no lock, no write. The queue list is read first, then the
--- rest in one statement (one snapshot): a queue whose first run is enqueued
--- between the two shows from the next call.
+-- Reads only: no lock, no write. The queue list and the watermark are read
+-- first, then the rest in one statement, whose counts of runs share one
+-- snapshot; the ledger's tail is counted by the helper a moment later, in a
+-- snapshot of its own. The rollup's minutes and the tail's are disjoint
+-- (split at the watermark read), so no run is counted twice whatever
+-- record_queue_activity commits meanwhile; a queue whose first run is
+-- enqueued after the list was read shows from the next call.
 CREATE TYPE queue_overview_row AS (
     queue text,
     paused boolean,
@@ -71,6 +75,11 @@ SET search_path FROM CURRENT
 -- cross jit_above_cost: compiling the statement would cost far more than
 -- running it (list_runs has the same setting).
 SET jit = off
+-- The counts have no LIMIT: planned without statistics (a young install),
+-- each queue's count guessed at half the table read it all, once per queue,
+-- rather than its index range. An index range is never dearer than the
+-- scan it replaces here; _complete has the same setting.
+SET enable_seqscan = off
 AS $$
 DECLARE
     v_now timestamptz := _now();
