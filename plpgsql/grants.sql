@@ -73,7 +73,11 @@ BEGIN
             ('enqueue_due_schedules', 'worker'),
             ('enqueue_due_schedules', 'admin'),
             ('schedules_next_due_at', 'worker'),
-            ('schedules_next_due_at', 'admin')
+            ('schedules_next_due_at', 'admin'),
+            ('queue_overview', 'admin'),
+            ('ledger_overview', 'admin'),
+            ('record_queue_activity', 'worker'),
+            ('record_queue_activity', 'admin')
         ) AS g (function_name, role_suffix)
         INNER JOIN pg_catalog.pg_proc AS p
             ON

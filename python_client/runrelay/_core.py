@@ -337,8 +337,6 @@ OPERATIONS: dict[str, Operation] = {
             "resume_queue", (("queue", "text"),), _enum(t.ResumeOutcome), set_returning=False
         ),
         Operation("list_paused_queues", (), _each(t.PausedQueue)),
-        Operation("queue_overview", (), _each(t.QueueOverview)),
-        Operation("ledger_overview", (), _each(t.LaneOverview, lane=t.Lane)),
         Operation("run_trace_context", (("run_id", "text"),), _scalar, set_returning=False),
         Operation(
             "upsert_schedule",
@@ -370,6 +368,9 @@ OPERATIONS: dict[str, Operation] = {
         ),
         Operation("enqueue_due_schedules", (("max_runs", "integer"),), _each(t.ScheduledRun)),
         Operation("schedules_next_due_at", (), _one(t.ScheduleDue)),
+        Operation("queue_overview", (), _each(t.QueueOverview)),
+        Operation("ledger_overview", (), _each(t.LaneOverview, lane=t.Lane)),
+        Operation("record_queue_activity", (), _scalar, set_returning=False),
         Operation(
             "purge_runs",
             (

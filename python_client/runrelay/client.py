@@ -845,18 +845,6 @@ class _Methods:
         return _Call("list_paused_queues", {}, conn)
 
     @_operation
-    def queue_overview(self, *, conn: Any = None) -> _Call[list[QueueOverview]]:
-        """Every queue's live runs, oldest runnable age and last hour, minute by
-        minute -> list[QueueOverview] (the dashboard's overview)."""
-        return _Call("queue_overview", {}, conn)
-
-    @_operation
-    def ledger_overview(self, *, conn: Any = None) -> _Call[list[LaneOverview]]:
-        """Each ledger lane's pending, leased and blocked runs and its delivery
-        lag -> list[LaneOverview]."""
-        return _Call("ledger_overview", {}, conn)
-
-    @_operation
     def purge_runs(
         self,
         finished_before: datetime,
@@ -936,6 +924,25 @@ class _Methods:
     def schedules_next_due_at(self, *, conn: Any = None) -> _Call[ScheduleDue]:
         """The earliest next slot and the milliseconds until it -> ScheduleDue."""
         return _Call("schedules_next_due_at", {}, conn)
+
+    @_operation
+    def queue_overview(self, *, conn: Any = None) -> _Call[list[QueueOverview]]:
+        """Each queue's backlog by state and its runs ended in the last hour,
+        per minute -> list[QueueOverview] (admin role)."""
+        return _Call("queue_overview", {}, conn)
+
+    @_operation
+    def ledger_overview(self, *, conn: Any = None) -> _Call[list[LaneOverview]]:
+        """Per lane kind: lanes with undelivered events, leased and blocked
+        ones, and the delivery lag -> list[LaneOverview] (admin role)."""
+        return _Call("ledger_overview", {}, conn)
+
+    @_operation
+    def record_queue_activity(self, *, conn: Any = None) -> _Call[int]:
+        """Finalize the minutes of queue activity at least 2 minutes old ->
+        how many (0: none due, or another caller holds the rollup); the
+        maintenance loop calls it every round."""
+        return _Call("record_queue_activity", {}, conn)
 
     @_operation
     def get_schema_version(self, *, conn: Any = None) -> _Call[str]:

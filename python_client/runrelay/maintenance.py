@@ -2,7 +2,8 @@
 
     maintenance = Maintenance(client, interval=30.0, prune_after=timedelta(days=7))
     maintenance.run()            # until stop() / SIGINT / SIGTERM
-    maintenance.run_once()       # one round -> {"reaped": 3, "scheduled": 1, "pruned": 120}
+    maintenance.run_once()       # one round -> {"reaped": 3, "scheduled": 1,
+                                 #               "recorded": 1, "pruned": 120}
 
 Duties, each round:
 
@@ -18,20 +19,28 @@ Duties, each round:
   loop asks `schedules_next_due_at` and sleeps no longer than until the
   next slot (measured by the database clock), so a schedule due every
   minute is not late by a whole interval.
+* **activity** — `record_queue_activity` finalizes the whole minutes of
+  queue activity (runs ended completed / failed, per queue) that are at
+  least two minutes old into the rollup queue_overview reads
+  (docs/admin.md, "The overview"); one call a round, which answers how many
+  minutes it finalized. Concurrent loops never count a minute twice: the
+  first takes the rollup without waiting, the others answer 0.
 * **prune** — with `prune_after` set, `prune(delivered_before=now -
   prune_after)` deletes delivered ledger events in chunks of `prune_batch`,
   again at most `max_calls` chunks per round.
 
 Which role may call what (plpgsql/grants.sql): `reap_expired` is a worker
-function, `prune` an admin one, `enqueue_due_schedules` and
-`schedules_next_due_at` both. A duty whose call raises PermissionDenied is
-switched off for the life of this object with one WARNING line; the other
-duties go on. A superuser or the schema owner may run both.
+function, `prune` an admin one, `enqueue_due_schedules`,
+`schedules_next_due_at` and `record_queue_activity` both. A duty whose call
+raises PermissionDenied is switched off for the life of this object with one
+WARNING line; the other duties go on. A superuser or the schema owner may
+run them all.
 
-Every Worker and AsyncWorker runs reap and schedule on its own (see
-worker.py), so a fleet of workers recovers a SIGKILLed peer's runs and
-enqueues its schedules without any extra process; `runrelay maintain` is
-for pruning, or for fleets that opt out.
+Every Worker and AsyncWorker runs reap, schedule and activity on its own
+(see worker.py), so a fleet of workers recovers a SIGKILLed peer's runs,
+enqueues its schedules and keeps the overview's rollup current without any
+extra process; `runrelay maintain` is for pruning, or for fleets that opt
+out.
 
 The loop survives the database being away: a failed round is logged and the
 next one waits a full-jitter backoff instead of the interval. The interval
@@ -54,7 +63,7 @@ from .types import ScheduleDue
 
 log = logging.getLogger("runrelay.maintenance")
 
-DUTIES = ("reap", "schedule", "prune")
+DUTIES = ("reap", "schedule", "activity", "prune")
 
 # A loop woken for a schedule slot sleeps until this long after it (the
 # slot's time by the database clock), and never less than MIN_WAKE between
@@ -79,6 +88,7 @@ class _Duties:
         reap: bool = True,
         schedules: bool = True,
         schedule_batch: int = 100,
+        activity: bool = True,
     ) -> None:
         if interval <= 0:
             raise ValueError(f"interval must be positive, got {interval!r}")
@@ -102,6 +112,8 @@ class _Duties:
             self.disabled.add("prune")
         if not schedules:
             self.disabled.add("schedule")
+        if not activity:
+            self.disabled.add("activity")
         self._signals = 0
         self._stop = self._new_event()
 
@@ -142,11 +154,12 @@ class _Duties:
 
 
 class Maintenance(_Duties):
-    """Reaps expired leases, enqueues due schedule slots and prunes delivered
-    events on a jittered interval.
+    """Reaps expired leases, enqueues due schedule slots, rolls up queue
+    activity and prunes delivered events on a jittered interval.
 
     `reap=False` leaves reaping to others (a prune-only loop); `schedules=False`
-    enqueues no schedule; `prune_after=None` never prunes."""
+    enqueues no schedule; `activity=False` records no queue activity;
+    `prune_after=None` never prunes."""
 
     _stop: threading.Event
 
@@ -170,13 +183,15 @@ class Maintenance(_Duties):
 
     def run_once(self) -> dict[str, int]:
         """One round of every enabled duty -> {"reaped": n, "scheduled": s,
-        "pruned": m}. Connection errors propagate; the loop in run() handles
-        them."""
-        done = {"reaped": 0, "scheduled": 0, "pruned": 0}
+        "recorded": minutes, "pruned": m}. Connection errors propagate; the
+        loop in run() handles them."""
+        done = {"reaped": 0, "scheduled": 0, "recorded": 0, "pruned": 0}
         if "reap" not in self.disabled:
             done["reaped"] = self._chunks("reap", self._reap, self.reap_batch)
         if "schedule" not in self.disabled:
             done["scheduled"] = self._chunks("schedule", self._schedule, self.schedule_batch)
+        if "activity" not in self.disabled:
+            done["recorded"] = self._once("activity", self._activity)
         if "prune" not in self.disabled:
             done["pruned"] = self._chunks("prune", self._prune, self.prune_batch)
         self._log_round(done)
@@ -190,6 +205,17 @@ class Maintenance(_Duties):
 
     def _schedule(self) -> int:
         return len(self.client.enqueue_due_schedules(self.schedule_batch))
+
+    def _activity(self) -> int:
+        return int(self.client.record_queue_activity())
+
+    def _once(self, duty: str, call: Callable[[], int]) -> int:
+        """One call of a duty that does all its work in one call."""
+        try:
+            return call()
+        except PermissionDenied as exc:
+            self._denied(duty, exc)
+        return 0
 
     def next_slot(self) -> ScheduleDue | None:
         """schedules_next_due_at, or None when the schedule duty is off."""
@@ -259,11 +285,13 @@ class AsyncMaintenance(_Duties):
             loop.add_signal_handler(sig, handle, sig)
 
     async def run_once(self) -> dict[str, int]:
-        done = {"reaped": 0, "scheduled": 0, "pruned": 0}
+        done = {"reaped": 0, "scheduled": 0, "recorded": 0, "pruned": 0}
         if "reap" not in self.disabled:
             done["reaped"] = await self._chunks("reap", self._reap, self.reap_batch)
         if "schedule" not in self.disabled:
             done["scheduled"] = await self._chunks("schedule", self._schedule, self.schedule_batch)
+        if "activity" not in self.disabled:
+            done["recorded"] = await self._once("activity", self._activity)
         if "prune" not in self.disabled:
             done["pruned"] = await self._chunks("prune", self._prune, self.prune_batch)
         self._log_round(done)
@@ -277,6 +305,16 @@ class AsyncMaintenance(_Duties):
 
     async def _schedule(self) -> int:
         return len(await self.client.enqueue_due_schedules(self.schedule_batch))
+
+    async def _activity(self) -> int:
+        return int(await self.client.record_queue_activity())
+
+    async def _once(self, duty: str, call: Callable[[], Any]) -> int:
+        try:
+            return int(await call())
+        except PermissionDenied as exc:
+            self._denied(duty, exc)
+        return 0
 
     async def next_slot(self) -> ScheduleDue | None:
         if "schedule" in self.disabled:

@@ -464,38 +464,6 @@ class PausedQueue:
 
 
 @dataclass(frozen=True, slots=True)
-class QueueOverview:
-    """One row of queue_overview: a queue's live runs by state, the age of its
-    oldest runnable run, and its last hour minute by minute (oldest first;
-    the last entry is the current, partial minute)."""
-
-    queue: str
-    paused: bool
-    queued: int
-    scheduled: int
-    held_by_key: int
-    running: int
-    waiting: int
-    oldest_runnable_age_seconds: float | None
-    completed_last_hour: int
-    failed_last_hour: int
-    completed_per_minute: list[int]
-    failed_per_minute: list[int]
-
-
-@dataclass(frozen=True, slots=True)
-class LaneOverview:
-    """One row of ledger_overview: a lane's runs with events to deliver, leased
-    and blocked, and the age of its oldest undelivered head (the lag)."""
-
-    lane: Lane
-    pending_lanes: int
-    leased_lanes: int
-    blocked_heads: int
-    oldest_pending_age_seconds: float | None
-
-
-@dataclass(frozen=True, slots=True)
 class Schedule:
     """A schedule declaration: upsert_schedule's arguments, with its defaults
     (``payload=None`` is ``{}``). `Client.declare_schedules` upserts a list of
@@ -566,3 +534,37 @@ class ScheduleDue:
 
     next_slot_at: datetime | None
     due_in_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class QueueOverview:
+    """One row of queue_overview: a queue's backlog by state and its runs
+    that ended in the last hour. queued + scheduled + held_by_key is every
+    queued run; the per-minute lists have 60 entries, oldest first, the last
+    one the current minute."""
+
+    queue: str
+    paused: bool
+    queued: int
+    scheduled: int
+    held_by_key: int
+    running: int
+    waiting: int
+    oldest_runnable_age_seconds: float | None
+    completed_last_hour: int
+    failed_last_hour: int
+    completed_per_minute: list[int]
+    failed_per_minute: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class LaneOverview:
+    """One row of ledger_overview: a lane kind's run lanes with undelivered
+    events, the leased and blocked ones, and the delivery lag (None: nothing
+    undelivered)."""
+
+    lane: Lane
+    pending_lanes: int
+    leased_lanes: int
+    blocked_heads: int
+    oldest_pending_age_seconds: float | None

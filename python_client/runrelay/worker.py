@@ -42,8 +42,10 @@ lease_seconds/2 (at least 1 s, at most 30 s; override with
 SIGKILLed go back to the queue about half a lease after its lease expired,
 with no other process running. The same rounds enqueue the due slots of
 the declared schedules (enqueue_due_schedules), waking early for the next
-slot; each slot is enqueued once however many workers run. `maintenance=False`
-turns it off (then run `runrelay maintain` somewhere).
+slot; each slot is enqueued once however many workers run. They also
+finalize the minutes of queue activity the overview reads
+(record_queue_activity), each minute once however many workers run.
+`maintenance=False` turns it off (then run `runrelay maintain` somewhere).
 
 Shutdown: the first SIGINT/SIGTERM (install_signal_handlers) or stop() ends
 claiming; in-flight handlers get `shutdown_grace` seconds to finish, then the

@@ -19,12 +19,14 @@ INSERT INTO admin_fn VALUES
 ('purge_runs', $$SELECT runrelay.purge_runs('2000-01-01')$$),
 ('upsert_schedule', $$SELECT runrelay.upsert_schedule('sec-none', '@daily')$$),
 ('delete_schedule', $$SELECT runrelay.delete_schedule('sec-none')$$),
-('list_schedules', $$SELECT * FROM runrelay.list_schedules()$$);
+('list_schedules', $$SELECT * FROM runrelay.list_schedules()$$),
+('queue_overview', $$SELECT * FROM runrelay.queue_overview()$$),
+('ledger_overview', $$SELECT * FROM runrelay.ledger_overview()$$);
 -- Read by the roles below while they call each function.
 GRANT SELECT ON admin_fn TO public;
 
--- Seven assertions per function, six for the whole.
-SELECT plan(6 + 7 * (SELECT count(*)::integer FROM admin_fn));
+-- Seven assertions per function, eight for the whole.
+SELECT plan(8 + 7 * (SELECT count(*)::integer FROM admin_fn));
 
 SELECT is(
     (
@@ -71,6 +73,11 @@ SELECT table_privs_are('runrelay', 'runs', 'runrelay_admin', ARRAY[]::text[], 'a
 SELECT table_privs_are('runrelay', 'attempts', 'runrelay_admin', ARRAY[]::text[], 'admin has no privilege on attempts');
 SELECT table_privs_are('runrelay', 'ledger_events', 'runrelay_admin', ARRAY[]::text[], 'admin has no privilege on ledger_events');
 SELECT table_privs_are('runrelay', 'ledger_lanes', 'runrelay_admin', ARRAY[]::text[], 'admin has no privilege on ledger_lanes');
+SELECT table_privs_are('runrelay', 'queue_activity', 'runrelay_admin', ARRAY[]::text[], 'admin has no privilege on queue_activity');
+SELECT table_privs_are(
+    'runrelay', 'queue_activity_watermark', 'runrelay_admin', ARRAY[]::text[],
+    'admin has no privilege on queue_activity_watermark'
+);
 SET LOCAL ROLE runrelay_admin;
 SELECT lives_ok(f.call, 'an admin calls ' || f.name)
 FROM admin_fn AS f

@@ -279,3 +279,185 @@ def test_purge_runs_reads_index_ranges_and_keys_at_a_million_runs(million: str) 
             assert sum(buffers(c) for c in checks) < 201 * 10, checks
             deletes = [p for p in plans if "DELETE FROM runs AS r" in p]
             assert len(deletes) == 1 and buffers(deletes[0]) < 200 * 40, deletes
+
+
+# -- the overview ------------------------------------------------------------
+
+# A terminal event for every second ended run of the million: the ledger's
+# history, some 485 000 events over eleven days, about 1 700 of them in the
+# last hour (the fixture's runs end a second apart).
+ORIGIN = "2000-01-01 00:00:00+00"
+
+
+@pytest.fixture(scope="module")
+def ended(million: str) -> Iterator[str]:
+    """The million, with the terminal events (run.completed, run.failed,
+    run.cancelled) of every run with an even number that ended, each created
+    when its run finished and delivered then."""
+    with psycopg.connect(million, autocommit=True) as c:
+        c.execute(
+            """
+            INSERT INTO runrelay.ledger_events (run_id, lane, seq, type, payload, delivery_key,
+                                                created_at, next_attempt_at, delivered_at,
+                                                delivered_by)
+            SELECT r.run_id, 'lifecycle', 2, 'run.' || r.status, '{}', r.run_id || ':2',
+                   r.finished_at, r.finished_at, r.finished_at, 'relay'
+            FROM runrelay.runs AS r
+            WHERE r.status IN ('completed', 'failed', 'cancelled')
+              AND substring(r.run_id FROM 3)::integer % 2 = 0
+            """
+        )
+        c.execute("VACUUM ANALYZE runrelay.ledger_events")
+    yield million
+    with psycopg.connect(million, autocommit=True) as c:
+        c.execute("DELETE FROM runrelay.ledger_events WHERE seq = 2")
+        c.execute("TRUNCATE runrelay.queue_activity, runrelay.queue_activity_watermark")
+
+
+def pin_clock(conn: psycopg.Connection, at: datetime) -> None:
+    """The database clock (runrelay._now()) at `at` for the next statements:
+    a session offset from the real clock, set again before each call so that
+    the overview's hour stays where the expected figures put it."""
+    offset = "(%s::timestamptz - statement_timestamp())::text"
+    conn.execute(f"SELECT set_config('runrelay.clock_offset', {offset}, false)", [at])
+
+
+def expected_minutes(conn: psycopg.Connection, at: datetime) -> dict[str, tuple[list[int], ...]]:
+    """The per-minute figures at `at`, from the runs themselves: the ended
+    runs with an even number, by the minute they finished in (absolute
+    minutes), over the current minute and the 59 before it."""
+    rows = conn.execute(
+        f"""
+        WITH w AS (
+            SELECT date_bin('1 minute', %(at)s::timestamptz, '{ORIGIN}') - interval '59 minutes'
+                AS first
+        )
+        SELECT r.queue,
+               (extract(EPOCH FROM date_bin('1 minute', r.finished_at, '{ORIGIN}') - w.first)
+                / 60)::integer AS i,
+               count(*) FILTER (WHERE r.status = 'completed'),
+               count(*) FILTER (WHERE r.status = 'failed')
+        FROM runrelay.runs AS r CROSS JOIN w
+        WHERE r.finished_at >= w.first AND r.finished_at < w.first + interval '60 minutes'
+          AND substring(r.run_id FROM 3)::integer %% 2 = 0
+        GROUP BY 1, 2
+        """,
+        {"at": at},
+    ).fetchall()
+    out: dict[str, tuple[list[int], ...]] = {}
+    for queue, i, completed, failed in rows:
+        done, fail = out.setdefault(queue, ([0] * 60, [0] * 60))
+        done[i], fail[i] = completed, failed
+    return out
+
+
+def test_queue_overview_reads_the_backlog_and_the_hour_never_the_history(ended: str) -> None:
+    """A million runs, 970 000 of them ended, half a million terminal events
+    in the ledger: the overview reads each queue's live backlog (index
+    ranges, index-only: about 5 000 queued and 2 500 waiting runs a queue)
+    and its 200 running runs (a probe each), and for the hour the rollup's
+    rows and the ledger's events after its watermark. Without a rollup the
+    whole hour is counted from the ledger (some 1 700 terminal events, a
+    probe of runs each), with one only the last few minutes; the figures are
+    the same, and exact. Nothing grows with the history."""
+    with psycopg.connect(ended, autocommit=True) as conn:
+        now = conn.execute("SELECT now()").fetchone()
+        assert now is not None
+        at = now[0].replace(second=30, microsecond=0)  # mid-minute, a moment ago or on
+        expected = expected_minutes(conn, at)
+        assert sum(sum(c) + sum(f) for c, f in expected.values()) > 1000, expected
+        backlog = {
+            q: (queued, waiting, running)
+            for q, queued, waiting, running in conn.execute(
+                "SELECT queue, count(*) FILTER (WHERE status = 'queued'),"
+                " count(*) FILTER (WHERE status = 'waiting'),"
+                " count(*) FILTER (WHERE status = 'running')"
+                " FROM runrelay.runs WHERE status IN ('queued', 'waiting', 'running')"
+                " GROUP BY queue"
+            ).fetchall()
+        }
+        take = explained(conn)
+
+        def overview(limit: int) -> None:
+            for _ in range(7):  # past PL/pgSQL's switch to a generic plan
+                pin_clock(conn, at)
+                take()
+                rows = call(conn, "queue_overview")
+                plans = take()
+                assert [r["queue"] for r in rows] == [f"q{i}" for i in range(QUEUES)]
+                for r in rows:
+                    queued, waiting, running = backlog.get(r["queue"], (0, 0, 0))
+                    assert r["queued"] + r["scheduled"] + r["held_by_key"] == queued
+                    assert (r["waiting"], r["running"]) == (waiting, running)
+                    completed, failed = expected.get(r["queue"], ([0] * 60, [0] * 60))
+                    assert r["completed_per_minute"] == completed, r["queue"]
+                    assert r["failed_per_minute"] == failed, r["queue"]
+                    assert r["completed_last_hour"] == sum(completed)
+                text = "\n".join(nested(plans))
+                assert "Seq Scan on ledger_events" not in text, text
+                assert "Index Scan using ledger_created_idx" in text, text
+                assert_seeks(plans, limit)
+
+        # No rollup yet: the hour from the ledger, ~1 700 events and a
+        # probe of runs each (about five buffers an event), and the backlog.
+        overview(limit=6 * 1800 + 3000)
+        pin_clock(conn, at)
+        assert scalar(conn, "record_queue_activity") == 58
+        # The rollup: the last three minutes from the ledger, ~90 events.
+        overview(limit=6 * 100 + 3000)
+        conn.execute("RESET runrelay.clock_offset")
+
+
+def test_record_queue_activity_reads_one_range_of_the_ledger(ended: str) -> None:
+    """Finalizing the hour is one range of ledger_created_idx (the hour's
+    events) with a probe of runs per terminal event; a call with nothing due
+    reads nothing. Rolled back, so the fixture stays."""
+    with psycopg.connect(ended, autocommit=True) as conn:
+        take = explained(conn)
+        for _ in range(6):
+            with conn.transaction(force_rollback=True):
+                conn.execute("TRUNCATE runrelay.queue_activity, runrelay.queue_activity_watermark")
+                take()
+                assert scalar(conn, "record_queue_activity") == 58
+                plans = take()
+                assert scalar(conn, "record_queue_activity") == 0
+            text = "\n".join(nested(plans))
+            assert "Seq Scan on ledger_events" not in text, text
+            assert "Index Scan using ledger_created_idx" in text, text
+            assert_seeks(plans, 6 * 1800)
+            rolled = [p for p in plans if "INSERT INTO queue_activity AS a" in p]
+            assert len(rolled) == 1, plans
+
+
+def test_ledger_overview_reads_the_pending_lanes_never_the_events(ended: str) -> None:
+    """A million lanes, a hundred of them blocked behind a failed head, half
+    a million delivered events and a thousand runs with pending ones: the
+    overview reads the pending lanes' index entries and rows and probes each
+    head, never a lane with nothing pending, never an event but a head."""
+    with psycopg.connect(ended, autocommit=True) as conn:
+        # The tests before may have left a run's lanes pending (m-99's).
+        before = [(r["lane"], r["pending_lanes"]) for r in call(conn, "ledger_overview")]
+        assert before[0][1] in (100, 101), before
+        take = explained(conn)
+        with conn.transaction(force_rollback=True):
+            call(
+                conn,
+                "enqueue_runs",
+                items=[{"run_id": f"p-{i}", "queue": "pending"} for i in range(1000)],
+            )
+            conn.execute("ANALYZE runrelay.ledger_lanes")
+            for _ in range(7):
+                take()
+                rows = call(conn, "ledger_overview")
+                plans = take()
+                assert [(r["lane"], r["pending_lanes"], r["blocked_heads"]) for r in rows] == [
+                    ("lifecycle", before[0][1] + 1000, 100),
+                    ("observability", before[1][1], 0),
+                ]
+                assert rows[0]["oldest_pending_age_seconds"] is not None
+                text = "\n".join(nested(plans))
+                assert "Seq Scan on ledger_lanes" not in text, text
+                assert "Seq Scan on ledger_events" not in text, text
+                # A pending lane: its index entry, its row, its head (a
+                # probe of ledger_lane_seq_idx): about seven buffers.
+                assert_seeks(plans, 1101 * 8)

@@ -46,6 +46,7 @@ from runrelay import (
     HeartbeatOutcome,
     HeartbeatResult,
     InvalidArgument,
+    Lane,
     LedgerEvent,
     LedgerFailOutcome,
     LedgerFailure,
@@ -1246,6 +1247,9 @@ def round_trip_calls(now: datetime) -> dict[str, tuple[tuple[Any, ...], dict[str
         "list_schedules": ((), {}),
         "enqueue_due_schedules": ((), {}),
         "schedules_next_due_at": ((), {}),
+        "queue_overview": ((), {}),
+        "ledger_overview": ((), {}),
+        "record_queue_activity": ((), {}),
         "run_stats": ((), {}),
         "ledger_stats": ((), {}),
         "wait_stats": ((), {}),
@@ -1484,6 +1488,16 @@ def test_every_method_returns_its_declared_type(
         await call("enqueue_due_schedules", conn=ahead)  # two hours ahead: two slots
         await call("delete_schedule", "tick")
         await call("schedules_next_due_at")  # no schedule: its fields are None
+
+        await call("record_queue_activity")  # the last hour's minutes
+        # Field by field too: lists of ints, a float age where one is due.
+        queues = await call("queue_overview")
+        lanes = await call("ledger_overview")
+        assert [lane.lane for lane in lanes] == [Lane.LIFECYCLE, Lane.OBSERVABILITY]
+        for row in [*queues, *lanes]:
+            for name, declared in typing.get_type_hints(type(row)).items():
+                assert conforms(getattr(row, name), declared), (row, name)
+        assert any(q.oldest_runnable_age_seconds is not None for q in queues), queues
 
     drive(scenario)
     assert set(seen) == set(_core.OPERATIONS), "a method is not checked"

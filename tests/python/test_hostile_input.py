@@ -182,6 +182,9 @@ def base_calls(w: World) -> dict[str, dict[str, Any]]:
         "list_schedules": {"after_name": "a", "max_rows": 10},
         "enqueue_due_schedules": {"max_runs": 10},
         "schedules_next_due_at": {},
+        "queue_overview": {},
+        "ledger_overview": {},
+        "record_queue_activity": {},
     }
 
 

@@ -214,6 +214,10 @@ def test_the_callers_lock_timeout_is_unchanged_after_every_outcome(
     conn.execute("SELECT set_config('runrelay.clock_offset', '', true)")
     checked("delete_schedule", name="tick")
     checked("delete_schedule", name="tick")  # not_found
+    assert checked("record_queue_activity")  # the last hour's minutes
+    checked("record_queue_activity")  # none due: answers 0
+    checked("queue_overview")
+    checked("ledger_overview")
     conn.rollback()
 
 
@@ -251,6 +255,9 @@ def test_every_writing_function_restores_the_callers_lock_timeout_on_every_exit(
         "run_trace_context",
         "list_schedules",
         "schedules_next_due_at",
+        # the overview (docs/admin.md)
+        "queue_overview",
+        "ledger_overview",
     }
     assert set(unbounded) <= readers, unbounded
     for name, src, setof in bounded:

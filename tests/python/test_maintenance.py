@@ -3,13 +3,16 @@ connection that reconnects — against a real server."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
 import random
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 
@@ -18,9 +21,9 @@ import pytest
 
 from conftest import run_in_thread
 from faults import shifted, terminate_backend, wait_for
-from runrelay import Client
+from runrelay import AsyncClient, Client
 from runrelay._backoff import Backoff, full_jitter, jittered
-from runrelay.maintenance import Maintenance
+from runrelay.maintenance import AsyncMaintenance, Maintenance
 from runrelay.relay import Relay
 from runrelay.worker import Job, Worker
 
@@ -103,7 +106,14 @@ def test_maintain_once_reaps_an_expired_lease_and_prunes_old_deliveries(
         timeout=120,
     )
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout) == {"reaped": 1, "scheduled": 0, "pruned": old_delivered[0]}
+    # recorded: the first round finalizes the last hour's minutes up to the
+    # grace period, 58 of them, whatever the minute.
+    assert json.loads(out.stdout) == {
+        "reaped": 1,
+        "scheduled": 0,
+        "recorded": 58,
+        "pruned": old_delivered[0],
+    }
     attempt = db.execute(
         "SELECT status, error->>'reason' FROM runrelay.attempts WHERE run_id = 'orphan'"
     ).fetchone()
@@ -136,9 +146,12 @@ def test_a_denied_duty_is_disabled_with_one_warning_and_the_others_go_on(
     as_worker.execute("SET ROLE runrelay_worker")
     maintenance = Maintenance(Client(as_worker), prune_after=timedelta(days=1))
     with caplog.at_level(logging.WARNING, logger="runrelay.maintenance"):
-        assert maintenance.run_once() == {"reaped": 1, "scheduled": 0, "pruned": 0}
+        assert maintenance.run_once() == {"reaped": 1, "scheduled": 0, "recorded": 58, "pruned": 0}
         _expired_claim(connect, "orphan2")
-        assert maintenance.run_once() == {"reaped": 1, "scheduled": 0, "pruned": 0}
+        again = maintenance.run_once()
+        # The next minute, if one has come meanwhile.
+        assert again == {"reaped": 1, "scheduled": 0, "recorded": again["recorded"], "pruned": 0}
+        assert again["recorded"] in (0, 1)
     warnings = [r for r in caplog.records if r.name == "runrelay.maintenance"]
     assert len(warnings) == 1, [r.getMessage() for r in warnings]
     assert "maintenance duty prune disabled" in warnings[0].getMessage()
@@ -155,6 +168,155 @@ def test_maintenance_refuses_bad_settings_before_any_call(db_url: str) -> None:
         Maintenance(client, prune_after=timedelta(seconds=-1))
     with pytest.raises(ValueError):
         Maintenance(client, reap_batch=0)
+
+
+# -- queue activity -------------------------------------------------------------
+def _ended(conn: psycopg.Connection, run_id: str, queue: str, completed: bool) -> None:
+    """A run of `queue` that ends at once, on `conn`'s (possibly shifted) clock."""
+    client = Client(conn)
+    client.enqueue_run(run_id, queue=queue, max_attempts=1)
+    (claim,) = client.claim_attempts("w", queues=[queue])
+    if completed:
+        assert client.complete_attempt(**claim.fence) == "completed"
+    else:
+        assert client.fail_attempt(**claim.fence, error={"e": 1}) == "failed"
+
+
+def _rollup(db: psycopg.Connection) -> list[tuple[object, ...]]:
+    return db.execute(
+        "SELECT minute, queue, completed, failed FROM runrelay.queue_activity ORDER BY 1, 2"
+    ).fetchall()
+
+
+def _ended_by_minute(db: psycopg.Connection, after: str) -> list[tuple[object, ...]]:
+    """What the rollup must hold: the runs that ended (by their finished_at,
+    the terminal event's time) in the minutes since `after` ago, up to the
+    grace period, by queue."""
+    return db.execute(
+        """
+        SELECT date_bin('1 minute', finished_at, '2000-01-01Z') AS minute, queue,
+               count(*) FILTER (WHERE status = 'completed')::integer,
+               count(*) FILTER (WHERE status = 'failed')::integer
+        FROM runrelay.runs
+        WHERE finished_at >= date_bin('1 minute', now() - %s::interval, '2000-01-01Z')
+        GROUP BY 1, 2 ORDER BY 1, 2
+        """,
+        [after],
+    ).fetchall()
+
+
+def test_the_activity_duty_finalizes_each_minute_once_however_many_loops_run(
+    db: psycopg.Connection, db_url: str, connect: Callable[..., psycopg.Connection]
+) -> None:
+    """Runs ended over the last hour in two queues. One caller holding the
+    rollup in an open transaction: every other loop answers 0 at once (a
+    lock wait would fail on their 1 s lock_timeout) and writes nothing. Then
+    two loops ten minutes ahead race round after round on the minutes that
+    came due: each minute is finalized by exactly one of them, and the
+    rollup holds what the runs say, once."""
+    for ago, run_id, queue, completed in [
+        ("50 minutes", "a1", "qa", True),
+        ("50 minutes", "b1", "qb", False),
+        ("10 minutes", "a2", "qa", True),
+        ("3 minutes", "b2", "qb", True),
+    ]:
+        past = connect()
+        with shifted(past, f"-{ago}"):
+            _ended(past, run_id, queue, completed)
+    ahead = connect()
+    with shifted(ahead, "5 minutes"):  # a run that ends five minutes from now
+        _ended(ahead, "a3", "qa", True)
+    # The overview read at one moment of the database clock, pinned on its
+    # session: its hour does not move while the test runs.
+    viewer = connect()
+    (pinned,) = viewer.execute("SELECT now()").fetchone() or (None,)
+
+    def overview() -> dict[str, object]:
+        viewer.execute(
+            "SELECT set_config('runrelay.clock_offset',"
+            " (%s::timestamptz - statement_timestamp())::text, false)",
+            [pinned],
+        )
+        return {q.queue: q for q in Client(viewer).queue_overview()}
+
+    live = overview()
+    assert sorted(live) == ["qa", "qb"]
+
+    holder = connect(autocommit=False)
+    assert Client(holder).record_queue_activity() == 58  # the hour, held uncommitted
+
+    def loop(*options: str) -> Maintenance:
+        conn = connect(options=" ".join(("-c lock_timeout=1s", *options)))
+        return Maintenance(Client(conn), prune_after=None, reap=False, schedules=False)
+
+    now_loops = [loop(), loop()]
+    assert [m.run_once()["recorded"] for m in now_loops] == [0, 0]
+    assert db.execute("SELECT count(*) FROM runrelay.queue_activity").fetchone() == (0,)
+    holder.commit()
+    final = db.execute("SELECT final_before FROM runrelay.queue_activity_watermark").fetchone()
+    assert final is not None
+    expected = [r for r in _ended_by_minute(db, "1 hour") if r[0] < final[0]]  # not a3's
+    assert _rollup(db) == expected and len(expected) == 4
+    # Counted from the rollup now, the same figures as from the ledger.
+    assert overview() == live
+
+    # Ten minutes on: the minutes up to eight minutes ahead come due, a3's
+    # among them. Two loops race on them, round after round.
+    ahead_loops = [loop("-c runrelay.clock_offset=600s") for _ in range(2)]
+    barrier = threading.Barrier(2)
+
+    def rounds(m: Maintenance) -> list[int]:
+        barrier.wait()
+        return [m.run_once()["recorded"] for _ in range(5)]
+
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(rounds, ahead_loops))
+    assert sum(sum(r) for r in results) in (10, 11), results  # 11: a minute passed meanwhile
+    assert _rollup(db) == _ended_by_minute(db, "1 hour")  # each minute counted once
+    final = db.execute("SELECT final_before FROM runrelay.queue_activity_watermark").fetchone()
+    minute = db.execute("SELECT date_bin('1 minute', now() + interval '8 minutes', '2000-01-01Z')")
+    assert final is not None and final[0] >= minute.fetchone()[0]  # type: ignore[index]
+
+
+def test_a_workers_own_maintenance_records_queue_activity(
+    db: psycopg.Connection, db_url: str
+) -> None:
+    """What users run: a Worker with its default maintenance finalizes the
+    overview's minutes with no other process."""
+    client = Client(db_url)
+    worker = Worker(client, lambda job: None, poll_interval=0.05, maintenance_interval=0.2)
+    thread, result = run_in_thread(worker)
+    try:
+        wait_for(
+            lambda: (
+                db.execute("SELECT count(*) FROM runrelay.queue_activity_watermark").fetchone()
+                == (1,)
+            ),
+            30,
+            "the rollup's watermark",
+        )
+    finally:
+        worker.stop()
+        thread.join(30)
+        client.close()
+    result.result(timeout=1)
+
+
+def test_async_maintenance_records_queue_activity(db: psycopg.Connection, db_url: str) -> None:
+    """AsyncMaintenance (an AsyncWorker's) runs the same duty; a role that
+    may not call it switches it off with one warning."""
+
+    async def rounds() -> tuple[list[int], set[str]]:
+        async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+            loop = AsyncMaintenance(AsyncClient(conn), prune_after=None, reap=False)
+            recorded = [(await loop.run_once())["recorded"] for _ in range(2)]
+            await conn.execute("SET ROLE runrelay_relay")
+            await loop.run_once()
+            return recorded, loop.disabled
+
+    recorded, disabled = asyncio.run(rounds())
+    assert recorded[0] == 58 and recorded[1] in (0, 1)
+    assert "activity" in disabled
 
 
 # -- LISTEN reconnects ----------------------------------------------------------

@@ -223,6 +223,17 @@ def admin_tour(db: psycopg.Connection, n: int, run_id: str, failed: str) -> None
     assert call(db, "list_paused_queues")
     assert call(db, "claim_attempts", worker="w", max_runs=2) == []
     assert scalar(db, "resume_queue", queue="bulk") == "resumed"
+    # The overview. An hour and more on (a later hour each round), so that
+    # the maintenance's rollup finalizes fresh minutes every round and the
+    # overview's live tail, the minutes since the rollup's watermark, holds
+    # none of the tour's events: each statement is a range of its index,
+    # whatever the 200 000 old terminal events (test_admin_plans.py counts
+    # a real tail's cost).
+    db.execute("SELECT set_config('runrelay.clock_offset', %s, false)", [f"{70 + 61 * n} min"])
+    assert scalar(db, "record_queue_activity") == 58
+    assert [q["queue"] for q in call(db, "queue_overview")][:2] == ["bulk", "q0"]
+    assert len(call(db, "ledger_overview")) == 2
+    db.execute("RESET runrelay.clock_offset")
     # Five of the prefill's finished runs (delivered, with an attempt and a
     # call record each) go, with their rows.
     cut = db.execute("SELECT now() - interval '1 hour'").fetchone()

@@ -60,6 +60,7 @@ GRANTS: dict[str, frozenset[str]] = {
             "run_trace_context",
             "enqueue_due_schedules",
             "schedules_next_due_at",
+            "record_queue_activity",
             "get_schema_version",
         }
     ),
@@ -95,6 +96,9 @@ GRANTS: dict[str, frozenset[str]] = {
             "list_schedules",
             "enqueue_due_schedules",
             "schedules_next_due_at",
+            "queue_overview",
+            "ledger_overview",
+            "record_queue_activity",
             "get_schema_version",
         }
     ),
@@ -122,6 +126,9 @@ ADMIN_VIEWS = frozenset({"run_stats", "ledger_stats", "wait_stats"})
 # into enqueue_runs' one-statement check of all its items
 # (plpgsql/_internal/validate.sql). _trace_context_valid, the shape of a
 # trace context, the same way (plpgsql/_internal/trace_context.sql).
+# _activity_minute, the minute of queue activity an instant falls in: it
+# reads only its argument and is inlined into the per-event count
+# (plpgsql/_internal/queue_activity.sql).
 VOLATILITY_ALLOW_LIST: frozenset[str] = frozenset(
     {
         "_runnable",
@@ -133,6 +140,7 @@ VOLATILITY_ALLOW_LIST: frozenset[str] = frozenset(
         "_enqueue_valid",
         "_enqueue_item_well_formed",
         "_trace_context_valid",
+        "_activity_minute",
     }
 )
 
@@ -238,6 +246,14 @@ def _allowed_calls() -> dict[str, tuple[dict[str, Any], Callable[[list[tuple[Any
         "list_schedules": ({}, lambda rows: all(len(r) == 14 for r in rows)),
         "enqueue_due_schedules": ({}, empty),
         "schedules_next_due_at": ({}, lambda rows: len(rows) == 1 and len(rows[0]) == 2),
+        # One row per queue (sec-q, once enqueue_run made it), 12 columns.
+        "queue_overview": ({}, lambda rows: all(len(r) == 12 for r in rows)),
+        "ledger_overview": (
+            {},
+            lambda rows: [r[0] for r in rows] == ["lifecycle", "observability"],
+        ),
+        # The first caller finalizes the last hour's minutes, later ones none.
+        "record_queue_activity": ({}, lambda rows: len(rows) == 1 and rows[0][0] >= 0),
     }
 
 
@@ -414,6 +430,7 @@ def test_every_function_is_volatile_unless_allow_listed(db: psycopg.Connection) 
             "_enqueue_valid",
             "_enqueue_item_well_formed",
             "_trace_context_valid",
+            "_activity_minute",
         }
     )
     assert reviewed == VOLATILITY_ALLOW_LIST, "the reviewed allow-list"

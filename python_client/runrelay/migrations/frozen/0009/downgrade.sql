@@ -2,6 +2,12 @@
 -- delimited by a header and an end line, so that sections written
 -- separately merge side by side.
 
+-- ==== queue activity =======================================================
+-- 0008 has no overview: the rollup goes (the ledger it was counted from stays).
+DROP TABLE queue_activity_watermark;
+DROP TABLE queue_activity;
+-- ==== end: queue activity ==================================================
+
 -- ==== trace context ========================================================
 -- 0008 traces nothing: the runs' trace contexts are dropped.
 ALTER TABLE runs DROP COLUMN trace_context;

@@ -227,3 +227,32 @@ CREATE TABLE schedules (
 CREATE INDEX schedules_due_idx ON schedules (next_slot_at, name)
 WHERE next_slot_at IS NOT NULL;
 -- ==== end: schedules =======================================================
+
+-- ==== queue activity =======================================================
+-- The per-minute rollup of runs ended completed / failed, by queue, that
+-- record_queue_activity writes and queue_overview reads, and its watermark
+-- (plpgsql/schema/11_queue_activity.sql). Empty after the upgrade: the
+-- first record_queue_activity finalizes the last hour from the ledger.
+CREATE TABLE queue_activity (
+    minute timestamptz NOT NULL,
+    queue text NOT NULL,
+    completed integer NOT NULL,
+    failed integer NOT NULL,
+    PRIMARY KEY (minute, queue),
+    CONSTRAINT queue_activity_whole_minute CHECK (
+        minute = date_bin('1 minute', minute, timestamptz '2000-01-01 00:00:00+00')
+    ),
+    CONSTRAINT queue_activity_queue_length CHECK (length(queue) BETWEEN 1 AND 200),
+    CONSTRAINT queue_activity_counts CHECK (completed >= 0 AND failed >= 0)
+);
+
+CREATE TABLE queue_activity_watermark (
+    singleton boolean PRIMARY KEY DEFAULT TRUE,
+    final_before timestamptz NOT NULL,
+    updated_at timestamptz NOT NULL,
+    CONSTRAINT queue_activity_watermark_singleton CHECK (singleton),
+    CONSTRAINT queue_activity_watermark_whole_minute CHECK (
+        final_before = date_bin('1 minute', final_before, timestamptz '2000-01-01 00:00:00+00')
+    )
+);
+-- ==== end: queue activity ==================================================
