@@ -6,6 +6,7 @@ however deep the page."""
 
 from __future__ import annotations
 
+import html
 import re
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
@@ -461,3 +462,45 @@ def test_ledger_overview_reads_the_pending_lanes_never_the_events(ended: str) ->
                 # A pending lane: its index entry, its row, its head (a
                 # probe of ledger_lane_seq_idx): about seven buffers.
                 assert_seeks(plans, 1101 * 8)
+
+
+def test_the_dashboards_pages_at_a_million_runs(million: str) -> None:
+    """The dashboard over a million runs, in process: the overview's counts
+    are the table's, a filtered page of runs and the next one are the newest
+    rows in order with none repeated or skipped, and a run's page shows it."""
+    from starlette.testclient import TestClient
+
+    from runrelay.dashboard import DashboardSettings, create_app
+
+    with psycopg.connect(million) as c:
+        waiting = dict(
+            c.execute(
+                "SELECT queue, count(*) FILTER (WHERE status = 'waiting')"
+                " FROM runrelay.runs GROUP BY queue"
+            ).fetchall()
+        )
+        newest = [
+            r[0]
+            for r in c.execute(
+                "SELECT run_id FROM runrelay.runs WHERE queue = 'q1' AND status = 'completed'"
+                " ORDER BY created_at DESC, run_id DESC LIMIT 100"
+            )
+        ]
+    settings = DashboardSettings(database_url=million, page_size=50)
+    with TestClient(create_app(settings)) as web:
+        overview = web.get("/")
+        assert overview.status_code == 200, overview.text
+        for queue, count in waiting.items():
+            row = re.search(rf'<tr data-queue="{queue}">(.*?)</tr>', overview.text, re.S)
+            assert row is not None, queue
+            cell = re.search(r'data-col="waiting"><a [^>]*>(\d+)</a>', row.group(1))
+            assert cell is not None and int(cell.group(1)) == count, (queue, row.group(1))
+        first = web.get("/runs", params={"queue": "q1", "status": "completed"})
+        assert first.status_code == 200, first.text
+        link = re.search(r'<a href="([^"]+)" data-testid="next-page">', first.text)
+        assert link is not None
+        second = web.get(html.unescape(link.group(1)))
+        pages = [re.findall(r'<tr data-run-id="([^"]+)">', p.text) for p in (first, second)]
+        assert pages[0] + pages[1] == newest
+        one = web.get("/run", params={"id": newest[0]})
+        assert one.status_code == 200 and f">{newest[0]}<" in one.text
