@@ -17,9 +17,12 @@ docs/dashboard.md.
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from .app import DashboardSettings, create_app
@@ -34,7 +37,16 @@ def serve(settings: DashboardSettings, host: str = "127.0.0.1", port: int = 8787
     sock, url = _bind(host, port)
     mode = "read-write" if settings.read_write else "read-only"
     print(f"runrelay dashboard ({mode}) on {url}", flush=True)
-    _server(settings).run(sockets=[sock])
+    server = _server(settings)
+
+    def stop(_signum: int, _frame: Any) -> None:
+        server.should_exit = True
+
+    # Our own handlers: uvicorn's re-raise the signal after shutting down, so
+    # a SIGTERM would end the process by the signal instead of with exit 0.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, stop)
+    server.run(sockets=[sock])
 
 
 class Running:
@@ -84,6 +96,14 @@ def _bind(host: str, port: int) -> tuple[socket.socket, str]:
 def _server(settings: DashboardSettings) -> Any:
     import uvicorn
 
+    class _QuietServer(uvicorn.Server):
+        """Installs no signal handlers: serve() has its own, and start() runs
+        in a thread, where none can be installed."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
     config = uvicorn.Config(
         create_app(settings),
         log_level="warning",
@@ -91,4 +111,4 @@ def _server(settings: DashboardSettings) -> Any:
         timeout_graceful_shutdown=2,
         proxy_headers=False,
     )
-    return uvicorn.Server(config)
+    return _QuietServer(config)
