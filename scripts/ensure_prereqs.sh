@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Make sure the machine has what `make test` needs: pgTAP (with pg_prove),
-# plpgsql_check and PgBouncer for the system PostgreSQL, and Debian's
+# plpgsql_check, PL/Proxy and PgBouncer for the system PostgreSQL, and Debian's
 # Chromium (with a font) for the dashboard's browser tests, which Playwright
 # drives at /usr/bin/chromium (it never downloads a browser of its own).
 # Installs the Debian packages when root; says exactly what to install
@@ -18,6 +18,8 @@ fi
 missing=()
 [ -f "$sharedir/extension/pgtap.control" ] || missing+=("postgresql-$major-pgtap")
 [ -f "$pkglibdir/plpgsql_check.so" ] || missing+=("postgresql-$major-plpgsql-check")
+# PL/Proxy, for the sharded install's proxy (tests/python/test_sharded*.py).
+[ -f "$sharedir/extension/plproxy.control" ] || missing+=("postgresql-$major-plproxy")
 command -v pg_prove >/dev/null 2>&1 || missing+=("libtap-parser-sourcehandler-pgtap-perl")
 command -v pgbouncer >/dev/null 2>&1 || missing+=("pgbouncer")
 [ -x /usr/bin/chromium ] || missing+=("chromium")

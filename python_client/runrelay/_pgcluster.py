@@ -298,6 +298,50 @@ def cluster(flavor: str = "auto", settings: dict[str, str] | None = None) -> Ite
         c.destroy()
 
 
+@dataclass
+class Sharded:
+    """A proxy cluster and shard clusters, for a sharded runrelay (PL/Proxy).
+    Nothing is installed: ``runrelay migrate --shard ...`` does that."""
+
+    proxy: Cluster
+    shards: list[Cluster]
+
+    @property
+    def proxy_url(self) -> str:
+        return self.proxy.url()
+
+    @property
+    def shard_urls(self) -> list[str]:
+        return [s.url() for s in self.shards]
+
+    def destroy(self) -> None:
+        for c in (self.proxy, *self.shards):
+            c.destroy()
+
+
+def start_sharded(
+    shards: int = 2, flavor: str = "system", settings: dict[str, str] | None = None
+) -> Sharded:
+    """Start one proxy and `shards` shard clusters, side by side. PL/Proxy is
+    packaged for the system PostgreSQL (Debian's postgresql-15-plproxy)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=shards + 1) as pool:
+        futures = [pool.submit(start_cluster, flavor, settings) for _ in range(shards + 1)]
+        started: list[Cluster] = []
+        error: BaseException | None = None
+        for f in futures:
+            try:
+                started.append(f.result())
+            except BaseException as exc:  # stop the ones that did start
+                error = exc
+    if error is not None:
+        for c in started:
+            c.destroy()
+        raise error
+    return Sharded(proxy=started[0], shards=started[1:])
+
+
 def _exec(flavor: str, command: list[str], settings: dict[str, str]) -> int:
     c = start_cluster(flavor, settings)
 

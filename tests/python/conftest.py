@@ -180,3 +180,8 @@ def run_in_thread(worker: Worker) -> tuple[threading.Thread, Future[None]]:
     thread = threading.Thread(target=target, name=f"worker-{worker.name}", daemon=True)
     thread.start()
     return thread, future
+
+
+# The sharded install's fixtures (sharded_harness.py); its servers start only
+# for the tests that ask for them.
+from sharded_harness import sharded, sharded_install  # noqa: E402, F401

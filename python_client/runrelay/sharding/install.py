@@ -1,0 +1,523 @@
+"""Installing and migrating a sharded runrelay: the shards, then the proxy.
+
+The proxy's functions are built from a migrated shard's own catalog, so their
+names, parameters, defaults, result types and grants are the shard's by
+construction:
+
+* per-run functions become PL/Proxy functions, ``RUN ON`` the run's hash;
+* calls that name no run (claims, reaping, stats), batches and event-id
+  calls are the PL/pgSQL of ``sql/*.sql``, over ``on_<function>`` PL/Proxy
+  functions that call one shard by partition;
+* the few admin calls that have no meaning across shards raise
+  feature_not_supported with a hint.
+
+``runrelay migrate`` against a proxy migrates every shard and then rebuilds
+the proxy's functions, all at this package's head revision. It checks every
+shard first and changes nothing when one is unreachable, ahead of this
+package, or not the shard it is configured as.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import psycopg
+from psycopg import conninfo, sql
+
+from . import EVENT_SHIFT
+
+# Per-run calls: RUN ON the hash of this argument.
+ROUTED = (
+    "ack_ledger",
+    "append_events",
+    "cancel_run",
+    "claim_detached_terminal",
+    "complete_attempt",
+    "enqueue_run",
+    "fail_attempt",
+    "get_run",
+    "heartbeat",
+    "prepare_waiting_failure",
+    "read_runner_terminal",
+    "record_runner_terminal",
+    "release_attempt",
+    "retry_run",
+    "run_attempts",
+    "run_ledger_events",
+    "run_trace_context",
+    "signal_run",
+    "suspend_attempt",
+)
+# Written in sql/*.sql (their signatures are filled in from the shard).
+WRITTEN = (
+    "claim_attempts",
+    "claim_ledger",
+    "complete_attempts",
+    "enqueue_due_schedules",
+    "enqueue_runs",
+    "fail_ledger",
+    "get_schema_version",
+    "ledger_next_due_at",
+    "pause_queue",
+    "prune",
+    "purge_runs",
+    "reap_expired",
+    "record_queue_activity",
+    "release_ledger",
+    "renew_ledger_lease",
+    "requeue_ledger_event",
+    "resume_queue",
+    "schedules_next_due_at",
+    "settle_and_claim",
+)
+# The one-shard callees of WRITTEN.
+ON_SHARD = tuple(f for f in WRITTEN if f not in ("enqueue_due_schedules", "schedules_next_due_at"))
+# Views summed over the shards (sql/40_every_shard.sql).
+VIEWS = ("run_stats", "ledger_stats")
+# Listing and overview calls: keyset pages and per-install rollups do not
+# merge across shards; call them on each shard.
+UNSUPPORTED = (
+    "delete_schedule",
+    "ledger_overview",
+    "list_blocked_heads",
+    "list_paused_queues",
+    "list_runs",
+    "list_schedules",
+    "queue_overview",
+    "requeue_blocked_heads",
+    "upsert_schedule",
+)
+ROLE_SUFFIXES = ("producer", "worker", "relay", "admin")
+
+
+class ShardingError(RuntimeError):
+    """A sharded install or migration was refused; nothing was changed."""
+
+
+@dataclass(frozen=True)
+class Function:
+    name: str
+    arguments: str  # with defaults
+    identity: str  # without
+    names: tuple[str, ...]
+    result: str
+    returns_set: bool
+    roles: tuple[str, ...]
+
+
+def _catalog(shard: psycopg.Connection[Any], schema: str) -> dict[str, Function]:
+    shard.execute("SET search_path TO pg_catalog")
+    rows = shard.execute(
+        """
+        SELECT p.proname, pg_get_function_arguments(p.oid),
+               pg_get_function_identity_arguments(p.oid),
+               coalesce(p.proargnames[1:p.pronargs], '{}'),
+               pg_get_function_result(p.oid), p.proretset,
+               array(SELECT r.rolname FROM pg_roles AS r
+                     WHERE r.rolname = ANY (%(roles)s)
+                       AND has_function_privilege(r.oid, p.oid, 'EXECUTE')
+                     ORDER BY r.rolname)
+        FROM pg_proc AS p
+        WHERE p.pronamespace = %(schema)s::regnamespace AND p.proname !~ '^_'
+        """,
+        {"schema": schema, "roles": [f"{schema}_{s}" for s in ROLE_SUFFIXES]},
+    ).fetchall()
+    return {
+        r[0]: Function(r[0], r[1], r[2], tuple(r[3]), r[4], bool(r[5]), tuple(r[6])) for r in rows
+    }
+
+
+def _composites(shard: psycopg.Connection[Any], schema: str, relkind: str) -> dict[str, str]:
+    rows = shard.execute(
+        """
+        SELECT c.relname,
+               string_agg(quote_ident(a.attname) || ' '
+                          || format_type(a.atttypid, a.atttypmod), ', ' ORDER BY a.attnum)
+        FROM pg_class AS c
+        JOIN pg_attribute AS a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+        WHERE c.relnamespace = %(schema)s::regnamespace AND c.relkind = %(kind)s
+        GROUP BY c.relname
+        """,
+        {"schema": schema, "kind": relkind},
+    ).fetchall()
+    return {r[0]: r[1] for r in rows}
+
+
+def _view_roles(shard: psycopg.Connection[Any], schema: str, view: str) -> list[str]:
+    rows = shard.execute(
+        """
+        SELECT r.rolname FROM pg_roles AS r
+        WHERE r.rolname = ANY (%(roles)s)
+          AND has_table_privilege(
+                r.oid, format('%%I.%%I', %(schema)s::text, %(view)s::text), 'SELECT')
+        ORDER BY 1
+        """,
+        {"schema": schema, "view": view, "roles": [f"{schema}_{s}" for s in ROLE_SUFFIXES]},
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def proxy_sql(shard: psycopg.Connection[Any], schema: str) -> str:
+    """The SQL that (re)creates the proxy's functions for shards like `shard`."""
+    functions = _catalog(shard, schema)
+    missing = [f for f in (*ROUTED, *WRITTEN, *UNSUPPORTED) if f not in functions]
+    unknown = sorted(set(functions) - {*ROUTED, *WRITTEN, *UNSUPPORTED})
+    if missing or unknown:
+        raise ShardingError(
+            f"the shard's functions do not match this package's proxy "
+            f"(missing {missing}, unplaced {unknown})"
+        )
+    q_schema = _ident(schema)
+    config = _ident(f"{schema}_config")
+    proxy = _ident(f"{schema}_proxy")
+    cluster = schema
+    out: list[str] = []
+
+    for name, columns in sorted(_composites(shard, schema, "c").items()):
+        out.append(f"CREATE TYPE {q_schema}.{_ident(name)} AS ({columns});")
+    views = _composites(shard, schema, "v")
+    for view in VIEWS:
+        out.append(f"CREATE TYPE {proxy}.{_ident(view + '_row')} AS ({views[view]});")
+
+    for name in ROUTED:
+        fn = functions[name]
+        key = "run_id"
+        if key not in fn.names:
+            raise ShardingError(f"{name} has no run_id to route by")
+        route = (
+            f"{proxy}.keyed_hash(run_id, concurrency_key)"
+            if name == "enqueue_run"
+            else f"{proxy}.run_hash(run_id)"
+        )
+        out.append(
+            f"CREATE FUNCTION {q_schema}.{_ident(name)}({fn.arguments}) RETURNS {fn.result}\n"
+            f"LANGUAGE plproxy VOLATILE AS $$\n"
+            f"    CLUSTER '{cluster}';\n    RUN ON {route};\n$$;"
+        )
+
+    for name in ON_SHARD:
+        fn = functions[name]
+        args = ", ".join(fn.names)
+        call = f"{q_schema}.{_ident(name)}({args})"
+        select = f"SELECT * FROM {call};" if fn.returns_set else f"SELECT {call} AS {name};"
+        identity = f"p_partition integer, {fn.identity}" if fn.identity else "p_partition integer"
+        out.append(
+            f"CREATE FUNCTION {proxy}.{_ident('on_' + name)}({identity}) RETURNS {fn.result}\n"
+            f"LANGUAGE plproxy VOLATILE AS $$\n"
+            f"    CLUSTER '{cluster}';\n    RUN ON p_partition;\n    {select}\n$$;"
+        )
+    for view in VIEWS:
+        out.append(
+            f"CREATE FUNCTION {proxy}.{_ident('on_' + view)}(p_partition integer)\n"
+            f"RETURNS SETOF {proxy}.{_ident(view + '_row')}\n"
+            f"LANGUAGE plproxy VOLATILE AS $$\n"
+            f"    CLUSTER '{cluster}';\n    RUN ON p_partition;\n"
+            f"    SELECT * FROM {q_schema}.{_ident(view)};\n$$;"
+        )
+
+    for name in UNSUPPORTED:
+        fn = functions[name]
+        out.append(
+            f"CREATE FUNCTION {q_schema}.{_ident(name)}({fn.arguments}) RETURNS {fn.result}\n"
+            f"LANGUAGE plpgsql VOLATILE AS $$\nBEGIN\n"
+            f"    RAISE EXCEPTION 'runrelay: {name} is not available through the proxy'\n"
+            f"        USING ERRCODE = 'feature_not_supported',\n"
+            f"        HINT = 'Call it on each shard: {schema}.shard_map() lists them.';\n"
+            f"END;\n$$;"
+        )
+
+    def fill(text: str) -> str:
+        def signature(match: re.Match[str]) -> str:
+            kind, name = match.group(1), match.group(2)
+            fn = functions[name]
+            return fn.arguments if kind == "args" else fn.result
+
+        text = re.sub(r"@(args|result):([a-z_]+)@", signature, text)
+        return (
+            text.replace("@schema@", q_schema).replace("@proxy@", proxy).replace("@config@", config)
+        )
+
+    files = sorted(
+        (
+            f
+            for f in resources.files(__package__).joinpath("sql").iterdir()
+            if f.name.endswith(".sql")
+        ),
+        key=lambda f: f.name,
+    )
+    written = [fill(f.read_text(encoding="utf-8")) for f in files if f.name != "00_config.sql"]
+    # The routing helpers come before the functions that use them.
+    body = [written[0], *out, *written[1:]]
+
+    grants = [
+        f"REVOKE ALL ON ALL FUNCTIONS IN SCHEMA {q_schema} FROM PUBLIC;",
+        f"REVOKE ALL ON ALL FUNCTIONS IN SCHEMA {proxy} FROM PUBLIC;",
+    ]
+    for suffix in ROLE_SUFFIXES:
+        role = _ident(f"{schema}_{suffix}")
+        grants += [
+            f"GRANT USAGE ON SCHEMA {q_schema}, {proxy}, {config} TO {role};",
+            f"GRANT SELECT ON ALL TABLES IN SCHEMA {config} TO {role};",
+            f"GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA {proxy} TO {role};",
+            f"GRANT EXECUTE ON FUNCTION {q_schema}.shard_for(text), {q_schema}.shard_map() "
+            f"TO {role};",
+        ]
+    for fn in functions.values():
+        for role in fn.roles:
+            grants.append(
+                f"GRANT EXECUTE ON FUNCTION {q_schema}.{_ident(fn.name)}({fn.identity}) "
+                f"TO {_ident(role)};"
+            )
+    for view in VIEWS:
+        for role in _view_roles(shard, schema, view):
+            grants.append(f"GRANT SELECT ON {q_schema}.{_ident(view)} TO {_ident(role)};")
+    return "\n\n".join([*body, *grants]) + "\n"
+
+
+def config_sql(schema: str) -> str:
+    text = resources.files(__package__).joinpath("sql", "00_config.sql").read_text("utf-8")
+    return text.replace("@config@", _ident(f"{schema}_config"))
+
+
+def _ident(name: str) -> str:
+    # Plain when it can be: PL/Proxy's parser takes no quoted identifiers, and
+    # the schema name is [a-z_][a-z0-9_]* (migrations/env.py) anyway.
+    if re.fullmatch(r"[a-z_][a-z0-9_]*", name):
+        return name
+    return sql.Identifier(name).as_string(None)
+
+
+def _stored_dsn(url: str) -> str:
+    """A shard DSN as the proxy stores it: key=value form, without
+    credentials (the proxy connects as the calling role)."""
+    params = conninfo.conninfo_to_dict(url)
+    for key in ("user", "password", "passfile"):
+        params.pop(key, None)
+    return conninfo.make_conninfo("", **params)
+
+
+def _with_credentials(dsn: str, proxy_url: str) -> str:
+    params = dict(conninfo.conninfo_to_dict(dsn))
+    mine = conninfo.conninfo_to_dict(proxy_url)
+    for key in ("user", "password", "passfile"):
+        if mine.get(key) is not None:
+            params[key] = mine[key]
+    return conninfo.make_conninfo("", **params)
+
+
+def _as_url(dsn: str) -> str:
+    """A key=value DSN as the postgresql:// URL Alembic's engine needs."""
+    from urllib.parse import quote, urlencode
+
+    params = dict(conninfo.conninfo_to_dict(dsn))
+    user = params.pop("user", None)
+    password = params.pop("password", None)
+    host = params.pop("host", None) or ""
+    port = params.pop("port", None)
+    dbname = params.pop("dbname", None) or ""
+    auth = ""
+    if user:
+        auth = quote(str(user), safe="")
+        if password:
+            auth += ":" + quote(str(password), safe="")
+        auth += "@"
+    where = quote(str(host), safe="") if "/" not in str(host) else ""
+    if "/" in str(host):
+        params["host"] = host
+    if port:
+        where += f":{port}"
+    query = f"?{urlencode(params)}" if params else ""
+    return f"postgresql://{auth}{where}/{quote(str(dbname), safe='')}{query}"
+
+
+def _revision(conn: psycopg.Connection[Any], schema: str) -> str | None:
+    exists = conn.execute(
+        "SELECT to_regclass(format('%%I.alembic_version', %s::text)) IS NOT NULL", (schema,)
+    ).fetchone()
+    if not exists or not exists[0]:
+        return None
+    row = conn.execute(
+        sql.SQL("SELECT version_num FROM {}.alembic_version").format(sql.Identifier(schema))
+    ).fetchone()
+    return None if row is None else str(row[0])
+
+
+def _event_range(shard: int) -> tuple[int, int]:
+    return (shard << EVENT_SHIFT) or 1, ((shard + 1) << EVENT_SHIFT) - 1
+
+
+def _claim_event_range(conn: psycopg.Connection[Any], schema: str, shard: int) -> None:
+    """Confine the shard's ledger event ids to its range (once; checked after)."""
+    low, high = _event_range(shard)
+    table = sql.Identifier(schema, "ledger_events")
+    row = conn.execute(
+        """
+        SELECT s.seqmin, s.seqmax, coalesce(q.last_value, 0)
+        FROM pg_sequence AS s
+        JOIN pg_sequences AS q
+          ON format('%%I.%%I', q.schemaname, q.sequencename)::regclass = s.seqrelid
+        WHERE s.seqrelid = pg_get_serial_sequence(%s, 'event_id')::regclass
+        """,
+        (f"{schema}.ledger_events",),
+    ).fetchone()
+    assert row is not None
+    seqmin, seqmax, last = (int(v) for v in row)
+    if (seqmin, seqmax) == (low, high):
+        return
+    bounds = conn.execute(
+        sql.SQL("SELECT min(event_id), max(event_id) FROM {}").format(table)
+    ).fetchone()
+    assert bounds is not None
+    lo, hi = bounds
+    if lo is not None and (lo < low or hi > high):
+        raise ShardingError(
+            f"shard {shard} already holds ledger events {lo}..{hi}, outside its range "
+            f"{low}..{high}: it was installed as another shard, or alone (only shard 0 may be)"
+        )
+    restart = max(low, last + 1)
+    conn.execute(
+        sql.SQL(
+            "ALTER TABLE {} ALTER COLUMN event_id SET MINVALUE {} SET MAXVALUE {}"
+            " SET START WITH {} RESTART WITH {}"
+        ).format(table, sql.Literal(low), sql.Literal(high), sql.Literal(low), sql.Literal(restart))
+    )
+
+
+def _check_event_range(conn: psycopg.Connection[Any], schema: str, shard: int) -> bool:
+    row = conn.execute(
+        "SELECT s.seqmin, s.seqmax FROM pg_sequence AS s "
+        "WHERE s.seqrelid = pg_get_serial_sequence(%s, 'event_id')::regclass",
+        (f"{schema}.ledger_events",),
+    ).fetchone()
+    return row is not None and (int(row[0]), int(row[1])) == _event_range(shard)
+
+
+def _connect(url: str, what: str) -> psycopg.Connection[Any]:
+    try:
+        return psycopg.connect(url, autocommit=True, connect_timeout=10)
+    except psycopg.Error as exc:
+        raise ShardingError(f"{what} is unreachable: {str(exc).strip().splitlines()[0]}") from None
+
+
+def is_proxy(conn: psycopg.Connection[Any], schema: str = "runrelay") -> bool:
+    row = conn.execute(
+        "SELECT to_regclass(format('%%I.shards', %s::text)) IS NOT NULL", (f"{schema}_config",)
+    ).fetchone()
+    return bool(row and row[0])
+
+
+def configured_shards(conn: psycopg.Connection[Any], schema: str) -> dict[int, str]:
+    rows = conn.execute(
+        sql.SQL("SELECT shard, dsn FROM {}.shards ORDER BY shard").format(
+            sql.Identifier(f"{schema}_config")
+        )
+    ).fetchall()
+    return {int(r[0]): str(r[1]) for r in rows}
+
+
+def migrate(
+    proxy_url: str,
+    shard_urls: Sequence[str] = (),
+    *,
+    partitions: int = 16,
+    schema: str = "runrelay",
+) -> str:
+    """Migrate every shard to this package's head, then (re)build the proxy.
+
+    First install: pass the shards' URLs (shard 0, 1, ... in that order) and
+    the partition count (a power of two, at least the number of shards; it
+    never changes afterwards). Later: the shards come from the proxy's
+    configuration; passing them again must name the same shards. Returns the
+    revision every shard and the proxy are at."""
+    from .. import migrations
+
+    if partitions < 1 or partitions & (partitions - 1):
+        raise ShardingError(f"partitions must be a power of two (got {partitions})")
+    head = migrations.head()
+    known = set(_revisions())
+    with _connect(proxy_url, "the proxy") as proxy:
+        configured = configured_shards(proxy, schema) if is_proxy(proxy, schema) else {}
+        wanted = {i: _stored_dsn(u) for i, u in enumerate(shard_urls)}
+        if configured and wanted and wanted != configured:
+            raise ShardingError(
+                "the shards given are not the proxy's configured shards "
+                f"({sorted(configured.items())}); change them in {schema}_config.shards"
+            )
+        shards = configured or wanted
+        if not shards:
+            raise ShardingError("no shards: pass --shard URL for each shard on the first install")
+        if len(shards) > partitions:
+            raise ShardingError(f"{len(shards)} shards need at least as many partitions")
+        urls = {i: _with_credentials(dsn, proxy_url) for i, dsn in shards.items()}
+        # Preflight: every shard reachable, at a revision this package knows,
+        # and (when already a shard) the shard it is configured as.
+        conns: dict[int, psycopg.Connection[Any]] = {}
+        try:
+            for i, url in sorted(urls.items()):
+                conns[i] = _connect(url, f"shard {i} ({shards[i]})")
+            for i, conn in conns.items():
+                rev = _revision(conn, schema)
+                if rev is not None and rev not in known:
+                    raise ShardingError(
+                        f"shard {i} is at revision {rev}, which this package does not know "
+                        "(newer?); nothing was migrated"
+                    )
+                if configured and rev is not None and not _check_event_range(conn, schema, i):
+                    raise ShardingError(
+                        f"shard {i} ({shards[i]}) does not hold shard {i}'s event ids: "
+                        "is the configuration pointing at the wrong database?"
+                    )
+            for i, url in sorted(urls.items()):
+                migrations.upgrade(_as_url(url), schema)
+                with conns[i].transaction():
+                    _claim_event_range(conns[i], schema, i)
+            install = proxy_sql(conns[min(conns)], schema)
+        finally:
+            for conn in conns.values():
+                conn.close()
+        with proxy.transaction():
+            proxy.execute("CREATE EXTENSION IF NOT EXISTS plproxy")
+            proxy.execute(config_sql(schema))
+            cfg = sql.Identifier(f"{schema}_config")
+            if not configured:
+                for i, dsn in sorted(shards.items()):
+                    proxy.execute(
+                        sql.SQL("INSERT INTO {}.shards (shard, dsn) VALUES (%s, %s)").format(cfg),
+                        (i, dsn),
+                    )
+                proxy.execute(
+                    sql.SQL(
+                        "INSERT INTO {}.partitions (partition, shard) "
+                        "SELECT p, p %% %s FROM generate_series(0, %s - 1) AS p"
+                    ).format(cfg),
+                    (len(shards), partitions),
+                )
+            for suffix in ROLE_SUFFIXES:
+                role = f"{schema}_{suffix}"
+                proxy.execute(
+                    sql.SQL(
+                        "DO $r$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = {}) "
+                        "THEN CREATE ROLE {} NOLOGIN; END IF; END $r$"
+                    ).format(sql.Literal(role), sql.Identifier(role))
+                )
+            for name in (schema, f"{schema}_proxy"):
+                proxy.execute(
+                    sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name))
+                )
+                proxy.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(name)))
+            proxy.execute(install)
+            proxy.execute(sql.SQL("UPDATE {}.settings SET revision = %s").format(cfg), (head,))
+    return head
+
+
+def _revisions() -> list[str]:
+    from alembic.script import ScriptDirectory
+
+    from .. import migrations
+
+    script = ScriptDirectory.from_config(migrations.config("postgresql://unused"))
+    return [r.revision for r in script.walk_revisions()]
