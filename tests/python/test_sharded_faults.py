@@ -166,13 +166,13 @@ def test_a_shard_crash_stops_only_its_own_work_and_loses_nothing(
         for i in range(2):
             load.spawn(f"relay{i}", load.relay(f"relay{i}"))
         load.spawn("reaper", load.reaper)
-        time.sleep(5)
+        time.sleep(7)
         sharded.clusters.shards[1].crash()
         down = time.time()  # the server is gone (pg_ctl waited for it)
         time.sleep(5)
         up = time.time()
         sharded.clusters.shards[1].start()
-        time.sleep(4)
+        time.sleep(6)
         load.stop_producing.set()
         shards = [sharded.shard(0), sharded.shard(1)]
         wait_for(lambda: _drained(shards), timeout=60, what="every run and event done")
@@ -322,3 +322,45 @@ def test_a_proxy_backend_killed_mid_call_replays_exactly(sharded: ShardedInstall
         [run_id],
     ).fetchall()
     assert leased == first
+
+
+def test_calls_over_a_down_shard(sharded: ShardedInstall) -> None:
+    """With shard 1 down: a batch that names its runs fails with 08006 and a
+    hint to repeat (shard 0's part is done, once); discovery skips it; a run
+    of shard 1 is unreachable. Once it is back, the repeated batch answers
+    for every item, shard 0's as already done. With no shard up, discovery
+    fails with 08006."""
+    a = run_ids_on(sharded, 0, 2, "dn")
+    b = run_ids_on(sharded, 1, 2, "dn")
+    items = [{"run_id": r, "queue": "dq"} for r in (a[0], b[0], a[1], b[1])]
+    batch = "SELECT run_id, created FROM runrelay.enqueue_runs(%s::jsonb)"
+    proxy = sharded.connect()
+    sharded.clusters.shards[1].crash()
+    try:
+        with pytest.raises(psycopg.errors.ConnectionFailure) as caught:
+            proxy.execute(batch, [psycopg.types.json.Jsonb(items)])
+        assert caught.value.diag.message_primary is not None
+        assert caught.value.diag.message_primary.startswith("runrelay: shard 1 is unavailable")
+        assert caught.value.diag.message_hint is not None
+        assert "replays are exact" in caught.value.diag.message_hint
+        claimed = proxy.execute(
+            "SELECT run_id FROM runrelay.claim_attempts('w', ARRAY['dq'], 10)"
+        ).fetchall()
+        assert sorted(r[0] for r in claimed) == sorted(a)
+        with pytest.raises(psycopg.errors.InternalError) as lost:
+            proxy.execute("SELECT * FROM runrelay.get_run(%s)", [b[0]])
+        assert is_shard_lost(str(lost.value))
+    finally:
+        sharded.clusters.shards[1].start()
+    again = sharded.connect().execute(batch, [psycopg.types.json.Jsonb(items)]).fetchall()
+    assert again == [(a[0], False), (b[0], True), (a[1], False), (b[1], True)]
+
+    sharded.clusters.shards[0].crash()
+    sharded.clusters.shards[1].crash()
+    try:
+        with pytest.raises(psycopg.errors.ConnectionFailure) as none:
+            sharded.connect().execute("SELECT * FROM runrelay.claim_attempts('w', ARRAY['dq'])")
+        assert str(none.value).startswith("runrelay: claim_attempts reached no shard")
+    finally:
+        sharded.clusters.shards[0].start()
+        sharded.clusters.shards[1].start()
