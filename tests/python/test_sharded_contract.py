@@ -270,3 +270,18 @@ def test_event_ids_a_shard_accepts_are_answered_as_the_shard_does(
     mixed = f"SELECT * FROM runrelay.release_ledger('r', ARRAY[{stray}, 1]::bigint[])"
     assert sharded.connect().execute(mixed).fetchall() == sharded.shard(0).execute(mixed).fetchall()
     assert state() == before
+
+
+def test_batch_answers_come_in_a_shards_order(sharded: ShardedInstall) -> None:
+    """complete_attempts answers in run_id COLLATE "C" order (a shard's lock
+    order) and enqueue_runs in item order, whichever shards the items are on."""
+    ids = run_ids_on(sharded, 0, 3, "o") + run_ids_on(sharded, 1, 3, "o")
+    mixed = [ids[0], ids[3], ids[1], ids[4], ids[2], ids[5]]
+    client = sharded.client()
+    enqueued = client.enqueue_runs([{"run_id": r, "queue": "oq"} for r in mixed])
+    assert [e.run_id for e in enqueued] == mixed
+    claimed = client.claim_attempts("w", ["oq"], max_runs=6)
+    assert len(claimed) == 6
+    done = client.complete_attempts(claimed)
+    assert [d.run_id for d in done] == sorted(mixed, key=lambda r: r.encode())
+    assert {d.outcome for d in done} == {"completed"}

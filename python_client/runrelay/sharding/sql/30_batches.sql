@@ -64,6 +64,8 @@ AS $$
         AND (p_event_ids IS NULL OR cardinality(p_event_ids) = 0 OR array_position(p_event_ids, NULL) IS NOT NULL);
 $$;
 
+-- The answer comes in run_id COLLATE "C" order, as a shard gives it (its
+-- lock order), not grouped by shard.
 CREATE FUNCTION @schema@.complete_attempts(@args:complete_attempts@)
 RETURNS @result:complete_attempts@
 LANGUAGE plpgsql
@@ -71,15 +73,22 @@ VOLATILE
 AS $$
 DECLARE
     v_group record;
+    v_rows @schema@.complete_attempts_result [] := ARRAY[]::@schema@.complete_attempts_result [];
 BEGIN
     FOR v_group IN SELECT * FROM @proxy@.item_groups(complete_attempts.items) LOOP
         BEGIN
-            RETURN QUERY SELECT * FROM @proxy@.on_complete_attempts(v_group.head, v_group.items);
+            v_rows := v_rows || ARRAY(
+                SELECT r FROM @proxy@.on_complete_attempts(v_group.head, v_group.items) AS r
+            );
         EXCEPTION WHEN internal_error THEN
             IF NOT @proxy@.is_shard_down(SQLSTATE, SQLERRM) THEN RAISE; END IF;
             PERFORM @proxy@.shard_unavailable(v_group.head, SQLERRM);
         END;
     END LOOP;
+    RETURN QUERY
+        SELECT u.run_id, u.attempt, u.outcome
+        FROM unnest(v_rows) WITH ORDINALITY AS u
+        ORDER BY u.run_id COLLATE "C", u.ordinality;
 END;
 $$;
 
