@@ -25,6 +25,9 @@ if [ "$mode" = all ]; then
     sqlfluff lint plpgsql/ python_client/runrelay/migrations/frozen/*/upgrade.sql \
         python_client/runrelay/migrations/frozen/*/downgrade.sql \
         tests/pgtap/ scripts/sql/
+    # The proxy's SQL is a template (install.proxy_sql fills @schema@, ...):
+    # its .sqlfluff gives stand-ins for the placeholders.
+    sqlfluff lint --templater placeholder python_client/runrelay/sharding/sql/
     step "frozen code of the head revision is current"
     python -m devtools.sqlsource check
 fi

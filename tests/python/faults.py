@@ -515,9 +515,18 @@ def load_history(paths: Sequence[Path]) -> tuple[list[dict[str, Any]], list[dict
     return calls, images
 
 
+def is_shard_lost(message: str) -> bool:
+    """A PL/Proxy proxy's internal_error for a shard it could not reach or
+    lost mid-call (no "REMOTE ERROR:": not the shard's own error). The shard
+    may have committed before the link broke: the call's fate is unknown."""
+    return message.startswith("PL/Proxy function ") and "REMOTE ERROR:" not in message
+
+
 def _indeterminate(error: psycopg.Error) -> bool:
     if isinstance(error, RunrelayError):
         return False
+    if error.sqlstate == "XX000" and is_shard_lost(str(error)):
+        return True
     if error.sqlstate is None:
         return isinstance(error, psycopg.OperationalError | psycopg.InterfaceError)
     return error.sqlstate in INDETERMINATE_SQLSTATES

@@ -20,12 +20,12 @@ CREATE TABLE IF NOT EXISTS @config@.partitions (
 );
 
 CREATE TABLE IF NOT EXISTS @config@.settings (
-    only_row boolean PRIMARY KEY DEFAULT true CHECK (only_row),
+    only_row boolean PRIMARY KEY DEFAULT TRUE CHECK (only_row),
     config_version integer NOT NULL DEFAULT 1,
     revision text
 );
 
-INSERT INTO @config@.settings (only_row) VALUES (true) ON CONFLICT DO NOTHING;
+INSERT INTO @config@.settings (only_row) VALUES (TRUE) ON CONFLICT DO NOTHING;
 
 CREATE OR REPLACE FUNCTION @config@.bump_config_version()
 RETURNS trigger

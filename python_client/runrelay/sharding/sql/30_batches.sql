@@ -19,7 +19,7 @@ $$;
 -- Anything but a non-empty array of objects goes whole to the shard of
 -- partition 0, which rejects it with its own error.
 CREATE FUNCTION @proxy@.item_groups(p_items jsonb)
-RETURNS TABLE (head integer, items jsonb, ords integer [])
+RETURNS TABLE (head integer, items jsonb, ords integer[])
 LANGUAGE plpgsql
 STABLE
 AS $$
@@ -45,8 +45,8 @@ $$;
 -- Event ids by shard (event_id >> 48). Ids of no configured shard, and an
 -- array the shard must reject (NULL, empty, NULL members), go to the shard
 -- of partition 0, which answers for them as it does for unknown ids.
-CREATE FUNCTION @proxy@.event_groups(p_event_ids bigint [])
-RETURNS TABLE (head integer, ids bigint [])
+CREATE FUNCTION @proxy@.event_groups(p_event_ids bigint[])
+RETURNS TABLE (head integer, ids bigint[])
 LANGUAGE sql
 STABLE
 AS $$
@@ -64,6 +64,8 @@ AS $$
         AND (p_event_ids IS NULL OR cardinality(p_event_ids) = 0 OR array_position(p_event_ids, NULL) IS NOT NULL);
 $$;
 
+-- The answer comes in run_id COLLATE "C" order, as a shard gives it (its
+-- lock order), not grouped by shard.
 CREATE FUNCTION @schema@.complete_attempts(@args:complete_attempts@)
 RETURNS @result:complete_attempts@
 LANGUAGE plpgsql
@@ -71,15 +73,22 @@ VOLATILE
 AS $$
 DECLARE
     v_group record;
+    v_rows @schema@.complete_attempts_result [] := ARRAY[]::@schema@.complete_attempts_result [];
 BEGIN
     FOR v_group IN SELECT * FROM @proxy@.item_groups(complete_attempts.items) LOOP
         BEGIN
-            RETURN QUERY SELECT * FROM @proxy@.on_complete_attempts(v_group.head, v_group.items);
+            v_rows := v_rows || ARRAY(
+                SELECT r FROM @proxy@.on_complete_attempts(v_group.head, v_group.items) AS r
+            );
         EXCEPTION WHEN internal_error THEN
             IF NOT @proxy@.is_shard_down(SQLSTATE, SQLERRM) THEN RAISE; END IF;
             PERFORM @proxy@.shard_unavailable(v_group.head, SQLERRM);
         END;
     END LOOP;
+    RETURN QUERY
+        SELECT u.run_id, u.attempt, u.outcome
+        FROM unnest(v_rows) WITH ORDINALITY AS u
+        ORDER BY u.run_id COLLATE "C", u.ordinality;
 END;
 $$;
 
@@ -91,8 +100,7 @@ AS $$
 DECLARE
     v_group record;
     v_rows @schema@.enqueue_runs_result [];
-    v_out @schema@.enqueue_runs_result [] := '{}';
-    v_i integer;
+    v_out @schema@.enqueue_runs_result [] := ARRAY[]::@schema@.enqueue_runs_result [];
 BEGIN
     IF jsonb_typeof(enqueue_runs.items) = 'array' THEN
         PERFORM @proxy@.keyed_hash(e.item ->> 'run_id', e.item ->> 'concurrency_key')
@@ -129,8 +137,8 @@ DECLARE
     v_items jsonb;
     v_ords integer [];
     v_rows @schema@.settle_and_claim_result [];
-    v_settled @schema@.settle_and_claim_result [] := '{}';
-    v_claimed @schema@.settle_and_claim_result [] := '{}';
+    v_settled @schema@.settle_and_claim_result [] := ARRAY[]::@schema@.settle_and_claim_result [];
+    v_claimed @schema@.settle_and_claim_result [] := ARRAY[]::@schema@.settle_and_claim_result [];
     v_row @schema@.settle_and_claim_result;
     v_k integer;
     v_routed integer := 0;
