@@ -71,15 +71,20 @@ VOLATILE
 AS $$
 DECLARE
     v_group record;
+    v_out @schema@.complete_attempts_result [] := '{}';
 BEGIN
     FOR v_group IN SELECT * FROM @proxy@.item_groups(complete_attempts.items) LOOP
         BEGIN
-            RETURN QUERY SELECT * FROM @proxy@.on_complete_attempts(v_group.head, v_group.items);
+            v_out := v_out || ARRAY(
+                SELECT r FROM @proxy@.on_complete_attempts(v_group.head, v_group.items) AS r
+            );
         EXCEPTION WHEN internal_error THEN
             IF NOT @proxy@.is_shard_down(SQLSTATE, SQLERRM) THEN RAISE; END IF;
             PERFORM @proxy@.shard_unavailable(v_group.head, SQLERRM);
         END;
     END LOOP;
+    -- Answers in run_id COLLATE "C" order, as one node's complete_attempts.
+    RETURN QUERY SELECT * FROM unnest(v_out) AS r ORDER BY r.run_id COLLATE "C";
 END;
 $$;
 
