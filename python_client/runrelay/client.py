@@ -22,8 +22,8 @@ import inspect
 import threading
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, contextmanager
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from datetime import datetime
 from types import MethodType
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, Self, TypeVar, overload
@@ -1285,6 +1285,22 @@ class AsyncClient(_Methods):
             return read(await self._execute(function, values, conn))
 
         return run()
+
+    @asynccontextmanager
+    async def shard_transaction(
+        self, run_id: str, **kwargs: Any
+    ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """A sharded client's connection to the shard that owns run_id, inside
+        a transaction that commits when the block ends (rolls back on an
+        exception): pass it as ``conn=`` to producer calls for that run."""
+        if self.shards is None:
+            raise ValueError("shard_transaction needs a client made with shards=ShardMap")
+        dsn = self.shards.dsn_for(run_id)
+        async with (
+            await psycopg.AsyncConnection.connect(dsn, **kwargs) as conn,
+            conn.transaction(),
+        ):
+            yield conn
 
     async def fail_waiting(
         self,

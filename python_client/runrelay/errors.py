@@ -90,9 +90,9 @@ class SchemaMissing(RunrelayError):
 
 class ShardUnavailable(RunrelayError):
     """Sharded install: a shard the call needs is down or unreachable from the
-    proxy; `shard` names it when known. A batch or event-id call changed
-    nothing: repeat it when the shard is back (replays are exact). Also raised
-    for PL/Proxy's own connection errors (SQLSTATE XX000)."""
+    proxy; `shard` names it when known. Nothing changed on that shard: repeat
+    the call when it is back (replays are exact). Also raised for PL/Proxy's
+    own connection errors (SQLSTATE XX000)."""
 
     sqlstate = "08006"
 

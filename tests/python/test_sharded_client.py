@@ -502,6 +502,9 @@ def test_a_down_shard_is_shard_unavailable(sharded: ShardedInstall) -> None:
     zero, one = both(sharded, "d", 2)
     client.enqueue_run(zero[0], queue="d")
     client.enqueue_run(one[0], queue="d")
+    row = sharded.shard(1).execute("SELECT event_id FROM runrelay.ledger_events").fetchone()
+    assert row is not None
+    event_on_one = row[0]
     warnings: list[str] = []
     proxy = sharded.connect()
     proxy.add_notice_handler(lambda d: warnings.append(d.message_primary or ""))
@@ -515,6 +518,13 @@ def test_a_down_shard_is_shard_unavailable(sharded: ShardedInstall) -> None:
         with pytest.raises(ShardUnavailable) as unnamed:
             bare.heartbeat(one[0], 1, uuid.uuid4())
         assert unnamed.value.shard is None  # no ShardMap: the proxy's message names no shard
+        with pytest.raises(ShardUnavailable) as mapped:
+            client.heartbeat(one[0], 1, uuid.uuid4())
+        assert mapped.value.shard == 1
+        # A call by event ids: the proxy names the shard.
+        with pytest.raises(ShardUnavailable) as by_event:
+            bare.renew_ledger_lease("relay", [event_on_one])
+        assert (by_event.value.shard, by_event.value.sqlstate) == (1, "08006")
         # A walker skips the down shard with a warning and answers the others.
         (claim,) = on_proxy.claim_attempts("w", ["d"], max_runs=5)
         assert claim.run_id == zero[0]
@@ -527,8 +537,14 @@ def test_a_down_shard_is_shard_unavailable(sharded: ShardedInstall) -> None:
         assert batch.value.hint and "Repeat" in batch.value.hint
     finally:
         sharded.clusters.shards[1].start()
+    # The repeat completes the batch: shard 0's item was enqueued before the
+    # proxy reached shard 1 (a proxy call commits on each shard at once), so
+    # it answers as a repeat; shard 1's item is new.
     results = client.enqueue_runs(items)
-    assert [(r.run_id, r.status) for r in results] == [(zero[1], "queued"), (one[1], "queued")]
+    assert [(r.run_id, r.status, r.created) for r in results] == [
+        (zero[1], "queued", False),
+        (one[1], "queued", True),
+    ]
     again = client.enqueue_runs(items)
     assert [(r.run_id, r.created) for r in again] == [(zero[1], False), (one[1], False)]
     assert sorted(r[0] for r in sharded.everywhere("SELECT run_id FROM runrelay.runs")) == sorted(
@@ -565,9 +581,14 @@ def test_async_client_through_the_proxy(sharded: ShardedInstall) -> None:
                     await client.enqueue_run(a, conn=conn)
             finally:
                 await conn.close()
+            with pytest.raises(RuntimeError):
+                async with client.shard_transaction(a + "-tx") as tx:
+                    assert (await client.enqueue_run(a + "-tx", conn=tx)).created
+                    raise RuntimeError("roll back")
+            async with client.shard_transaction(b + "-tx") as tx:
+                assert (await client.enqueue_run(b + "-tx", queue="tx", conn=tx)).created
 
     asyncio.run(scenario())
-    assert sorted(sharded.everywhere("SELECT status FROM runrelay.runs")) == [
-        ("completed",),
-        ("completed",),
-    ]
+    assert sorted(sharded.everywhere("SELECT run_id, status FROM runrelay.runs")) == sorted(
+        [(a, "completed"), (b, "completed"), (b + "-tx", "queued")]
+    )
