@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -26,8 +26,12 @@ from runrelay import (
     InvalidArgument,
     LedgerFailOutcome,
     LedgerKind,
+    PauseOutcome,
     PayloadTooLarge,
     ReapOutcome,
+    ReleaseOutcome,
+    ResumeOutcome,
+    RetryOutcome,
     RunnerTerminalOutcome,
     RunrelayError,
     RunStatus,
@@ -36,6 +40,7 @@ from runrelay import (
     ShardUnavailable,
     SignalOutcome,
     SuspendOutcome,
+    WaitingFailureOutcome,
 )
 from runrelay.sharding import EVENT_SHIFT, ProxyTransaction, WrongShard
 from sharded_harness import ShardedInstall, run_ids_on
@@ -259,6 +264,38 @@ def test_settle_and_claim_with_items_on_both_shards(sharded: ShardedInstall) -> 
     assert checksums(sharded) == before
 
 
+def test_release_waiting_failure_and_admin_calls(sharded: ShardedInstall) -> None:
+    client = sharded.client()
+    for shard in (0, 1):
+        released, waiting, failing = run_ids_on(sharded, shard, 3, f"m{shard}")
+        for run_id in (released, waiting, failing):
+            client.enqueue_run(run_id, queue=run_id, max_attempts=1)
+        (r,) = client.claim_attempts("w", [released])
+        assert client.release_attempt(**r.fence, reason="snooze") is ReleaseOutcome.RELEASED
+        (w,) = client.claim_attempts("w", [waiting])
+        assert client.suspend_attempt(**w.fence, wait=WAIT) is SuspendOutcome.WAITING
+        outcome = client.fail_waiting(**w.fence, error={"e": "gave up"})
+        assert outcome is WaitingFailureOutcome.FAILED
+        (f,) = client.claim_attempts("w", [failing])
+        assert client.fail_attempt(**f.fence, error={"e": 1}) is FailOutcome.FAILED
+        assert client.retry_run(failing, max_attempts=2) is RetryOutcome.RETRIED
+        detail = client.get_run(failing)
+        assert detail is not None and (detail.run_id, detail.status) == (failing, "queued")
+        assert [a.attempt for a in client.run_attempts(failing)] == [1]
+        types = [e.type for e in client.run_ledger_events(failing)]
+        assert types[0] == "run.queued" and types[-1] == "run.retried"
+        assert client.get_run(f"nope-{shard}") is None
+
+    assert client.pause_queue("pq", reason="maintenance") is PauseOutcome.PAUSED
+    assert client.pause_queue("pq") is PauseOutcome.ALREADY_PAUSED
+    assert sharded.everywhere("SELECT queue FROM runrelay.paused_queues") == [("pq",), ("pq",)]
+    assert client.resume_queue("pq") is ResumeOutcome.RESUMED
+    assert client.resume_queue("pq") is ResumeOutcome.NOT_PAUSED
+    assert isinstance(client.record_queue_activity(), int)
+    assert client.prune(datetime(2000, 1, 1, tzinfo=UTC)) == 0
+    assert client.purge_runs(datetime(2000, 1, 1, tzinfo=UTC)) == 0
+
+
 # --------------------------------------------------------------------------
 # Relays
 # --------------------------------------------------------------------------
@@ -309,6 +346,17 @@ def test_ledger_calls_on_both_shards(sharded: ShardedInstall) -> None:
         [(ids[a], LedgerFailOutcome.RETRYING), (ids[b], LedgerFailOutcome.RETRYING)]
     )
     assert client.claim_ledger("relay", run_id=b) == []  # backing off
+    with shifted_clock(sharded) as later:
+        # The frozen batch of "one" and "two" comes back whole, as on one node.
+        got = later.claim_ledger("relay", run_id=b)
+        assert [(e.event_id, e.type) for e in got][:1] == [(ids[b], "one")]
+        held = [e.event_id for e in got]
+        failed = later.fail_ledger("relay", held, {"http": 410}, permanent=True)
+        assert {f.event_id: f.outcome for f in failed}[ids[b]] is LedgerFailOutcome.BLOCKED
+    assert client.requeue_ledger_event(ids[b]) is True
+    assert client.requeue_ledger_event(ids[b]) is False
+    (back,) = client.claim_ledger("relay", run_id=b)
+    assert back.event_id == ids[b]
 
 
 # --------------------------------------------------------------------------
