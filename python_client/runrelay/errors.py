@@ -90,9 +90,10 @@ class SchemaMissing(RunrelayError):
 
 class ShardUnavailable(RunrelayError):
     """Sharded install: a shard the call needs is down or unreachable from the
-    proxy; `shard` names it when known. Nothing changed on that shard: repeat
-    the call when it is back (replays are exact). Also raised for PL/Proxy's
-    own connection errors (SQLSTATE XX000)."""
+    proxy; `shard` names it when known. The call did not complete there:
+    repeat it when the shard is back (replays are exact). Also raised for PL/Proxy's
+    own connection errors (XX000) and a shard's shutdown during the call
+    (57P01, 57P02, 57P03)."""
 
     sqlstate = "08006"
 
@@ -151,7 +152,13 @@ _BY_SQLSTATE["3F000"] = SchemaMissing  # invalid_schema_name
 
 # PL/Proxy's wrapping of a shard's error: "runrelay.heartbeat(4): [postgres]
 # REMOTE ERROR: " (a walker's one-shard callee is named runrelay_proxy.on_...).
-_REMOTE = re.compile(r"^(?:PL/Proxy function )?[\w.\"]+\(\d+\): \[[^\]]*\] REMOTE ERROR: ")
+_REMOTE = re.compile(
+    r"^(?:PL/Proxy function )?[\w.\"]+\(\d+\): \[[^\]]*\] REMOTE (?:ERROR|FATAL): "
+)
+# A shard's server shutting down or starting up (admin_shutdown,
+# crash_shutdown, cannot_connect_now), reported as a remote FATAL: the shard's
+# session ended before its transaction committed.
+_SHARD_GONE = frozenset({"57P01", "57P02", "57P03"})
 # A PL/Proxy error of its own connection to a shard (no REMOTE ERROR in it).
 _PLPROXY_CONNECTION = re.compile(r"^PL/Proxy function .*(?:\bPQ\w+: |connection)", re.S)
 # The proxy's walkers name the shard: "runrelay: shard 1 is unavailable ...".
@@ -181,11 +188,13 @@ def translate(error: psycopg.Error, shard: int | None = None) -> RunrelayError |
     message = diag.message_primary or str(error)
     if sqlstate == "XX000" and _PLPROXY_CONNECTION.match(message):
         return ShardUnavailable(message, sqlstate=sqlstate, shard=shard)
+    remote = _REMOTE.match(message)
+    if sqlstate in _SHARD_GONE and remote is not None:
+        return ShardUnavailable(message, sqlstate=sqlstate, shard=shard)
     cls = _BY_SQLSTATE.get(sqlstate)
     if cls is None:
         return None
     hint, detail, parameter = diag.message_hint, diag.message_detail, diag.column_name
-    remote = _REMOTE.match(message)
     if remote is not None:
         message = message[remote.end() :]
         hint = _unwrap(hint, "Remote hint: ")

@@ -407,6 +407,9 @@ BAD_CALLS: list[tuple[str, tuple[Any, ...], dict[str, Any], type[RunrelayError]]
     ("claim_attempts", ("",), {}, InvalidArgument),
     ("enqueue_runs", ([{"run_id": ""}],), {}, InvalidArgument),
     ("claim_ledger", ("",), {}, InvalidArgument),
+    ("release_ledger", ("", [1]), {}, InvalidArgument),
+    ("fail_ledger", ("", [1 << 48], {"e": 1}), {}, InvalidArgument),
+    ("settle_and_claim", ([{"op": "explode"}], "w"), {}, InvalidArgument),
 ]
 
 
