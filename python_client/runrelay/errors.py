@@ -91,9 +91,9 @@ class SchemaMissing(RunrelayError):
 class ShardUnavailable(RunrelayError):
     """Sharded install: a shard the call needs is down or unreachable from the
     proxy; `shard` names it when known. The call did not complete there:
-    repeat it when the shard is back (replays are exact). Also raised for PL/Proxy's
-    own connection errors (XX000) and a shard's shutdown during the call
-    (57P01, 57P02, 57P03)."""
+    repeat it when the shard is back (replays are exact). Also raised for
+    PL/Proxy's own connection errors (XX000) and a shard's shutdown during
+    the call (57P01, 57P02, 57P03)."""
 
     sqlstate = "08006"
 
@@ -123,12 +123,11 @@ class WrongShard(ValueError):
     """A per-run call on a connection to a shard that does not own the run.
     Raised before any SQL."""
 
-    def __init__(self, function: str, run_id: str, owner: int, connected: int | None) -> None:
-        on = "a server that is not a shard" if connected is None else f"shard {connected}"
+    def __init__(self, function: str, run_id: str, owner: int, connected: int) -> None:
         super().__init__(
             f"runrelay: {function}: run {run_id!r} lives on shard {owner}, but conn= is"
-            f" connected to {on}; use ShardMap.transaction({run_id!r}) for a connection"
-            f" to shard {owner}"
+            f" connected to shard {connected}; use ShardMap.transaction({run_id!r}) for a"
+            f" connection to shard {owner}"
         )
         self.function = function
         self.run_id = run_id
