@@ -45,6 +45,7 @@ from runrelay import (
 from runrelay.sharding import EVENT_SHIFT, ProxyTransaction, WrongShard
 from sharded_harness import ShardedInstall, run_ids_on
 from sqlapi import table_checksum
+from test_client import frontend_round_trips, traced
 
 pytestmark = pytest.mark.sharded
 
@@ -527,6 +528,25 @@ def test_producer_transaction_must_be_on_the_runs_shard(sharded: ShardedInstall)
         ).fetchone() == (1,)
         assert sharded.everywhere(ledger, [run_id]) == [("run.queued",), ("order.placed",)]
         sharded.shard(shard).execute("DROP TABLE orders")
+
+
+def test_the_shard_check_costs_no_round_trip(sharded: ShardedInstall) -> None:
+    """The check reads only the connection's local parameters: a checked call
+    is still one round trip, and a refused one sends nothing."""
+    shards = sharded.shard_map()
+    client = Client(sharded.connect(), shards=shards)
+    (a,) = run_ids_on(sharded, 0, 1, "rt")
+    with shards.transaction(a) as conn:
+        conn.execute("SELECT 1")  # the transaction is open: BEGIN has been sent
+        with traced(conn) as out:
+            client.enqueue_run(a, conn=conn)
+        assert frontend_round_trips(out[0]) == 1
+    proxy = sharded.connect()
+    with proxy.transaction():
+        proxy.execute("SELECT 1")
+        with traced(proxy) as out, pytest.raises(ProxyTransaction):
+            client.enqueue_run(a, conn=proxy)
+        assert frontend_round_trips(out[0]) == 0
 
 
 def test_without_a_shard_map_nothing_is_checked(sharded: ShardedInstall) -> None:
