@@ -9,6 +9,7 @@ from .errors import (
     PermissionDenied,
     RunrelayError,
     SchemaMissing,
+    ShardUnavailable,
     StatementTimeout,
     WrongIsolation,
 )
@@ -122,6 +123,7 @@ __all__ = [
     "SettleAndClaimRow",
     "SettleKind",
     "SettleOutcome",
+    "ShardUnavailable",
     "SignalOutcome",
     "StatementTimeout",
     "SuspendOutcome",

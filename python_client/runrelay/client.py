@@ -22,17 +22,18 @@ import inspect
 import threading
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, contextmanager
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from datetime import datetime
 from types import MethodType
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, Self, TypeVar, overload
 
 import psycopg
+from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 
 from . import _core
-from .errors import translate
+from .errors import ProxyTransaction, WrongShard, translate
 from .types import (
     AppendedEvent,
     BlockedHead,
@@ -78,6 +79,7 @@ from .types import (
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
 
+    from .sharding import ShardMap
     from .tracing import Tracing
 
 P = ParamSpec("P")
@@ -138,11 +140,46 @@ before any call).
 DEFAULT_PREPARE_THRESHOLD = 5
 
 
-def _raise_typed(error: psycopg.Error) -> None:
-    typed = translate(error)
+def _raise_typed(error: psycopg.Error, shard: int | None = None) -> None:
+    typed = translate(error, shard)
     if typed is not None:
         raise typed from error
     raise error
+
+
+# The producer calls a caller makes inside its own transaction (conn=), and
+# the run_ids each names.
+_PRODUCER_CALLS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
+    "enqueue_run": lambda values: [values["run_id"]],
+    "append_events": lambda values: [values["run_id"]],
+    "signal_run": lambda values: [values["run_id"]],
+    "cancel_run": lambda values: [values["run_id"]],
+    "enqueue_runs": lambda values: [item.get("run_id") for item in values["items"]],
+}
+
+
+def _check_producer_conn(
+    shards: ShardMap | None, function: str, values: dict[str, Any], conn: Any
+) -> None:
+    """A sharded client's check of a producer call on the caller's connection,
+    before any SQL and without a round trip (conn.info is local): on the
+    proxy it must not be inside a transaction (the proxy commits on the shard
+    at once: the caller's rollback would not undo it, ProxyTransaction); on a
+    shard, that shard must own every run (WrongShard)."""
+    if shards is None or conn is None or function not in _PRODUCER_CALLS:
+        return
+    run_ids = [r for r in _PRODUCER_CALLS[function](values) if isinstance(r, str)]
+    if not run_ids:
+        return  # bad input: the server says what is wrong
+    connected = next((s for s in shards.shards if shards.same_server(conn, s)), None)
+    if connected is None:
+        if conn.info.transaction_status == TransactionStatus.INTRANS or not conn.autocommit:
+            raise ProxyTransaction(function, run_ids[0])
+        return
+    for run_id in run_ids:
+        owner = shards.shard_for(run_id)
+        if owner != connected:
+            raise WrongShard(function, run_id, owner, connected)
 
 
 def _one_flight(
@@ -206,6 +243,14 @@ def _queries(schema: str, tracing: Tracing | None) -> dict[str, Any]:
         for name in _core.TRACED_CLAIMS:
             queries[name] = _core.traced_claim_query(schema, name)
     return queries
+
+
+def _shard_of(shards: ShardMap | None, run_id: Any) -> int | None:
+    """The shard that owns a per-run call's run, for a sharded client's
+    ShardUnavailable (computed only once a call has failed)."""
+    if shards is None or not isinstance(run_id, str):
+        return None
+    return shards.shard_for(run_id)
 
 
 @contextmanager
@@ -970,8 +1015,10 @@ class Client(_Methods):
         prepare_threshold: int | None = DEFAULT_PREPARE_THRESHOLD,
         on_call: Callable[[str, float], None] | None = None,
         tracing: bool | TracerProvider = False,
+        shards: ShardMap | None = None,
     ) -> None:
         self.schema = schema
+        self.shards = shards
         self._source = source
         self._prepare_threshold = prepare_threshold
         self._on_call = on_call
@@ -1006,7 +1053,8 @@ class Client(_Methods):
         after: Sequence[_core.Statement] = (),
     ) -> Rows:
         params = _core.OPERATIONS[function].bind(values)
-        rows = self._fetch(self._queries[function], params, conn, before, after)
+        run_id = values.get("run_id")
+        rows = self._fetch(self._queries[function], params, conn, before, after, run_id)
         if self.tracing is not None and function in _core.TRACED_CLAIMS:
             rows = _core.untraced_rows(rows)
         return rows
@@ -1018,6 +1066,7 @@ class Client(_Methods):
         conn: Any,
         before: Sequence[_core.Statement] = (),
         after: Sequence[_core.Statement] = (),
+        run_id: Any = None,
     ) -> Rows:
         try:
             if conn is not None:
@@ -1025,10 +1074,11 @@ class Client(_Methods):
             with self.connection() as c:
                 return _one_flight(c, query, params, before, after)
         except psycopg.Error as error:
-            _raise_typed(error)
+            _raise_typed(error, _shard_of(self.shards, run_id))
             raise  # unreachable: _raise_typed always raises
 
     def _call(self, function: str, values: dict[str, Any], conn: Any) -> Any:
+        _check_producer_conn(self.shards, function, values, conn)
         if self.tracing is not None and function in _core.TRACED_ENQUEUES:
             with self.tracing.enqueue(function, values) as (span, context):
                 traced, before, after = _core.traced_enqueue(
@@ -1052,6 +1102,17 @@ class Client(_Methods):
         if self._on_call is not None:
             self._on_call(function, time.perf_counter() - started)
         return _core.OPERATIONS[function].read(rows)
+
+    @contextmanager
+    def shard_transaction(self, run_id: str, **kwargs: Any) -> Iterator[psycopg.Connection[Any]]:
+        """A sharded client's connection to the shard that owns run_id, inside
+        a transaction that commits when the block ends (rolls back on an
+        exception): pass it as ``conn=`` to producer calls for that run, with
+        your own writes on that shard (ShardMap.transaction)."""
+        if self.shards is None:
+            raise ValueError("shard_transaction needs a client made with shards=ShardMap")
+        with self.shards.transaction(run_id, **kwargs) as conn:
+            yield conn
 
     def fail_waiting(
         self,
@@ -1135,10 +1196,12 @@ class AsyncClient(_Methods):
         schema: str = "runrelay",
         prepare_threshold: int | None = DEFAULT_PREPARE_THRESHOLD,
         tracing: bool | TracerProvider = False,
+        shards: ShardMap | None = None,
     ) -> None:
         import asyncio
 
         self.schema = schema
+        self.shards = shards
         self._source = source
         self._prepare_threshold = prepare_threshold
         self._own: psycopg.AsyncConnection[Any] | None = None
@@ -1183,7 +1246,8 @@ class AsyncClient(_Methods):
         after: Sequence[_core.Statement] = (),
     ) -> Rows:
         params = _core.OPERATIONS[function].bind(values)
-        rows = await self._fetch(self._queries[function], params, conn, before, after)
+        run_id = values.get("run_id")
+        rows = await self._fetch(self._queries[function], params, conn, before, after, run_id)
         if self.tracing is not None and function in _core.TRACED_CLAIMS:
             rows = _core.untraced_rows(rows)
         return rows
@@ -1195,6 +1259,7 @@ class AsyncClient(_Methods):
         conn: Any,
         before: Sequence[_core.Statement] = (),
         after: Sequence[_core.Statement] = (),
+        run_id: Any = None,
     ) -> Rows:
         try:
             if conn is not None:
@@ -1202,11 +1267,12 @@ class AsyncClient(_Methods):
             async with self.connection() as c:
                 return await _one_flight_async(c, query, params, before, after)
         except psycopg.Error as error:
-            _raise_typed(error)
+            _raise_typed(error, _shard_of(self.shards, run_id))
             raise
 
     def _call(self, function: str, values: dict[str, Any], conn: Any) -> Coroutine[Any, Any, Any]:
         async def run() -> Any:
+            _check_producer_conn(self.shards, function, values, conn)
             read = _core.OPERATIONS[function].read
             if self.tracing is not None and function in _core.TRACED_ENQUEUES:
                 with self.tracing.enqueue(function, values) as (span, context):
@@ -1219,6 +1285,22 @@ class AsyncClient(_Methods):
             return read(await self._execute(function, values, conn))
 
         return run()
+
+    @asynccontextmanager
+    async def shard_transaction(
+        self, run_id: str, **kwargs: Any
+    ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """A sharded client's connection to the shard that owns run_id, inside
+        a transaction that commits when the block ends (rolls back on an
+        exception): pass it as ``conn=`` to producer calls for that run."""
+        if self.shards is None:
+            raise ValueError("shard_transaction needs a client made with shards=ShardMap")
+        dsn = self.shards.dsn_for(run_id)
+        async with (
+            await psycopg.AsyncConnection.connect(dsn, **kwargs) as conn,
+            conn.transaction(),
+        ):
+            yield conn
 
     async def fail_waiting(
         self,

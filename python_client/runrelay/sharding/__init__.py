@@ -23,7 +23,16 @@ from typing import Any
 import psycopg
 from psycopg import conninfo, sql
 
-__all__ = ["ShardMap", "routing_key", "run_hash"]
+from ..errors import ProxyTransaction, ShardUnavailable, WrongShard
+
+__all__ = [
+    "ProxyTransaction",
+    "ShardMap",
+    "ShardUnavailable",
+    "WrongShard",
+    "routing_key",
+    "run_hash",
+]
 
 _TAG = re.compile(r"\{([^}]*)\}")
 # Each shard's ledger event ids lie in [shard << EVENT_SHIFT, (shard + 1) << EVENT_SHIFT).
