@@ -11,10 +11,16 @@ done within the waits below was started by a notification, not a poll.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
+import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -33,6 +39,7 @@ from sharded_harness import ShardedInstall, run_ids_on
 
 pytestmark = pytest.mark.sharded
 
+REPO = Path(__file__).resolve().parents[2]
 POLL = 120.0  # jittered to 60..180 s: far beyond every wait below
 WAIT = 30.0
 
@@ -365,3 +372,51 @@ def test_the_multi_listener_follows_the_dsns_its_provider_returns(
     finally:
         listener.close()
     wait_for(lambda: not listen_pids(sharded.shard(1), "runrelay_test"), WAIT, "UNLISTEN")
+
+
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+def test_the_worker_and_relay_commands_listen_on_every_shard_of_a_proxy(
+    sharded: ShardedInstall, tmp_path: Path, use_async: bool
+) -> None:
+    """Given the proxy's URL and no --listen-database-url, the commands see a
+    proxy and LISTEN on each shard of its map."""
+    (tmp_path / "cli_handlers.py").write_text(
+        "async def handle(job):\n    return {'handled': job.run_id}\n"
+        if use_async
+        else "def handle(job):\n    return {'handled': job.run_id}\n"
+    )
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "RUNRELAY_LISTEN_URL"},
+        "DATABASE_URL": sharded.proxy_url,
+        "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+    }
+    out_file = tmp_path / "events.jsonl"
+    worker = [sys.executable, "-m", "runrelay.cli", "worker", "cli_handlers:handle"]
+    worker += ["--poll-interval", str(POLL), "--no-maintenance"]
+    worker += ["--async"] if use_async else []
+    relay = [sys.executable, "-m", "runrelay.cli", "relay", "--jsonl", str(out_file)]
+    procs = [subprocess.Popen(cmd, env=env, cwd=REPO) for cmd in (worker, relay)]
+    try:
+        wait_listening(sharded, "runrelay_runs")
+        wait_listening(sharded, "runrelay_ledger")
+        producer = sharded.client()
+        ids = run_ids_on(sharded, 0, 1, "a") + run_ids_on(sharded, 1, 1, "b")
+        for run_id in ids:
+            producer.enqueue_run(run_id)
+
+        def completed() -> bool:
+            rows = sharded.everywhere("SELECT run_id FROM runrelay.runs WHERE status = 'completed'")
+            return sorted(r[0] for r in rows) == sorted(ids)
+
+        wait_for(completed, WAIT, "runs on both shards, on their NOTIFY")
+
+        def relayed() -> bool:
+            lines = out_file.read_text().splitlines() if out_file.exists() else []
+            return {json.loads(line)["run_id"] for line in lines} == set(ids)
+
+        wait_for(relayed, WAIT, "both runs' events relayed")
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        codes = [proc.wait(timeout=30) for proc in procs]
+    assert codes == [0, 0]
