@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections import Counter
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -196,7 +197,7 @@ def test_a_worker_goes_on_through_a_stopped_shard_and_loses_nothing(
             "the held run's outcome written once shard 1 is back",
         )
         wait_for(lambda: len(listen_pids(sharded.shard(1))) == 1, WAIT, "LISTEN on shard 1 again")
-        enqueue_again(producer, b[1])
+        again(lambda: producer.enqueue_run(b[1]))
         producer.enqueue_run(a[2])
         wait_for(lambda: {a[2], b[1]} <= set(done), WAIT, "runs on both shards after it")
     finally:
@@ -209,16 +210,16 @@ def test_a_worker_goes_on_through_a_stopped_shard_and_loses_nothing(
     assert sorted(done) == sorted(a + b)
 
 
-def enqueue_again(producer: Client, run_id: str) -> None:
-    """enqueue_run through a proxy session that may hold a connection to a
-    shard from before it restarted: PL/Proxy's first call on it may fail
-    (XX000, "server closed the connection unexpectedly") and drops it; the
-    call is repeated as the loops repeat theirs."""
+def again(call: Callable[[], Any]) -> None:
+    """A call through a proxy session that may hold a connection to a shard
+    from before it restarted: PL/Proxy's first call on it may fail (XX000,
+    "server closed the connection unexpectedly") and drops it; the call is
+    repeated as the loops repeat theirs."""
     try:
-        producer.enqueue_run(run_id)
+        call()
     except psycopg.errors.InternalError_ as exc:
         assert "closed the connection" in str(exc)
-        producer.enqueue_run(run_id)
+        call()
 
 
 def test_an_async_worker_through_the_proxy_listens_on_every_shard(
@@ -273,8 +274,9 @@ def test_a_relay_through_the_proxy_is_woken_by_either_shard(sharded: ShardedInst
     def sink(lane: str, events: list[LedgerEvent]) -> None:
         delivered.extend((e.run_id, str(e.type)) for e in events)
 
+    calls: Counter[str] = Counter()
     relay = Relay(
-        Client(sharded.proxy_url),
+        Client(sharded.proxy_url, on_call=lambda function, _seconds: calls.update([function])),
         sink,
         lanes=("observability",),
         max_sleep=POLL,
@@ -294,12 +296,28 @@ def test_a_relay_through_the_proxy_is_woken_by_either_shard(sharded: ShardedInst
             wait_for(lambda r=run_id: (r, "step") in delivered, WAIT, f"{run_id}'s event")
         (killed,) = listen_pids(sharded.shard(1), "runrelay_ledger")
         assert terminate_backend(sharded.shard(1), killed)
+        wait_for(
+            lambda: listen_pids(sharded.shard(1), "runrelay_ledger") not in ([], [killed]),
+            WAIT,
+            "LISTEN again",
+        )
         producer.append_events(b, [{"type": "again", "lane": "observability"}])
         wait_for(lambda: (b, "again") in delivered, WAIT, "the event on the reconnected shard")
+        # Shard 1 stopped: the relay goes on with shard 0, then both again.
+        sharded.clusters.shards[1].stop("immediate")
+        producer.append_events(a, [{"type": "alone", "lane": "observability"}])
+        wait_for(lambda: (a, "alone") in delivered, WAIT, "shard 0's event, shard 1 down")
+        assert thread.is_alive()
+        sharded.ensure_up()
+        again(lambda: producer.append_events(b, [{"type": "back", "lane": "observability"}]))
+        wait_for(lambda: (b, "back") in delivered, WAIT, "shard 1's event once it is back")
     finally:
         relay.stop()
         thread.join(30)
     assert not thread.is_alive()
+    # Woken for each event, never polling meanwhile: the lifecycle events
+    # (run.queued) it does not deliver are due all along, and wake it not.
+    assert 3 <= calls["claim_ledger"] < 50, calls
 
 
 def test_maintenance_rounds_go_on_through_a_stopped_shard(
