@@ -64,10 +64,20 @@ def _require_url(args: argparse.Namespace) -> str:
     return url
 
 
-def _listen_url(args: argparse.Namespace, url: str) -> str:
-    """LISTEN needs a session connection: behind PgBouncer in transaction mode,
-    point --listen-database-url at PostgreSQL itself (or a session-mode pool)."""
-    return str(args.listen_database_url or os.environ.get("RUNRELAY_LISTEN_URL") or url)
+def _listen_source(args: argparse.Namespace, url: str, proxy: bool) -> Any:
+    """The loops' listen_dsn. LISTEN needs a session connection: behind
+    PgBouncer in transaction mode, point --listen-database-url at PostgreSQL
+    itself (or a session-mode pool). Without one, `url`; when `url` is a
+    sharding proxy, every shard in its map (re-read every 30 s): a NOTIFY is
+    sent on the shard that holds the run, and the proxy relays none."""
+    given = args.listen_database_url or os.environ.get("RUNRELAY_LISTEN_URL")
+    if given:
+        return str(given)
+    if proxy:
+        from .sharding import shard_listen_dsns
+
+        return shard_listen_dsns(url, args.schema)
+    return url
 
 
 def _prepare_threshold(args: argparse.Namespace) -> int | None:
@@ -135,15 +145,17 @@ def _pool_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return {"autocommit": True, "prepare_threshold": _prepare_threshold(args)}
 
 
-def _pooled_client(args: argparse.Namespace, url: str, size: int) -> Any:
-    """A Client on a pool of `size` connections, checked once so that a wrong
-    URL or a missing schema is one clear line, not a retry loop."""
+def _pooled_client(args: argparse.Namespace, url: str, size: int, *, probed: bool = False) -> Any:
+    """A Client on a pool of `size` connections, checked once (unless the
+    caller already did: `probed`) so that a wrong URL or a missing schema is
+    one clear line, not a retry loop."""
     from psycopg_pool import ConnectionPool
 
     from .client import Client
 
     tracing = _tracing(args)
-    _probe(args, url)
+    if not probed:
+        _probe(args, url)
     pool = ConnectionPool(url, min_size=1, max_size=size, kwargs=_pool_kwargs(args), open=True)
     return Client(pool, schema=args.schema, tracing=tracing)
 
@@ -163,16 +175,19 @@ def _tracing(args: argparse.Namespace) -> bool:
     return True
 
 
-def _probe(args: argparse.Namespace, url: str) -> None:
+def _probe(args: argparse.Namespace, url: str) -> bool:
     """Connect once, directly, and read the schema version: an unreachable
     server or a missing install fails here in one line, before a pool would
-    retry in the background and log every attempt."""
+    retry in the background and log every attempt. Returns whether `url` is a
+    sharding proxy (runrelay.sharding)."""
     import psycopg
 
     from .client import Client
+    from .sharding.install import is_proxy
 
     with psycopg.connect(url, **_pool_kwargs(args)) as conn:
         Client(conn, schema=args.schema).get_schema_version()
+        return is_proxy(conn, args.schema)
 
 
 class _StoppedBeforeStart(Exception):
@@ -202,7 +217,6 @@ def cmd_worker(args: argparse.Namespace) -> int:
         "lease_seconds": args.lease_seconds,
         "batch_size": args.batch_size,
         "poll_interval": args.poll_interval,
-        "listen_dsn": _listen_url(args, url),
         "shutdown_grace": args.shutdown_grace,
         "maintenance": args.maintenance,
         "fused": args.fused,
@@ -212,7 +226,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
         return asyncio.run(_run_async_worker(args, url, handler, options))
     from .worker import Worker
 
-    worker = Worker(_pooled_client(args, url, args.concurrency + 2), handler, **options)
+    _tracing(args)
+    options["listen_dsn"] = _listen_source(args, url, _probe(args, url))
+    client = _pooled_client(args, url, args.concurrency + 2, probed=True)
+    worker = Worker(client, handler, **options)
     worker.install_signal_handlers()
     worker.run()
     return 0
@@ -226,7 +243,7 @@ async def _run_async_worker(
     from .client import AsyncClient
     from .worker import AsyncWorker
 
-    _probe(args, url)
+    options["listen_dsn"] = _listen_source(args, url, _probe(args, url))
     size = args.concurrency + 2
     async with AsyncConnectionPool(
         url, min_size=1, max_size=size, kwargs=_pool_kwargs(args), open=False
@@ -263,14 +280,16 @@ def cmd_relay(args: argparse.Namespace) -> int:
 
     url = _require_url(args)
     sink = _sink(args)
+    _tracing(args)
+    listen = _listen_source(args, url, _probe(args, url))
     relay = Relay(
-        _pooled_client(args, url, 3),
+        _pooled_client(args, url, 3, probed=True),
         sink,
         name=args.name,
         lanes=args.lanes.split(","),
         batch_size=args.batch_size,
         lease_seconds=args.lease_seconds,
-        listen_dsn=_listen_url(args, url),
+        listen_dsn=listen,
         metrics=_loop_metrics(args),
     )
     relay.install_signal_handlers()
@@ -568,7 +587,8 @@ def _connection_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--listen-database-url",
         help="URL for the LISTEN connection when --database-url is a transaction-mode pooler "
-        "(default: $RUNRELAY_LISTEN_URL, else --database-url)",
+        "(default: $RUNRELAY_LISTEN_URL, else --database-url; through a sharding proxy, "
+        "every shard of its map)",
     )
     group.add_argument(
         "--no-prepare",

@@ -21,7 +21,9 @@ with the same call_id, which returns exactly what the lost call took. Every
 relay call is repeated after a connection error with full-jitter backoff
 (runrelay._backoff); a pass that still fails is logged and the loop backs off
 and goes on, so the relay outlives a database outage. The LISTEN connection
-reconnects with the same backoff.
+reconnects with the same backoff. `listen_dsn` may also be a sequence of
+DSNs or a callable returning them, as the Worker's (on a sharded install,
+runrelay.sharding.shard_listen_dsns(proxy_dsn): one session per shard).
 
 Shutdown (install_signal_handlers): the first SIGINT/SIGTERM or stop()
 finishes the delivery in progress, acknowledges it and hands back any batch
@@ -57,7 +59,16 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ._backoff import CONNECTION_ERRORS, Backoff, Listener, first_line
+from ._backoff import (
+    CONNECTION_ERRORS,
+    Backoff,
+    ListenDsn,
+    Listener,
+    MultiListener,
+    check_listen_dsn,
+    first_line,
+    make_listener,
+)
 from .client import Client
 from .sinks import DeliveryError, Sink
 from .types import LedgerEvent, LedgerFailure, LedgerKind
@@ -98,7 +109,7 @@ class Relay:
         lanes: Sequence[str] = ("lifecycle", "observability"),
         batch_size: int = 100,
         lease_seconds: int = 30,
-        listen_dsn: str | None = None,
+        listen_dsn: ListenDsn | None = None,
         max_sleep: float = 5.0,
         metrics: CollectorRegistry | None = None,
     ) -> None:
@@ -108,6 +119,7 @@ class Relay:
         self.lanes = list(lanes)
         self.batch_size = batch_size
         self.lease_seconds = lease_seconds
+        check_listen_dsn(listen_dsn)
         self.listen_dsn = listen_dsn
         self.max_sleep = max_sleep
         self._stop = threading.Event()
@@ -148,7 +160,7 @@ class Relay:
     # -- loop --------------------------------------------------------------
     def run(self, *, until_idle: float | None = None) -> None:
         """Deliver until stop() (or, with until_idle, until idle that long)."""
-        listener = Listener(self.listen_dsn, "runrelay_ledger") if self.listen_dsn else None
+        listener = make_listener(self.listen_dsn, "runrelay_ledger")
         idle_since = time.monotonic()
         backoff = Backoff(base=0.2, cap=30.0)
         try:
@@ -349,7 +361,7 @@ class Relay:
         raise AssertionError("unreachable")
 
     # -- sleeping ----------------------------------------------------------
-    def _sleep(self, listener: Listener | None) -> None:
+    def _sleep(self, listener: Listener | MultiListener | None) -> None:
         due = self.client.ledger_next_due_at()
         if due is None:
             timeout = self.max_sleep

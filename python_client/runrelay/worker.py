@@ -64,6 +64,14 @@ replay-safe), the LISTEN connection reconnects —
 all with full-jitter backoff (runrelay._backoff); the loop never exits or
 busy-loops because the database is away.
 
+Wake-ups: with `listen_dsn` the loop LISTENs on runrelay_runs and claims as
+soon as a NOTIFY says a run is ready, polling every poll_interval otherwise.
+It is one DSN, a sequence of DSNs, or a callable returning the current ones
+(read again every 30 s): on a sharded install a NOTIFY is sent on the shard
+that holds the run and the proxy relays none, so pass
+`runrelay.sharding.shard_listen_dsns(proxy_dsn)` — one LISTEN session per
+shard, each reconnecting on its own (runrelay._backoff.MultiListener).
+
 Time: every deadline a handler gives in seconds — Suspend.sleep, the
 timeout of Suspend.event / Suspend.detached, Retry(after=), Snooze(after=) —
 counts from the database clock, not this host's: the worker reads that clock
@@ -107,11 +115,13 @@ from typing import TYPE_CHECKING, Any
 
 from ._backoff import (
     CONNECTION_ERRORS,
-    AsyncListener,
     Backoff,
-    Listener,
+    ListenDsn,
+    check_listen_dsn,
     first_line,
     jittered,
+    make_async_listener,
+    make_listener,
     wait_event,
 )
 from .client import Client
@@ -607,7 +617,7 @@ class Worker(_Signals, _Recorder):
         heartbeat_every: float | None = None,
         batch_size: int = 1,
         poll_interval: float = 1.0,
-        listen_dsn: str | None = None,
+        listen_dsn: ListenDsn | None = None,
         shutdown_grace: float = 10.0,
         maintenance: bool = True,
         maintenance_interval: float | None = None,
@@ -624,6 +634,7 @@ class Worker(_Signals, _Recorder):
         self.heartbeat_every = heartbeat_every or max(1.0, lease_seconds / 3)
         self.batch_size = max(1, batch_size)
         self.poll_interval = poll_interval
+        check_listen_dsn(listen_dsn)
         self.listen_dsn = listen_dsn
         self.shutdown_grace = shutdown_grace
         self.fused = fused
@@ -669,7 +680,7 @@ class Worker(_Signals, _Recorder):
     def run(self, *, until_idle: float | None = None) -> None:
         """Claim and run work until stop() (or, with until_idle, until nothing
         was claimable for that many seconds)."""
-        listener = Listener(self.listen_dsn, "runrelay_runs") if self.listen_dsn else None
+        listener = make_listener(self.listen_dsn, "runrelay_runs")
         beat = threading.Thread(target=self._heartbeats, name=f"{self.name}-hb", daemon=True)
         beat.start()
         upkeep: threading.Thread | None = None
@@ -1093,7 +1104,7 @@ class AsyncWorker(_Signals, _Recorder):
         heartbeat_every: float | None = None,
         batch_size: int = 1,
         poll_interval: float = 1.0,
-        listen_dsn: str | None = None,
+        listen_dsn: ListenDsn | None = None,
         shutdown_grace: float = 10.0,
         maintenance: bool = True,
         maintenance_interval: float | None = None,
@@ -1110,6 +1121,7 @@ class AsyncWorker(_Signals, _Recorder):
         self.heartbeat_every = heartbeat_every or max(1.0, lease_seconds / 3)
         self.batch_size = max(1, batch_size)
         self.poll_interval = poll_interval
+        check_listen_dsn(listen_dsn)
         self.listen_dsn = listen_dsn
         self.shutdown_grace = shutdown_grace
         self.fused = fused
@@ -1152,7 +1164,7 @@ class AsyncWorker(_Signals, _Recorder):
     async def run(self, *, until_idle: float | None = None) -> None:
         """Claim and run work until stop() (or, with until_idle, until nothing
         was claimable for that many seconds)."""
-        listener = AsyncListener(self.listen_dsn, "runrelay_runs") if self.listen_dsn else None
+        listener = make_async_listener(self.listen_dsn, "runrelay_runs")
         tasks = self._tasks
         beat = asyncio.create_task(self._heartbeats())
         upkeep = asyncio.create_task(self.maintenance.run()) if self.maintenance else None

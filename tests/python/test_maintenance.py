@@ -15,6 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -25,7 +26,7 @@ from runrelay import AsyncClient, Client
 from runrelay._backoff import Backoff, full_jitter, jittered
 from runrelay.maintenance import AsyncMaintenance, Maintenance
 from runrelay.relay import Relay
-from runrelay.worker import Job, Worker
+from runrelay.worker import AsyncWorker, Job, Worker
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -63,6 +64,29 @@ def test_jittered_interval_is_within_half_either_side() -> None:
     assert min(samples) < 5.5 and max(samples) > 14.5
     with pytest.raises(ValueError):
         jittered(1.0, spread=1.5)
+
+
+@pytest.mark.parametrize(
+    ("listen_dsn", "error", "message"),
+    [
+        ([], ValueError, "no DSN to listen on"),
+        (["postgresql://h/db", 5], TypeError, "non-empty string"),
+        ([""], TypeError, "non-empty string"),
+        (5, TypeError, "sequence of DSN strings"),
+    ],
+    ids=["empty", "not-a-string", "empty-string", "a-number"],
+)
+def test_a_loop_refuses_a_listen_dsn_it_cannot_listen_on(
+    listen_dsn: Any, error: type[Exception], message: str
+) -> None:
+    """Checked when the loop is made, before it connects anywhere."""
+    client = Client("postgresql://nowhere.invalid/none")
+    with pytest.raises(error, match=message):
+        Worker(client, lambda job: None, listen_dsn=listen_dsn)
+    with pytest.raises(error, match=message):
+        AsyncWorker(client, lambda job: None, listen_dsn=listen_dsn)
+    with pytest.raises(error, match=message):
+        Relay(client, lambda lane, events: None, listen_dsn=listen_dsn)
 
 
 # -- maintenance --------------------------------------------------------------

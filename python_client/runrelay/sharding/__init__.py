@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +32,7 @@ __all__ = [
     "WrongShard",
     "routing_key",
     "run_hash",
+    "shard_listen_dsns",
 ]
 
 _TAG = re.compile(r"\{([^}]*)\}")
@@ -131,6 +132,24 @@ class ShardMap:
         writes on the same shard: they commit together."""
         with psycopg.connect(self.dsn_for(run_id), **kwargs) as conn, conn.transaction():
             yield conn
+
+
+def shard_listen_dsns(
+    proxy_dsn: str, schema: str = "runrelay", *, connect_timeout: int = 10
+) -> Callable[[], list[str]]:
+    """The `listen_dsn` for a Worker or Relay on a sharded install: a callable
+    that reads the proxy's shard map (on a short-lived connection) and returns
+    every shard's DSN with the proxy DSN's credentials. A NOTIFY is sent on
+    the shard that holds the run and PL/Proxy relays none, so the loops LISTEN
+    on each shard; they call this again every 30 s and so follow shards added
+    to or removed from the map."""
+
+    def dsns() -> list[str]:
+        with psycopg.connect(proxy_dsn, autocommit=True, connect_timeout=connect_timeout) as proxy:
+            shard_map = ShardMap.load(proxy, schema)
+        return [shard_map.dsn(shard) for shard in shard_map.shards]
+
+    return dsns
 
 
 _CREDENTIALS = ("user", "password", "passfile", "sslcert", "sslkey", "sslpassword")

@@ -125,6 +125,9 @@ $$;
 
 -- Settle each shard's items there, and claim from the shards in the walk
 -- order of the call_id, each shard asked for what is still missing. The
+-- shards that hold items are visited first: when one of them is down the
+-- call fails before any other shard claimed a run for it (a claim commits on
+-- its shard at once, and would wait for the replay after the outage). The
 -- settled rows come back in item order, then the claimed rows.
 CREATE FUNCTION @schema@.settle_and_claim(@args:settle_and_claim@)
 RETURNS @result:settle_and_claim@
@@ -155,7 +158,16 @@ BEGIN
         RETURN;
     END IF;
     v_total := jsonb_array_length(settle_and_claim.items);
-    FOR v_part IN SELECT w.head FROM @proxy@.walk(settle_and_claim.call_id) AS w (head) LOOP
+    FOR v_part IN
+        SELECT w.head
+        FROM @proxy@.walk(settle_and_claim.call_id) WITH ORDINALITY AS w (head, n)
+        ORDER BY
+            w.head IN (
+                SELECT g.head FROM @proxy@.item_groups(settle_and_claim.items) AS g
+                WHERE v_total > 0
+            ) DESC,
+            w.n
+    LOOP
         SELECT coalesce(g.items, '[]'), coalesce(g.ords, '{}') INTO v_items, v_ords
         FROM (SELECT 1) AS one
         LEFT JOIN @proxy@.item_groups(settle_and_claim.items) AS g
