@@ -306,9 +306,10 @@ def run(
     proxy when `shard_urls` (its shards, in order) are given. Producers,
     workers and relays call the proxy; the demo's own counts read each shard."""
     console = console or Console()
-    # LISTEN works per database, and NOTIFY happens on the shard that wrote:
-    # through a proxy the loops poll (short intervals below), until they can
-    # listen on every shard's DSN.
+    # LISTEN works per database, and NOTIFY happens on the shard that wrote,
+    # so a proxy connection hears nothing: through a proxy the loops poll (the
+    # short poll intervals below). Seam: once Worker and Relay take several
+    # DSNs as listen_dsn, pass shard_urls here to wake them from every shard.
     listen = None if shard_urls else database_url
     scenario = Scenario(database_url, runs, workers, relays, seed, listen)
     receiver = Receiver()
