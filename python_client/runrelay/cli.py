@@ -155,6 +155,12 @@ def _migrate_sharded(args: argparse.Namespace, proxy_url: str) -> int:
         )
     except install.ShardingError as exc:
         raise CommandError(f"refused, nothing was changed: {exc}") from None
+    except psycopg.Error as exc:
+        if isinstance(exc, psycopg.OperationalError):
+            raise  # unreachable: one line and exit 3, as for every command
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        # The proxy changes in one transaction: it is as it was.
+        raise CommandError(f"failed, the proxy is unchanged: {first}") from None
     with psycopg.connect(proxy_url, autocommit=True, connect_timeout=10) as proxy:
         shards = len(install.configured_shards(proxy, args.schema))
     print(f"runrelay: proxy and {shards} shards are at revision {revision}")

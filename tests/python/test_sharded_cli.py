@@ -21,8 +21,8 @@ from psycopg import sql
 
 from installed import Installed, wheel_files
 from runrelay import Client, migrations
-from runrelay._pgcluster import Sharded, start_sharded
-from runrelay.sharding import ShardMap
+from runrelay._pgcluster import Sharded, cluster, start_sharded
+from runrelay.sharding import ShardMap, install
 
 pytestmark = pytest.mark.sharded
 
@@ -205,6 +205,23 @@ def test_refusals_against_the_installed_proxy_change_nothing(
         _query(s1, f"UPDATE runrelay.alembic_version SET version_num = '{HEAD}'")
     assert _snapshot(servers) == before
 
+    # A failure while the proxy is rebuilt (here an event trigger that refuses
+    # the views, created last): its configuration and functions change in one
+    # transaction, so the proxy is exactly as it was, and answers.
+    _query(
+        proxy,
+        "CREATE FUNCTION public.no_views() RETURNS event_trigger LANGUAGE plpgsql AS"
+        " $$ BEGIN RAISE EXCEPTION 'no views today'; END $$;"
+        " CREATE EVENT TRIGGER no_views ON ddl_command_end WHEN TAG IN ('CREATE VIEW')"
+        " EXECUTE FUNCTION public.no_views()",
+    )
+    try:
+        _refused(_cli(installed, "migrate", DATABASE_URL=proxy), "no views today")
+    finally:
+        _query(proxy, "DROP EVENT TRIGGER no_views; DROP FUNCTION public.no_views()")
+    assert _snapshot(servers) == before
+    assert _query(proxy, "SELECT runrelay.get_schema_version()") == [(HEAD,)]
+
     # A shard that is down: nothing is migrated, not even the shard that is up.
     servers.clusters.shards[1].stop()
     try:
@@ -300,3 +317,41 @@ def test_the_sharded_demo_from_the_wheel(installed: Installed) -> None:
 def test_the_sharded_demo_refuses_a_database_url(installed: Installed, servers: Servers) -> None:
     done = _cli(installed, "demo", "--shards", "2", DATABASE_URL=servers.proxy_url)
     _refused(done, "a sharded demo starts its own proxy and shard servers", code=2)
+
+
+def test_a_proxy_server_without_plproxy_is_refused(installed: Installed, servers: Servers) -> None:
+    """The embedded PostgreSQL has no PL/Proxy: the refusal names the package
+    to install, and the shard is left as it was."""
+    fresh = _create_database(servers.shard_urls[1], "fresh_for_no_plproxy")
+    with cluster("embedded") as bare:
+        done = _cli(installed, "migrate", "--shard", fresh, DATABASE_URL=bare.url())
+        _refused(done, f"install the Debian package postgresql-{bare.version}-plproxy")
+        assert _query(bare.url(), "SELECT to_regnamespace('runrelay_config')") == [(None,)]
+    assert _query(fresh, "SELECT to_regnamespace('runrelay')") == [(None,)]
+
+
+def test_a_first_install_finds_the_runs_routed_elsewhere_as_the_proxy_routes_them(
+    servers: Servers,
+) -> None:
+    """The first install's check of a shard's existing runs (SQL on the
+    shard) routes each run_id exactly as the proxy and ShardMap do: hash tags,
+    empty tags, several tags, non-ASCII text."""
+    url = _create_database(servers.shard_urls[0], "routing_check")
+    migrations.upgrade(url)
+    ids = ["plain", "ünïcode-ß", "{}empty", "a{tag}b", "x{one}y{two}", "{tag}", "}{", "{open"]
+    ids += [f"r-{n}" for n in range(40)]
+    with psycopg.connect(servers.proxy_url, autocommit=True) as proxy:
+        proxy_map = ShardMap.load(proxy)
+    with Client(url) as client:
+        for run_id in ids:
+            client.enqueue_run(run_id, queue="q")
+    with psycopg.connect(url, autocommit=True) as conn:
+        for shard in (0, 1):
+            elsewhere = sorted(r for r in ids if proxy_map.shard_for(r) != shard)
+            found = install._misrouted(conn, "runrelay", shard, 2, 16)
+            assert found is not None and f"holds {len(elsewhere)} runs" in found
+            assert repr(elsewhere[0]) in found
+    proxy_says = _query(
+        servers.proxy_url, "SELECT r, runrelay.shard_for(r) FROM unnest(%s::text[]) AS r", (ids,)
+    )
+    assert dict(proxy_says) == {r: proxy_map.shard_for(r) for r in ids}
