@@ -151,7 +151,7 @@ def _migrate_sharded(args: argparse.Namespace, proxy_url: str) -> int:
         )
     try:
         revision = install.migrate(
-            proxy_url, args.shard, partitions=args.partitions, schema=args.schema
+            proxy_url, args.shard or (), partitions=args.partitions, schema=args.schema
         )
     except install.ShardingError as exc:
         raise CommandError(f"refused, nothing was changed: {exc}") from None
@@ -745,7 +745,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--shard",
         action="append",
-        default=[],
         metavar="URL",
         help="a sharded install: the database URL is the proxy's, and each --shard names a "
         "shard (shard 0, 1, ... in order); later, a plain `runrelay migrate` against the "

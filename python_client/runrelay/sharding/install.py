@@ -12,9 +12,13 @@ construction:
   feature_not_supported with a hint.
 
 ``runrelay migrate`` against a proxy migrates every shard and then rebuilds
-the proxy's functions, all at this package's head revision. It checks every
-shard first and changes nothing when one is unreachable, ahead of this
-package, or not the shard it is configured as.
+the proxy's functions, all at this package's head revision. It checks
+everything first and changes nothing when a shard is unreachable, ahead of
+this package, given twice, not the shard it is configured as, or holding
+event ids or runs that are not its own; when the proxy's server has no
+PL/Proxy or its database is an install of its own; or when the shards or the
+partition count given differ from the configured ones. The proxy's
+configuration and functions then change in one transaction.
 """
 
 from __future__ import annotations
