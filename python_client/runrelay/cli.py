@@ -126,17 +126,68 @@ def _positive_int(text: str) -> int:
 
 # -- commands -----------------------------------------------------------------
 def cmd_migrate(args: argparse.Namespace) -> int:
+    """A single install: Alembic to --revision. A sharded one (--shard, or a
+    database that is already a proxy): every shard, then the proxy, to head."""
     from . import migrations
 
-    migrations.upgrade(_require_url(args), args.schema, args.revision)
+    url = _require_url(args)
+    if args.shard or args.partitions is not None or _is_proxy(url, args.schema):
+        return _migrate_sharded(args, url)
+    migrations.upgrade(url, args.schema, args.revision)
     print(f"runrelay: schema {args.schema!r} is at revision {args.revision}")
+    return 0
+
+
+def _is_proxy(url: str, schema: str) -> bool:
+    import psycopg
+
+    from .sharding import install
+
+    with psycopg.connect(url, autocommit=True, connect_timeout=10) as conn:
+        return install.is_proxy(conn, schema)
+
+
+def _migrate_sharded(args: argparse.Namespace, proxy_url: str) -> int:
+    import psycopg
+
+    from . import migrations
+    from .sharding import install
+
+    if args.revision not in ("head", migrations.head()):
+        raise CommandError(
+            f"a sharded install migrates to head only (the proxy's functions exist for "
+            f"{migrations.head()} alone), not {args.revision}; migrate a shard to another "
+            "revision directly, without the proxy"
+        )
+    try:
+        revision = install.migrate(
+            proxy_url, args.shard or (), partitions=args.partitions, schema=args.schema
+        )
+    except install.ShardingError as exc:
+        raise CommandError(f"refused, nothing was changed: {exc}") from None
+    except psycopg.Error as exc:
+        if isinstance(exc, psycopg.OperationalError):
+            raise  # unreachable: one line and exit 3, as for every command
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        # The proxy changes in one transaction: it is as it was.
+        raise CommandError(f"failed, the proxy is unchanged: {first}") from None
+    with psycopg.connect(proxy_url, autocommit=True, connect_timeout=10) as proxy:
+        shards = len(install.configured_shards(proxy, args.schema))
+    print(f"runrelay: proxy and {shards} shards are at revision {revision}")
     return 0
 
 
 def cmd_downgrade(args: argparse.Namespace) -> int:
     from . import migrations
 
-    migrations.downgrade(_require_url(args), args.revision, args.schema)
+    url = _require_url(args)
+    if _is_proxy(url, args.schema):
+        raise CommandError(
+            "this database is a sharded install's proxy: downgrade each shard directly "
+            "(runrelay downgrade REVISION --database-url SHARD_URL); `runrelay migrate` "
+            "against the proxy brings them all back to head"
+        )
+    migrations.downgrade(url, args.revision, args.schema)
     print(f"runrelay: schema {args.schema!r} downgraded to {args.revision}")
     return 0
 
@@ -496,6 +547,8 @@ def _demo_database(url: str | None) -> Iterator[str]:
 def cmd_demo(args: argparse.Namespace) -> int:
     from . import demo
 
+    if args.shards:
+        return _sharded_demo(args)
     with _demo_database(_database_url(args)) as url, _demo_dashboard(url, args) as board:
         code = demo.run(
             url, runs=args.runs, workers=args.workers, relays=args.relays, reset=args.reset
@@ -508,6 +561,79 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 while not stop.wait(1.0):
                     pass
         return code
+
+
+MAX_DEMO_SHARDS = 8  # each shard is a PostgreSQL server of its own on this machine
+
+
+def _sharded_demo(args: argparse.Namespace) -> int:
+    """`runrelay demo --shards N`: a proxy and N shard servers of the system
+    PostgreSQL (with PL/Proxy), started for the demo and removed after it.
+    A database given by URL is refused: the demo needs servers of its own."""
+    from rich.console import Console
+
+    from . import demo
+
+    if _database_url(args):
+        raise CommandError(
+            "a sharded demo starts its own proxy and shard servers: unset DATABASE_URL "
+            "(and drop --database-url) to run it",
+            EXIT_USAGE,
+        )
+    if args.shards > MAX_DEMO_SHARDS:
+        raise CommandError(f"--shards: at most {MAX_DEMO_SHARDS} on one machine", EXIT_USAGE)
+    if args.keep_dashboard:
+        raise CommandError("--keep-dashboard: a sharded demo starts no dashboard", EXIT_USAGE)
+    console = Console()
+    with _sharded_demo_database(args.shards, console) as (proxy_url, shard_urls):
+        console.print(
+            "[dim]dashboard: not started in a sharded demo (the dashboard reads one "
+            "install, not a proxy)[/dim]"
+        )
+        return demo.run(
+            proxy_url,
+            runs=args.runs,
+            workers=args.workers,
+            relays=args.relays,
+            reset=args.reset,
+            console=console,
+            shard_urls=shard_urls,
+        )
+
+
+@contextmanager
+def _sharded_demo_database(shards: int, console: Any) -> Iterator[tuple[str, list[str]]]:
+    """A proxy and `shards` shard clusters, installed at head; all stopped and
+    deleted at the end, on SIGTERM too."""
+    from . import _pgcluster
+    from .sharding import install
+
+    def _interrupt(_signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        try:
+            clusters = _pgcluster.start_sharded(shards, flavor="system")
+        except _pgcluster.ClusterError as exc:
+            first = str(exc).strip().splitlines()[0]
+            raise CommandError(f"cannot start the demo's PostgreSQL servers: {first}") from None
+        try:
+            ports = ", ".join(str(c.port) for c in clusters.shards)
+            console.print(
+                f"[dim]PostgreSQL {clusters.proxy.version}: proxy on port {clusters.proxy.port}, "
+                f"{shards} shards on ports {ports}[/dim]"
+            )
+            try:
+                revision = install.migrate(clusters.proxy_url, clusters.shard_urls)
+            except install.ShardingError as exc:
+                raise CommandError(str(exc)) from None
+            console.print(f"runrelay: proxy and {shards} shards are at revision {revision}")
+            yield clusters.proxy_url, clusters.shard_urls
+        finally:
+            clusters.destroy()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @contextmanager
@@ -636,6 +762,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("migrate", "install or upgrade the schema (to the newest revision)", cmd_migrate)
     p.add_argument("--revision", default="head", help="target revision")
+    p.add_argument(
+        "--shard",
+        action="append",
+        metavar="URL",
+        help="a sharded install: the database URL is the proxy's, and each --shard names a "
+        "shard (shard 0, 1, ... in order); later, a plain `runrelay migrate` against the "
+        "proxy migrates every shard and the proxy (see docs/migrations.md)",
+    )
+    p.add_argument(
+        "--partitions",
+        type=_positive_int,
+        metavar="N",
+        help="a sharded install's partitions, a power of two, at least the shard count; set "
+        "once, on the first install (default: 16)",
+    )
 
     p = command("downgrade", "downgrade the schema; 'base' removes it and its roles", cmd_downgrade)
     p.add_argument("revision", help="target revision, e.g. base or 0003")
@@ -772,6 +913,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=_positive_int, default=4, help="worker loops")
     p.add_argument("--relays", type=_positive_int, default=2, help="relay loops")
     p.add_argument("--reset", action="store_true", help="delete existing runs first")
+    p.add_argument(
+        "--shards",
+        type=_positive_int,
+        metavar="N",
+        help="a sharded demo: one proxy and N shard servers of the system PostgreSQL with "
+        "PL/Proxy, started for the demo (not with DATABASE_URL; no dashboard)",
+    )
     p.add_argument(
         "--dashboard-port",
         type=int,

@@ -11,6 +11,7 @@ violations and lost events. The command exits non-zero if an invariant broke.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import random
@@ -18,7 +19,7 @@ import statistics
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -139,10 +140,51 @@ class Latencies:
         return rows
 
 
+# -- the databases ---------------------------------------------------------------
+class Admin:
+    """The demo's own reads and settings on every database that holds runs:
+    the one install, or each shard of a sharded one (the proxy has no tables)."""
+
+    def __init__(self, conns: Sequence[psycopg.Connection[Any]], sharded: bool) -> None:
+        self.conns = list(conns)
+        self.sharded = sharded
+
+    def execute(self, query: str, params: Any = None) -> None:
+        for conn in self.conns:
+            conn.execute(query, params)
+
+    def rows(self, query: str, params: Any = None) -> list[tuple[Any, ...]]:
+        """The query's rows on every database, concatenated."""
+        out: list[tuple[Any, ...]] = []
+        for conn in self.conns:
+            out += conn.execute(query, params).fetchall()
+        return out
+
+    def total(self, query: str) -> int:
+        """The sum over the databases of a query's single number."""
+        return sum(int(row[0] or 0) for row in self.rows(query))
+
+    def counts(self, query: str) -> Counter[Any]:
+        """(key, count) rows summed by key over the databases."""
+        out: Counter[Any] = Counter()
+        for key, count in self.rows(query):
+            out[key] += int(count)
+        return out
+
+
 # -- the scenario ---------------------------------------------------------------
 class Scenario:
-    def __init__(self, url: str, runs: int, workers: int, relays: int, seed: int) -> None:
+    def __init__(
+        self,
+        url: str,
+        runs: int,
+        workers: int,
+        relays: int,
+        seed: int,
+        listen: str | None,
+    ) -> None:
         self.url = url
+        self.listen = listen
         self.runs = runs
         self.workers = workers
         self.relays = relays
@@ -258,16 +300,30 @@ def run(
     seed: int = 7,
     console: Console | None = None,
     reset: bool = False,
+    shard_urls: Sequence[str] = (),
 ) -> int:
+    """The demo against `database_url`: one install, or a sharded install's
+    proxy when `shard_urls` (its shards, in order) are given. Producers,
+    workers and relays call the proxy; the demo's own counts read each shard."""
     console = console or Console()
-    scenario = Scenario(database_url, runs, workers, relays, seed)
+    # LISTEN works per database, and NOTIFY happens on the shard that wrote,
+    # so a proxy connection hears nothing: through a proxy the loops poll (the
+    # short poll intervals below). Seam: once Worker and Relay take several
+    # DSNs as listen_dsn, pass shard_urls here to wake them from every shard.
+    listen = None if shard_urls else database_url
+    scenario = Scenario(database_url, runs, workers, relays, seed, listen)
     receiver = Receiver()
-    with psycopg.connect(database_url, autocommit=True) as admin:
+    with contextlib.ExitStack() as stack:
+        admin = Admin(
+            [
+                stack.enter_context(psycopg.connect(url, autocommit=True))
+                for url in (shard_urls or [database_url])
+            ],
+            sharded=bool(shard_urls),
+        )
         # Demo-sized backoff for the receiver's injected faults (restored below).
-        saved = admin.execute(
-            "SELECT retry_base_seconds, retry_max_seconds FROM runrelay.settings"
-        ).fetchone()
-        if admin.execute("SELECT EXISTS (SELECT 1 FROM runrelay.runs)").fetchone() != (False,):
+        saved = admin.rows("SELECT retry_base_seconds, retry_max_seconds FROM runrelay.settings")[0]
+        if admin.total("SELECT count(*) FROM (SELECT 1 FROM runrelay.runs LIMIT 1) AS r"):
             if not reset:
                 console.print(
                     "[red]runrelay demo needs an empty runrelay schema[/red] (it counts every "
@@ -292,15 +348,31 @@ def run(
         return result
 
 
+def _per_shard(console: Console, admin: Admin) -> None:
+    """Where the runs went: each shard's own run_stats."""
+    for shard, conn in enumerate(admin.conns):
+        counts = {
+            str(status): int(runs)
+            for status, runs in conn.execute(
+                "SELECT status, sum(runs) FROM runrelay.run_stats GROUP BY status"
+            ).fetchall()
+        }
+        detail = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+        console.print(
+            f"shard {shard}: {sum(counts.values())} runs ({detail or 'none'})",
+            highlight=False,
+            soft_wrap=True,
+        )
+
+
 def _scenario(
     console: Console,
-    admin: psycopg.Connection[Any],
+    admin: Admin,
     scenario: Scenario,
     receiver: Receiver,
     started: float,
 ) -> int:
     """Start the receiver, workers, relays, runner and producer; wait; report."""
-    url = scenario.url
     with serve(receiver) as hook:
         workers = [
             Worker(
@@ -311,7 +383,7 @@ def _scenario(
                 lease_seconds=10,
                 heartbeat_every=0.5,
                 poll_interval=0.1,
-                listen_dsn=url,
+                listen_dsn=scenario.listen,
             )
             for n in range(scenario.workers)
         ]
@@ -322,7 +394,7 @@ def _scenario(
                 name=f"relay-{n}",
                 batch_size=100,
                 lease_seconds=5,
-                listen_dsn=url,
+                listen_dsn=scenario.listen,
                 max_sleep=0.2,
             )
             for n in range(scenario.relays)
@@ -361,7 +433,7 @@ UNDELIVERED = """
 
 def _progress(
     console: Console,
-    admin: psycopg.Connection[Any],
+    admin: Admin,
     receiver: Receiver,
     runs: int,
     producer: threading.Thread,
@@ -378,13 +450,12 @@ def _progress(
         t_done = progress.add_task("runs finished", total=runs)
         t_events = progress.add_task("events delivered", total=None)
         while time.monotonic() < deadline:
-            row = admin.execute(
+            rows = admin.rows(
                 "SELECT count(*), count(*) FILTER (WHERE finished_at IS NOT NULL)"
                 " FROM runrelay.runs"
-            ).fetchone()
-            enqueued, finished = row if row else (0, 0)
-            undelivered_row = admin.execute(UNDELIVERED).fetchone()
-            undelivered = undelivered_row[0] if undelivered_row else 0
+            )
+            enqueued, finished = (sum(int(r[i]) for r in rows) for i in (0, 1))
+            undelivered = admin.total(UNDELIVERED)
             progress.update(t_enq, completed=enqueued)
             progress.update(t_done, completed=finished)
             progress.update(
@@ -398,7 +469,7 @@ def _progress(
 
 def _summary(
     console: Console,
-    admin: psycopg.Connection[Any],
+    admin: Admin,
     scenario: Scenario,
     receiver: Receiver,
     workers: list[Worker],
@@ -407,19 +478,19 @@ def _summary(
     finished: bool,
     pending: int,
 ) -> int:
-    statuses = dict(
-        admin.execute("SELECT status, count(*) FROM runrelay.runs GROUP BY 1").fetchall()
-    )
-    final = dict(admin.execute("SELECT run_id, status FROM runrelay.runs").fetchall())
+    statuses = admin.counts("SELECT status, count(*) FROM runrelay.runs GROUP BY 1")
+    final = dict(admin.rows("SELECT run_id, status FROM runrelay.runs"))
     wrong = Counter(
         scenario.kinds[run_id]
         for run_id, expected in scenario.expected.items()
         if final.get(run_id) != expected
     )
-    deliverable = admin.execute(
+    # Each run's events live on one database, so its order survives the
+    # concatenation.
+    deliverable = admin.rows(
         "SELECT run_id, lane, seq, delivery_key FROM runrelay.ledger"
         " WHERE NOT acked_locally AND state = 'delivered' ORDER BY run_id, lane, seq"
-    ).fetchall()
+    )
     lost = sum(1 for *_, key in deliverable if key not in receiver.seen) + pending
     expected_order: dict[tuple[str, str], list[int]] = defaultdict(list)
     for run_id, lane, seq, _ in deliverable:
@@ -427,9 +498,7 @@ def _summary(
     order_violations = receiver.violations + sum(
         1 for stream, seqs in expected_order.items() if receiver.order.get(stream) != seqs
     )
-    local_acks = admin.execute(
-        "SELECT count(*) FROM runrelay.ledger WHERE acked_locally"
-    ).fetchone()
+    local_acks = admin.total("SELECT count(*) FROM runrelay.ledger WHERE acked_locally")
 
     table = Table(title="runrelay demo", show_lines=False)
     table.add_column("measure")
@@ -440,7 +509,7 @@ def _summary(
     table.add_row("runs not in their expected final state", str(sum(wrong.values())))
     table.add_row("events delivered (unique)", str(receiver.unique))
     table.add_row("redeliveries deduplicated", str(receiver.duplicates))
-    table.add_row("transport-only events acked locally", str(local_acks[0] if local_acks else 0))
+    table.add_row("transport-only events acked locally", str(local_acks))
     table.add_row(
         "receiver 5xx injected / replies lost / slow replies",
         f"{receiver.injected_errors} / {receiver.lost_replies} / {receiver.slow_replies}",
@@ -463,6 +532,8 @@ def _summary(
     for function, calls, p50, p99 in scenario.latencies.table():
         lat.add_row(function, str(calls), f"{p50:.2f}", f"{p99:.2f}")
     console.print(lat)
+    if admin.sharded:
+        _per_shard(console, admin)
 
     problems = []
     if not finished:

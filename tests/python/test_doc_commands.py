@@ -71,6 +71,12 @@ SUBSTITUTE: dict[str, tuple[str, str]] = {
     ),
 }
 NOT_RUN: dict[str, str] = {
+    "runrelay migrate --shard postgresql://shard0/runrelay --shard postgresql://shard1/runrelay": (
+        "needs a proxy and shard servers; test_sharded_cli.py runs it against its own"
+    ),
+    "runrelay demo --shards 2": (
+        "starts its own proxy and shard servers (PL/Proxy); test_sharded_cli.py runs it"
+    ),
     "make test": "the suite itself; .ci/run runs it on a clean clone",
     "make bench-quick": "a step of make test already (scripts/test_suite.sh)",
     "make bench": "ten minutes of benchmarks; make bench-quick (run here) is the same code",

@@ -12,9 +12,13 @@ construction:
   feature_not_supported with a hint.
 
 ``runrelay migrate`` against a proxy migrates every shard and then rebuilds
-the proxy's functions, all at this package's head revision. It checks every
-shard first and changes nothing when one is unreachable, ahead of this
-package, or not the shard it is configured as.
+the proxy's functions, all at this package's head revision. It checks
+everything first and changes nothing when a shard is unreachable, ahead of
+this package, given twice, not the shard it is configured as, or holding
+event ids or runs that are not its own; when the proxy's server has no
+PL/Proxy or its database is an install of its own; or when the shards or the
+partition count given differ from the configured ones. The proxy's
+configuration and functions then change in one transaction.
 """
 
 from __future__ import annotations
@@ -243,15 +247,7 @@ def proxy_sql(shard: psycopg.Connection[Any], schema: str) -> str:
             text.replace("@schema@", q_schema).replace("@proxy@", proxy).replace("@config@", config)
         )
 
-    files = sorted(
-        (
-            f
-            for f in resources.files(__package__).joinpath("sql").iterdir()
-            if f.name.endswith(".sql")
-        ),
-        key=lambda f: f.name,
-    )
-    written = [fill(f.read_text(encoding="utf-8")) for f in files if f.name != "00_config.sql"]
+    written = [fill(text) for name, text in _sql_files() if name != "00_config.sql"]
     # The routing helpers come before the functions that use them.
     body = [written[0], *out, *written[1:]]
 
@@ -280,8 +276,19 @@ def proxy_sql(shard: psycopg.Connection[Any], schema: str) -> str:
     return "\n\n".join([*body, *grants]) + "\n"
 
 
+def _sql_files() -> list[tuple[str, str]]:
+    """(name, text) of the proxy's SQL files (sql/*.sql, shipped in the
+    package), in name order."""
+    folder = resources.files(__package__).joinpath("sql")
+    files = sorted((f.name, f) for f in folder.iterdir() if f.name.endswith(".sql"))
+    found = [(name, f.read_text(encoding="utf-8")) for name, f in files]
+    if not any(name == "00_config.sql" for name, _ in found):
+        raise ShardingError(f"this package's proxy SQL is missing from {folder}")
+    return found
+
+
 def config_sql(schema: str) -> str:
-    text = resources.files(__package__).joinpath("sql", "00_config.sql").read_text("utf-8")
+    (text,) = (text for name, text in _sql_files() if name == "00_config.sql")
     return text.replace("@config@", _ident(f"{schema}_config"))
 
 
@@ -352,6 +359,78 @@ def _event_range(shard: int) -> tuple[int, int]:
     return (shard << EVENT_SHIFT) or 1, ((shard + 1) << EVENT_SHIFT) - 1
 
 
+def _events_table(conn: psycopg.Connection[Any], schema: str) -> str | None:
+    """The table holding the ledger's event ids: ledger_events (0008 on),
+    ledger before; None before the ledger exists."""
+    row = conn.execute(
+        """
+        SELECT c.relname FROM pg_class AS c
+        JOIN pg_attribute AS a ON a.attrelid = c.oid AND a.attname = 'event_id'
+        WHERE c.relnamespace = to_regnamespace(%s) AND c.relkind = 'r'
+          AND c.relname IN ('ledger_events', 'ledger')
+        ORDER BY c.relname DESC LIMIT 1
+        """,
+        (schema,),
+    ).fetchone()
+    return None if row is None else str(row[0])
+
+
+def _range_problem(conn: psycopg.Connection[Any], schema: str, shard: int) -> str | None:
+    """Why the shard's existing ledger events rule it out as shard `shard`
+    (ids outside its range), or None. Changes nothing."""
+    table = _events_table(conn, schema)
+    if table is None:
+        return None
+    low, high = _event_range(shard)
+    bounds = conn.execute(
+        sql.SQL("SELECT min(event_id), max(event_id) FROM {}").format(sql.Identifier(schema, table))
+    ).fetchone()
+    assert bounds is not None
+    lo, hi = bounds
+    if lo is not None and (lo < low or hi > high):
+        return (
+            f"shard {shard} already holds ledger events {lo}..{hi}, outside its range "
+            f"{low}..{high}: it was installed as another shard, or alone (only shard 0 may be)"
+        )
+    return None
+
+
+def _misrouted(
+    conn: psycopg.Connection[Any], schema: str, shard: int, shards: int, partitions: int
+) -> str | None:
+    """Why the runs a database already holds rule it out as shard `shard` of a
+    new install (some route to another shard, where the proxy would never
+    find them: a run never moves), or None. The routing is run_hash's."""
+    table = conn.execute(
+        "SELECT to_regclass(format('%%I.runs', %s::text)) IS NOT NULL", (schema,)
+    ).fetchone()
+    if not table or not table[0]:
+        return None
+    row = conn.execute(
+        sql.SQL(
+            r"""
+            SELECT count(*), min(run_id) FROM (
+                SELECT r.run_id,
+                       ('x' || left(md5(coalesce(
+                           nullif(substring(r.run_id FROM '\{{([^}}]*)\}}'), ''), r.run_id
+                       )), 8))::bit(32)::integer AS hash
+                FROM {}.runs AS r
+            ) AS h
+            WHERE (h.hash & %s) %% %s <> %s
+            """
+        ).format(sql.Identifier(schema)),
+        (partitions - 1, shards, shard),
+    ).fetchone()
+    assert row is not None
+    if not row[0]:
+        return None
+    return (
+        f"shard {shard} already holds {row[0]} runs that the new install routes to other "
+        f"shards ({row[1]!r}, ...); a run never moves, so a shard must start without "
+        "runs that are not its own"
+    )
+
+
 def _claim_event_range(conn: psycopg.Connection[Any], schema: str, shard: int) -> None:
     """Confine the shard's ledger event ids to its range (once; checked after)."""
     low, high = _event_range(shard)
@@ -370,16 +449,9 @@ def _claim_event_range(conn: psycopg.Connection[Any], schema: str, shard: int) -
     seqmin, seqmax, last = (int(v) for v in row)
     if (seqmin, seqmax) == (low, high):
         return
-    bounds = conn.execute(
-        sql.SQL("SELECT min(event_id), max(event_id) FROM {}").format(table)
-    ).fetchone()
-    assert bounds is not None
-    lo, hi = bounds
-    if lo is not None and (lo < low or hi > high):
-        raise ShardingError(
-            f"shard {shard} already holds ledger events {lo}..{hi}, outside its range "
-            f"{low}..{high}: it was installed as another shard, or alone (only shard 0 may be)"
-        )
+    problem = _range_problem(conn, schema, shard)
+    if problem is not None:
+        raise ShardingError(problem)
     restart = max(low, last + 1)
     conn.execute(
         sql.SQL(
@@ -421,27 +493,84 @@ def configured_shards(conn: psycopg.Connection[Any], schema: str) -> dict[int, s
     return {int(r[0]): str(r[1]) for r in rows}
 
 
+MAX_PARTITIONS = 1 << 15  # no more shards than event-id ranges (shard << 48 in a bigint)
+
+
+def configured_partitions(conn: psycopg.Connection[Any], schema: str) -> int:
+    row = conn.execute(
+        sql.SQL("SELECT count(*) FROM {}.partitions").format(sql.Identifier(f"{schema}_config"))
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _where(conn: psycopg.Connection[Any]) -> tuple[str, str, str]:
+    """The server and database a connection reached, to tell two apart
+    whatever their URLs say: the cluster's identifier when this login may read
+    it, else the server's address and port."""
+    row = conn.execute(
+        "SELECT current_database(), has_function_privilege('pg_control_system()', 'EXECUTE'),"
+        " coalesce(host(inet_server_addr()), 'local') || ':' || current_setting('port')"
+    ).fetchone()
+    assert row is not None
+    dbname, may_read, address = str(row[0]), bool(row[1]), str(row[2])
+    if may_read:  # one cluster, whichever address reached it
+        ident = conn.execute("SELECT system_identifier::text FROM pg_control_system()").fetchone()
+        assert ident is not None
+        return ("cluster", str(ident[0]), dbname)
+    return ("address", address, dbname)
+
+
+def _preflight_proxy(proxy: psycopg.Connection[Any], schema: str) -> None:
+    """Refuse a proxy database that cannot hold the proxy: no PL/Proxy on its
+    server, or a runrelay install of its own (rebuilding the proxy drops the
+    schema)."""
+    if not is_proxy(proxy, schema) and _revision(proxy, schema) is not None:
+        raise ShardingError(
+            f"the proxy's database holds a runrelay install of its own (schema {schema!r}); "
+            "the proxy needs a database of its own (a former single install can be shard 0)"
+        )
+    row = proxy.execute(
+        "SELECT EXISTS (SELECT 1 FROM pg_available_extensions WHERE name = 'plproxy'),"
+        " current_setting('server_version_num')::integer / 10000"
+    ).fetchone()
+    assert row is not None
+    if not row[0]:
+        raise ShardingError(
+            "PL/Proxy is not installed on the proxy's PostgreSQL server: install the "
+            f"Debian package postgresql-{row[1]}-plproxy (or build plproxy for it)"
+        )
+
+
 def migrate(
     proxy_url: str,
     shard_urls: Sequence[str] = (),
     *,
-    partitions: int = 16,
+    partitions: int | None = None,
     schema: str = "runrelay",
 ) -> str:
     """Migrate every shard to this package's head, then (re)build the proxy.
 
     First install: pass the shards' URLs (shard 0, 1, ... in that order) and
-    the partition count (a power of two, at least the number of shards; it
-    never changes afterwards). Later: the shards come from the proxy's
-    configuration; passing them again must name the same shards. Returns the
+    the partition count (a power of two, at least the number of shards,
+    default 16; it never changes afterwards). Later: the shards come from the
+    proxy's configuration; passing them (or a partition count) again must
+    name the same ones. Everything is checked before anything changes: every
+    shard reachable, at a revision this package knows, distinct, and holding
+    only its own event ids; the proxy's server has PL/Proxy. Returns the
     revision every shard and the proxy are at."""
     from .. import migrations
 
-    if partitions < 1 or partitions & (partitions - 1):
-        raise ShardingError(f"partitions must be a power of two (got {partitions})")
+    if partitions is not None and not (
+        1 <= partitions <= MAX_PARTITIONS and partitions & (partitions - 1) == 0
+    ):
+        raise ShardingError(
+            f"partitions must be a power of two from 1 to {MAX_PARTITIONS} (got {partitions})"
+        )
     head = migrations.head()
     known = set(_revisions())
+    _sql_files()  # the proxy's own SQL is here before any shard is touched
     with _connect(proxy_url, "the proxy") as proxy:
+        _preflight_proxy(proxy, schema)
         configured = configured_shards(proxy, schema) if is_proxy(proxy, schema) else {}
         wanted = {i: _stored_dsn(u) for i, u in enumerate(shard_urls)}
         if configured and wanted and wanted != configured:
@@ -449,30 +578,58 @@ def migrate(
                 "the shards given are not the proxy's configured shards "
                 f"({sorted(configured.items())}); change them in {schema}_config.shards"
             )
+        if configured:
+            count = configured_partitions(proxy, schema)
+            if partitions is not None and partitions != count:
+                raise ShardingError(
+                    f"the proxy has {count} partitions; the count never changes once set "
+                    f"(got {partitions})"
+                )
+            partitions = count
+        partitions = 16 if partitions is None else partitions
         shards = configured or wanted
         if not shards:
             raise ShardingError("no shards: pass --shard URL for each shard on the first install")
+        if len(set(shards.values())) < len(shards):
+            raise ShardingError("the same shard is given twice: each shard is its own database")
         if len(shards) > partitions:
-            raise ShardingError(f"{len(shards)} shards need at least as many partitions")
+            raise ShardingError(
+                f"{len(shards)} shards need at least as many partitions (got {partitions})"
+            )
         urls = {i: _with_credentials(dsn, proxy_url) for i, dsn in shards.items()}
         # Preflight: every shard reachable, at a revision this package knows,
-        # and (when already a shard) the shard it is configured as.
+        # a database of its own, and holding only its own event ids (when
+        # already configured: the shard it is configured as).
         conns: dict[int, psycopg.Connection[Any]] = {}
         try:
             for i, url in sorted(urls.items()):
                 conns[i] = _connect(url, f"shard {i} ({shards[i]})")
-            for i, conn in conns.items():
+            places = {"the proxy": _where(proxy)}
+            for i, conn in sorted(conns.items()):
+                place = _where(conn)
+                for other, seen in places.items():
+                    if seen == place:
+                        raise ShardingError(
+                            f"shard {i} ({shards[i]}) is the same database as {other}: "
+                            "each shard and the proxy need a database of their own"
+                        )
+                places[f"shard {i}"] = place
+            for i, conn in sorted(conns.items()):
                 rev = _revision(conn, schema)
                 if rev is not None and rev not in known:
                     raise ShardingError(
-                        f"shard {i} is at revision {rev}, which this package does not know "
-                        "(newer?); nothing was migrated"
+                        f"shard {i} is at revision {rev}, which this package does not know (newer?)"
                     )
                 if configured and rev is not None and not _check_event_range(conn, schema, i):
                     raise ShardingError(
                         f"shard {i} ({shards[i]}) does not hold shard {i}'s event ids: "
                         "is the configuration pointing at the wrong database?"
                     )
+                problem = _range_problem(conn, schema, i)
+                if problem is None and not configured:
+                    problem = _misrouted(conn, schema, i, len(shards), partitions)
+                if problem is not None:
+                    raise ShardingError(problem)
             for i, url in sorted(urls.items()):
                 migrations.upgrade(_as_url(url), schema)
                 with conns[i].transaction():
@@ -481,6 +638,8 @@ def migrate(
         finally:
             for conn in conns.values():
                 conn.close()
+        # The proxy's configuration and functions change in one transaction:
+        # a failure leaves the proxy as it was.
         with proxy.transaction():
             proxy.execute("CREATE EXTENSION IF NOT EXISTS plproxy")
             proxy.execute(config_sql(schema))
