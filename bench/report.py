@@ -628,12 +628,17 @@ def markdown(doc: Doc, results_path: str, images: list[str]) -> str:
     sharded = doc.get("scale_out")
     if sharded:
         out.append("\n## Scale-out through PL/Proxy\n")
+        loads = [
+            tuple(round(x, 1) for x in sharded["machine"].get(k, ()))
+            for k in ("load_average_at_start", "load_average_at_end")
+        ]
         out.append(
             "The sharded install (`bench.scale_out`, its own durable clusters: a proxy with one "
-            "shard and a proxy with two, all on this machine). Both shards share the same "
+            f"shard and a proxy with two, all on this machine; {sharded['elapsed_seconds']:.0f} s, "
+            f"load average {loads[0]} at start, {loads[1]} at end). Both shards share the same "
             f"{machine['cpus']} CPUs here, so the two-shard throughput is not a scale-out "
-            "result; the server CPU per job is, through the model in "
-            "[scale-out.md](scale-out.md#what-it-costs).\n\n"
+            "result; the server CPU per job is what carries over to shards on machines of "
+            "their own, through the model in [scale-out.md](scale-out.md#what-it-costs).\n\n"
         )
         out.append(scale_out.markdown(sharded))
 

@@ -226,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     path = args.out / name
     write(doc, path)
     report.print_table(doc, Console())
+    if "scale_out" in doc:
+        print(scale_out.markdown(doc["scale_out"]))
     if docs:
         report.write_docs(doc, path)
         log("wrote docs/benchmarks.md and docs/img/")
