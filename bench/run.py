@@ -36,7 +36,7 @@ console = Console(stderr=True)
 @dataclass
 class Plan:
     """Sizes of one run. Full: `make bench` (< 10 minutes, then bench.scale_out's
-    6 or 7). Quick: a smoke test (without bench.scale_out, which has its own)."""
+    5 or 6). Quick: a smoke test (without bench.scale_out, which has its own)."""
 
     quick: bool = False
     reps: int = 3
