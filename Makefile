@@ -4,7 +4,8 @@
 #   make test   every test, on PostgreSQL 15 (system) and 18 (embedded wheel)
 #   make docs   regenerate docs/errors.md and docs/sql-api.md
 #   make chaos  the fault-injection scenarios, longer (DURATION=20m per scenario), with figures
-#   make bench  the benchmark: floor, runrelay, peers (< 10 min; rewrites docs/benchmarks.md)
+#   make bench  the benchmark: floor, runrelay, peers, then the sharded install
+#               (bench.scale_out; about 15 min in all; rewrites docs/benchmarks.md)
 #   make bench-quick  the same at tiny sizes, a smoke test (also run by make test)
 
 SHELL := /bin/bash
@@ -61,7 +62,9 @@ docs: $(VENV)/.installed
 
 # Benchmarks start their own durable PostgreSQL (fsync and synchronous_commit
 # on), whatever DATABASE_URL says. The full run installs the peers (PyPI into
-# bench/.venv-peers, PgQ from Debian); the quick one installs nothing.
+# bench/.venv-peers, PgQ from Debian); the quick one installs nothing. The full
+# run then measures the sharded install (bench.scale_out: a proxy and shards of
+# its own); its quick form is tests/python/test_bench_scale_out.py.
 bench: $(VENV)/.installed
 	$(PY) -m bench.run $(BENCH_ARGS)
 

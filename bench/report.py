@@ -17,6 +17,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from bench import scale_out
+
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "benchmarks.md"
 IMG = REPO / "docs" / "img"
@@ -623,12 +625,29 @@ def markdown(doc: Doc, results_path: str, images: list[str]) -> str:
             + "\n"
         )
 
+    sharded = doc.get("scale_out")
+    if sharded:
+        out.append("\n## Scale-out through PL/Proxy\n")
+        loads = [
+            tuple(round(x, 1) for x in sharded["machine"].get(k, ()))
+            for k in ("load_average_at_start", "load_average_at_end")
+        ]
+        out.append(
+            "The sharded install (`bench.scale_out`, its own durable clusters: a proxy with one "
+            f"shard and a proxy with two, all on this machine; {sharded['elapsed_seconds']:.0f} s, "
+            f"load average {loads[0]} at start, {loads[1]} at end). Both shards share the same "
+            f"{machine['cpus']} CPUs here, so the two-shard throughput is not a scale-out "
+            "result; the server CPU per job is what carries over to shards on machines of "
+            "their own, through the model in [scale-out.md](scale-out.md#what-it-costs).\n\n"
+        )
+        out.append(scale_out.markdown(sharded))
+
     out.append("\n## Analysis and next steps\n")
     if NOTES.exists():
         out.append(NOTES.read_text())
     out.append(
         "\n## Reproduce\n\n```bash\n"
-        "make bench        # full run, < 10 minutes, rewrites this file\n"
+        "make bench        # full run, about 15 minutes, rewrites this file\n"
         "make bench-quick  # tiny sizes, a smoke test (part of make test)\n"
         "python -m bench.run --sizes 1000 100000 --reps 5 --out /tmp/bench\n```\n"
     )

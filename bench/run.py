@@ -3,7 +3,9 @@
 Starts one durable PostgreSQL (bench._server), installs every system into its
 own database, then measures in one run: the floor, runrelay and the peers
 (cases interleaved repetition by repetition, so slow drift on a shared
-machine hits every system alike), backlog growth, round trips. Writes
+machine hits every system alike), backlog growth, round trips; then, in a
+full run, the sharded install (bench.scale_out: its own proxy and shard
+clusters, after the single server is stopped). Writes
 <out>/<date>.json (quick: <date>-quick.json), prints a rich table and, for a
 full run, regenerates docs/benchmarks.md and docs/img/*.png.
 """
@@ -23,7 +25,7 @@ from typing import Any
 import psycopg
 from rich.console import Console
 
-from bench import _server, backlog, floor, peers, report
+from bench import _server, backlog, floor, peers, report, scale_out
 from bench import runrelay as rr
 from bench._load import Case, Window, run_window
 from bench.stats import summarize, write
@@ -33,7 +35,8 @@ console = Console(stderr=True)
 
 @dataclass
 class Plan:
-    """Sizes of one run. Full: `make bench` (< 10 minutes). Quick: a smoke test."""
+    """Sizes of one run. Full: `make bench` (< 10 minutes, then bench.scale_out's
+    5 or 6). Quick: a smoke test (without bench.scale_out, which has its own)."""
 
     quick: bool = False
     reps: int = 3
@@ -152,6 +155,13 @@ def main(argv: list[str] | None = None) -> int:
         help="regenerate docs/benchmarks.md and docs/img (default: full runs only)",
     )
     parser.add_argument(
+        "--scale-out",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="measure the sharded install too, bench.scale_out (default: full runs only; "
+        "its quick form is a test of its own, tests/python/test_bench_scale_out.py)",
+    )
+    parser.add_argument(
         "--install",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -169,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.install is not None:
         plan.install = args.install
     docs = (not args.quick) if args.docs is None else args.docs
+    sharded = (not args.quick) if args.scale_out is None else args.scale_out
 
     started = time.monotonic()
     stamp = dt.datetime.now(dt.UTC)
@@ -205,11 +216,18 @@ def main(argv: list[str] | None = None) -> int:
         doc["elapsed_seconds"] = round(time.monotonic() - started, 1)
     finally:
         server.stop()
+    if sharded:
+        log("scale-out: a proxy with 1 and with 2 shards (bench.scale_out)")
+        sharded_plan = scale_out.Plan.quick_plan() if plan.quick else scale_out.Plan()
+        doc["scale_out"] = scale_out.measure(sharded_plan)
+        doc["elapsed_seconds"] = round(time.monotonic() - started, 1)
 
     name = stamp.strftime("%Y-%m-%d") + ("-quick" if plan.quick else "") + ".json"
     path = args.out / name
     write(doc, path)
     report.print_table(doc, Console())
+    if "scale_out" in doc:
+        print(scale_out.markdown(doc["scale_out"]))
     if docs:
         report.write_docs(doc, path)
         log("wrote docs/benchmarks.md and docs/img/")
