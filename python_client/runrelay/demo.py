@@ -33,6 +33,7 @@ from rich.table import Table
 
 from .client import Client
 from .relay import Relay
+from .sharding import shard_listen_dsns
 from .sinks import WebhookSink
 from .worker import Job, Retry, Suspend, Worker
 
@@ -181,7 +182,7 @@ class Scenario:
         workers: int,
         relays: int,
         seed: int,
-        listen: str | None,
+        listen: Any,  # a DSN, or a callable giving every shard's
     ) -> None:
         self.url = url
         self.listen = listen
@@ -307,10 +308,8 @@ def run(
     workers and relays call the proxy; the demo's own counts read each shard."""
     console = console or Console()
     # LISTEN works per database, and NOTIFY happens on the shard that wrote,
-    # so a proxy connection hears nothing: through a proxy the loops poll (the
-    # short poll intervals below). Seam: once Worker and Relay take several
-    # DSNs as listen_dsn, pass shard_urls here to wake them from every shard.
-    listen = None if shard_urls else database_url
+    # so through a proxy the loops listen on every shard of its map.
+    listen: Any = shard_listen_dsns(database_url) if shard_urls else database_url
     scenario = Scenario(database_url, runs, workers, relays, seed, listen)
     receiver = Receiver()
     with contextlib.ExitStack() as stack:
