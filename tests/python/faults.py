@@ -59,7 +59,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from runrelay import Client
-from runrelay.errors import RunrelayError
+from runrelay.errors import RunrelayError, ShardUnavailable
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -522,7 +522,11 @@ def is_shard_lost(message: str) -> bool:
     return message.startswith("PL/Proxy function ") and "REMOTE ERROR:" not in message
 
 
-def _indeterminate(error: psycopg.Error) -> bool:
+def _indeterminate(error: psycopg.Error | RunrelayError) -> bool:
+    if isinstance(error, ShardUnavailable):
+        # The client's type for a shard it could not reach or lost mid-call:
+        # the shard may have committed, so the call's fate is unknown.
+        return True
     if isinstance(error, RunrelayError):
         return False
     if error.sqlstate == "XX000" and is_shard_lost(str(error)):
@@ -578,7 +582,7 @@ class RecordingClient(Client):
         try:
             result = super()._call(function, values, conn)
         except (psycopg.Error, RunrelayError) as error:
-            if isinstance(error, psycopg.Error) and _indeterminate(error):
+            if _indeterminate(error):
                 self.infos += 1
                 self._drop_connection()
                 extra: dict[str, Any] = {"error": str(error)[:300], "sqlstate": error.sqlstate}
@@ -609,7 +613,7 @@ class RecordingClient(Client):
             try:
                 return self._recorded(function, values, None, index)
             except (psycopg.Error, RunrelayError) as again:
-                if not (isinstance(again, psycopg.Error) and _indeterminate(again)):
+                if not _indeterminate(again):
                     raise
                 if time.monotonic() > deadline:
                     raise

@@ -31,6 +31,7 @@ from conftest import run_in_thread
 from faults import terminate_backend, wait_for
 from runrelay import AsyncClient, Client
 from runrelay._backoff import CONNECTION_ERRORS, MultiListener
+from runrelay.errors import ShardUnavailable
 from runrelay.maintenance import Maintenance
 from runrelay.relay import Relay
 from runrelay.sharding import shard_listen_dsns
@@ -217,7 +218,7 @@ def again(call: Callable[[], Any]) -> None:
     repeated as the loops repeat theirs."""
     try:
         call()
-    except psycopg.errors.InternalError_ as exc:
+    except (psycopg.errors.InternalError_, ShardUnavailable) as exc:
         assert "closed the connection" in str(exc)
         call()
 
