@@ -957,6 +957,15 @@ def _unreachable(exc: BaseException) -> str | None:
     return None
 
 
+def _error_line(message: str) -> None:
+    """A command's error on stderr, escaped as all its output is: an error
+    quotes data (a run id, the database's message), which must not reach the
+    terminal as control characters."""
+    from .cli_ops import line
+
+    line(message, file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _logging.configure(args.log_level, args.log_format)
@@ -964,7 +973,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except CommandError as exc:
-        print(f"runrelay {name}: {exc}", file=sys.stderr)
+        _error_line(f"runrelay {name}: {exc}")
         return exc.code
     except KeyboardInterrupt:
         return 130
@@ -979,7 +988,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         reason = _unreachable(exc)
         if reason is None:
             raise
-        print(f"runrelay {name}: {reason}", file=sys.stderr)
+        _error_line(f"runrelay {name}: {reason}")
         return EXIT_UNREACHABLE
 
 
