@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -75,6 +76,7 @@ REFRESH = 30.0
 # (runs), a lane has events to deliver (ledger), a run ended (terminal),
 # events were acknowledged (delivered).
 CHANNEL_KINDS = ("runs", "ledger", "terminal", "delivered")
+_BARE_NAME = re.compile(r"[a-z_][a-z0-9_]*")
 
 
 def channel(schema: str, kind: str) -> str:
@@ -88,9 +90,15 @@ def channel(schema: str, kind: str) -> str:
     return f"{schema}_{kind}"
 
 
-def listen_statement(channel_name: str) -> sql.Composed:
-    """LISTEN on a channel, its name quoted as an identifier (a schema name
-    such as 2024billing would not parse bare)."""
+def listen_statement(channel_name: str) -> sql.SQL | sql.Composed:
+    """LISTEN on a channel. A name PostgreSQL reads as it is written
+    (lowercase letter or _, then lowercase letters, digits, _) goes bare, so
+    the default install's session shows `LISTEN runrelay_runs` in
+    pg_stat_activity; any other is quoted as an identifier (a schema such as
+    2024billing gives `LISTEN "2024billing_runs"`). A channel name always
+    ends in _runs, _ledger, _terminal or _delivered, so it is never a keyword."""
+    if _BARE_NAME.fullmatch(channel_name):
+        return sql.SQL(f"LISTEN {channel_name}")
     return sql.SQL("LISTEN {}").format(sql.Identifier(channel_name))
 
 

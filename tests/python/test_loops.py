@@ -587,7 +587,7 @@ def _listening(url: str, channel_name: str) -> int:
     with psycopg.connect(url, autocommit=True) as c:
         row = c.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE query = %s",
-            (f'LISTEN "{channel_name}"',),
+            (listen_statement(channel_name).as_string(c),),
         ).fetchone()
     assert row is not None
     return int(row[0])
@@ -630,6 +630,21 @@ def test_channel_names_are_the_same_in_sql_and_python(two_installs: str) -> None
     ]
     with pytest.raises(ValueError, match="kind 'queue'"):
         channel("runrelay", "queue")
+
+
+def test_a_channel_name_that_needs_quoting_is_listened_on_quoted(db_url: str) -> None:
+    """A schema may start with a digit; its channels are then quoted
+    identifiers, and NOTIFY's text name reaches them. The default install's
+    go bare, as LISTEN runrelay_runs."""
+    with psycopg.connect(db_url, autocommit=True) as listener:
+        assert listen_statement("runrelay_runs").as_string(listener) == "LISTEN runrelay_runs"
+        name = channel("2024billing", "runs")
+        assert listen_statement(name).as_string(listener) == 'LISTEN "2024billing_runs"'
+        listener.execute(listen_statement(name))
+        with psycopg.connect(db_url, autocommit=True) as sender:
+            sender.execute("SELECT pg_notify(%s, 'q')", (name,))
+        notify = next(listener.notifies())
+        assert (notify.channel, notify.payload) == (name, "q")
 
 
 @pytest.mark.parametrize("busy,quiet", [("billing", "runrelay"), ("runrelay", "billing")])
