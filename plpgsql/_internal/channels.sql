@@ -14,7 +14,7 @@
 CREATE FUNCTION _channel(p_kind text)
 RETURNS text
 LANGUAGE plpgsql
-STABLE
+VOLATILE
 SET search_path FROM CURRENT
 AS $$
 BEGIN
