@@ -5,14 +5,16 @@ reported as one."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import psycopg
 import pytest
+from rich.console import Console
 
 from runrelay import Client, LedgerEvent
 from runrelay.cli import main
-from runrelay.demo import Admin, Receiver, check, default_deadline
+from runrelay.demo import Admin, Receiver, Scenario, _summary, check, default_deadline
 
 
 @pytest.fixture
@@ -63,7 +65,7 @@ def _ack(client: Client, event: LedgerEvent) -> None:
 
 
 def test_a_missed_deadline_is_unfinished_work_not_lost_events_or_violations(
-    db: psycopg.Connection, client: Client
+    db: psycopg.Connection, db_url: str, client: Client
 ) -> None:
     receiver = _receiver()
     _completed_with_progress(client, "demo-1-ok", 3)
@@ -96,6 +98,20 @@ def test_a_missed_deadline_is_unfinished_work_not_lost_events_or_violations(
     assert verdict.unfinished_text(12.0).startswith(
         "did not finish within 12 s: 2 runs unfinished, "
     )
+
+    # What the demo prints and answers for that state.
+    scenario = Scenario(db_url, 3, 1, 1, 7, None)
+    scenario.expected = {"demo-1-ok": "completed", "demo-2-ok": "completed"}
+    scenario.kinds = {"demo-1-ok": "ok", "demo-2-ok": "ok"}
+    scenario.deadline = 12.0
+    console = Console(record=True, width=200, color_system=None)
+    assert _summary(console, Admin([db], sharded=False), scenario, receiver, [], [], 12.5) == 1
+    report = console.export_text()
+    assert "DID NOT FINISH (no invariant broke so far): did not finish within 12 s" in report
+    assert "FAILED" not in report
+    assert re.search(r"ordering violations +│ +0 │", report), report
+    assert re.search(r"lost events +│ +0 │", report), report
+    assert re.search(r"events pending \(not delivered yet\) +│ +[1-9]", report), report
 
 
 def test_real_violations_losses_and_wrong_states_are_still_reported(
