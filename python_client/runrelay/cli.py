@@ -936,7 +936,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--deadline",
         type=_positive_duration,
         help="how long the runs may take to finish and their events to be delivered, e.g. "
-        "300s or 10m (default: 60 s plus 25 ms a run, 185 s for 5000); past it the demo "
+        "300s or 10m (default: 120 s plus 25 ms a run, 245 s for 5000); past it the demo "
         "reports what did not finish and exits 1",
     )
     p.add_argument(

@@ -148,7 +148,7 @@ def test_real_violations_losses_and_wrong_states_are_still_reported(
 
 
 def test_the_deadline_grows_with_the_runs_or_is_given(capsys: pytest.CaptureFixture[str]) -> None:
-    assert default_deadline(5000) == 185.0
+    assert default_deadline(5000) == 245.0
     assert default_deadline(20000) > default_deadline(5000)
     for bad in ("0", "-5s", "soon"):
         with pytest.raises(SystemExit) as exited:
