@@ -24,6 +24,7 @@ from psycopg_pool import ConnectionPool
 from conftest import alembic, create_database, drop_database, handed_back, run_in_thread
 from runrelay import AsyncClient, ClaimedAttempt, Client, LedgerEvent
 from runrelay._backoff import CHANNEL_KINDS, channel, listen_statement
+from runrelay.dashboard.live import Notifications
 from runrelay.relay import Relay
 from runrelay.sinks import DeliveryError, JsonLinesSink, WebhookSink
 from runrelay.worker import (
@@ -630,6 +631,13 @@ def test_channel_names_are_the_same_in_sql_and_python(two_installs: str) -> None
     ]
     with pytest.raises(ValueError, match="kind 'queue'"):
         channel("runrelay", "queue")
+    # The dashboard's live pages listen on their own install's four.
+    assert Notifications(two_installs, "billing").channels == (
+        "billing_runs",
+        "billing_ledger",
+        "billing_terminal",
+        "billing_delivered",
+    )
 
 
 def test_a_channel_name_that_needs_quoting_is_listened_on_quoted(db_url: str) -> None:
