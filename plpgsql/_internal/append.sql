@@ -76,7 +76,7 @@ BEGIN
             VALUES (p_run_ids[1], p_lanes[1], p_first_seqs[1], v_now)
             ON CONFLICT (run_id, lane) DO NOTHING;
             IF FOUND THEN
-                PERFORM pg_notify('runrelay_ledger', p_run_ids[1]);
+                PERFORM pg_notify(_channel('ledger'), p_run_ids[1]);
                 RETURN 1;
             END IF;
         END IF;
@@ -167,7 +167,7 @@ BEGIN
         SELECT a.run_id, a.available_at FROM left_awake AS a
     ),
     notified AS (
-        SELECT pg_notify('runrelay_ledger', a.run_id)
+        SELECT pg_notify(_channel('ledger'), a.run_id)
         FROM (SELECT DISTINCT b.run_id FROM became_available AS b WHERE b.available_at IS NOT NULL) AS a
     )
     SELECT count(*) INTO v_notified FROM notified;

@@ -32,7 +32,7 @@ BEGIN
     WHERE r.run_id = head.run_id AND r.key_held
     RETURNING r.queue, r.status, r.key_held, r.run_at INTO v_queue, v_status, v_key_held, v_run_at;
     IF v_queue IS NOT NULL AND _runnable(v_status, v_key_held, v_run_at, _now()) THEN
-        PERFORM pg_notify('runrelay_runs', v_queue);
+        PERFORM pg_notify(_channel('runs'), v_queue);
     END IF;
 END;
 $$;
@@ -62,7 +62,7 @@ BEGIN
     WHERE c.ctid = x.tid;
     -- generate_subscripts, not unnest: the same row estimate in custom and
     -- generic plans, so the generic plan is kept (see claim_attempts).
-    PERFORM pg_notify('runrelay_terminal', json_build_object('run_id', p_run_ids[g.i], 'status', p_status)::text)
+    PERFORM pg_notify(_channel('terminal'), json_build_object('run_id', p_run_ids[g.i], 'status', p_status)::text)
     FROM generate_subscripts(p_run_ids, 1) AS g (i);
     IF cardinality(array_remove(p_keys, NULL)) > 0 THEN
         FOR v_key IN
@@ -169,7 +169,7 @@ BEGIN
     PERFORM _emit(p_run.run_id, 'run.resumed',
         jsonb_build_object('attempt', p_run.attempt_count, 'resume', p_resume),
         _wait_detached(p_run.wait), v_seq);
-    PERFORM pg_notify('runrelay_runs', p_run.queue);
+    PERFORM pg_notify(_channel('runs'), p_run.queue);
 END;
 $$;
 
@@ -224,7 +224,7 @@ BEGIN
         PERFORM _emit(p_run.run_id, 'run.retry_scheduled', jsonb_build_object(
             'attempt', p_attempt, 'run_at', v_run_at, 'error', p_error), FALSE, v_seq);
         IF _runnable('queued', v_key_held, v_run_at, v_now) THEN
-            PERFORM pg_notify('runrelay_runs', p_run.queue);
+            PERFORM pg_notify(_channel('runs'), p_run.queue);
         END IF;
     ELSE
         UPDATE runs AS r

@@ -88,7 +88,7 @@ BEGIN
                 'priority', enqueue_run.priority,
                 'concurrency_key', enqueue_run.concurrency_key), FALSE, 1);
             IF _runnable('queued', v_held, v_run_at, v_now) THEN
-                PERFORM pg_notify('runrelay_runs', enqueue_run.queue);
+                PERFORM pg_notify(_channel('runs'), enqueue_run.queue);
             END IF;
             RETURN QUERY SELECT enqueue_run.run_id, 'queued'::text, TRUE;
             PERFORM _restore_lock_wait(v_caller_lock_timeout);

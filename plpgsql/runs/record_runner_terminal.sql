@@ -60,7 +60,7 @@ BEGIN
     UPDATE runs AS r
     SET wake_at = _wake_at(r.wait, v_now), updated_at = v_now
     WHERE r.run_id = record_runner_terminal.run_id;
-    PERFORM pg_notify('runrelay_runs', v_run.queue);
+    PERFORM pg_notify(_channel('runs'), v_run.queue);
     RETURN _restore_lock_wait(v_caller_lock_timeout, 'recorded');
 END;
 $$;

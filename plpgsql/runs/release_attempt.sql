@@ -79,7 +79,7 @@ BEGIN
         'attempt', release_attempt.attempt, 'run_at', v_run_at,
         'released', TRUE, 'reason', release_attempt.reason), FALSE, v_run.ledger_seq);
     IF _runnable(v_run.status, v_run.key_held, v_run.run_at, v_now) THEN
-        PERFORM pg_notify('runrelay_runs', v_run.queue);
+        PERFORM pg_notify(_channel('runs'), v_run.queue);
     END IF;
     RETURN _restore_lock_wait(v_caller_lock_timeout, 'released');
 END;

@@ -20,6 +20,10 @@ holds the run and reaches no other server (PL/Proxy does not relay it). Each
 server has its own Listener in its own thread (task), so one that is down
 reconnects with its own backoff and delays no other. `make_listener` picks
 the kind a loop's `listen_dsn` calls for.
+
+`channel(schema, kind)` names a channel: NOTIFY is database-wide, so the
+install's schema is part of the name and two installs in one database never
+wake each other (SQL's `_channel` builds the same names).
 """
 
 from __future__ import annotations
@@ -28,13 +32,14 @@ import asyncio
 import contextlib
 import logging
 import random
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import psycopg
-from psycopg import conninfo
+from psycopg import conninfo, sql
 
 from .errors import ERRORS
 
@@ -66,6 +71,35 @@ except ImportError:  # pragma: no cover - psycopg_pool is a declared dependency
 # followed).
 ListenDsn = str | Sequence[str] | Callable[[], Sequence[str]]
 REFRESH = 30.0
+
+# The kinds of NOTIFY channel an install has: a queue has runnable work
+# (runs), a lane has events to deliver (ledger), a run ended (terminal),
+# events were acknowledged (delivered).
+CHANNEL_KINDS = ("runs", "ledger", "terminal", "delivered")
+_BARE_NAME = re.compile(r"[a-z_][a-z0-9_]*")
+
+
+def channel(schema: str, kind: str) -> str:
+    """The name of an install's NOTIFY channel of one kind: `<schema>_<kind>`
+    (`runrelay_runs` for the default install). The one home of these names
+    in Python; SQL's `_channel(kind)` gives the same."""
+    if kind not in CHANNEL_KINDS:
+        raise ValueError(
+            f"no NOTIFY channel of kind {kind!r}: use one of {', '.join(CHANNEL_KINDS)}"
+        )
+    return f"{schema}_{kind}"
+
+
+def listen_statement(channel_name: str) -> sql.SQL | sql.Composed:
+    """LISTEN on a channel. A name PostgreSQL reads as it is written
+    (lowercase letter or _, then lowercase letters, digits, _) goes bare, so
+    the default install's session shows `LISTEN runrelay_runs` in
+    pg_stat_activity; any other is quoted as an identifier (a schema such as
+    2024billing gives `LISTEN "2024billing_runs"`). A channel name always
+    ends in _runs, _ledger, _terminal or _delivered, so it is never a keyword."""
+    if _BARE_NAME.fullmatch(channel_name):
+        return sql.SQL(f"LISTEN {channel_name}")
+    return sql.SQL("LISTEN {}").format(sql.Identifier(channel_name))
 
 
 def full_jitter(
@@ -139,7 +173,7 @@ class Listener:
             return False
         try:
             conn = psycopg.connect(self.dsn, autocommit=True)
-            conn.execute(f"LISTEN {self.channel}")
+            conn.execute(listen_statement(self.channel))
         except psycopg.Error as exc:
             delay = self.backoff.next()
             self._retry_at = time.monotonic() + delay
@@ -211,7 +245,7 @@ class AsyncListener:
             return False
         try:
             conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
-            await conn.execute(f"LISTEN {self.channel}")
+            await conn.execute(listen_statement(self.channel))
         except psycopg.Error as exc:
             delay = self.backoff.next()
             self._retry_at = time.monotonic() + delay

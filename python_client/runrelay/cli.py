@@ -114,6 +114,14 @@ def _duration(text: str) -> timedelta:
         ) from None
 
 
+def _positive_duration(text: str) -> timedelta:
+    """A _duration above zero."""
+    value = _duration(text)
+    if value <= timedelta(0):
+        raise argparse.ArgumentTypeError(f"must be more than 0: {text!r} (e.g. 300s, 10m)")
+    return value
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -551,7 +559,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return _sharded_demo(args)
     with _demo_database(_database_url(args)) as url, _demo_dashboard(url, args) as board:
         code = demo.run(
-            url, runs=args.runs, workers=args.workers, relays=args.relays, reset=args.reset
+            url,
+            runs=args.runs,
+            workers=args.workers,
+            relays=args.relays,
+            reset=args.reset,
+            deadline=_demo_deadline(args),
         )
         if board is not None and args.keep_dashboard:
             print(f"dashboard still on {board.url} — Ctrl-C ends it", flush=True)
@@ -561,6 +574,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 while not stop.wait(1.0):
                     pass
         return code
+
+
+def _demo_deadline(args: argparse.Namespace) -> float | None:
+    """--deadline in seconds, or None: the demo scales it with --runs."""
+    return None if args.deadline is None else args.deadline.total_seconds()
 
 
 MAX_DEMO_SHARDS = 8  # each shard is a PostgreSQL server of its own on this machine
@@ -598,6 +616,7 @@ def _sharded_demo(args: argparse.Namespace) -> int:
             reset=args.reset,
             console=console,
             shard_urls=shard_urls,
+            deadline=_demo_deadline(args),
         )
 
 
@@ -914,6 +933,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--relays", type=_positive_int, default=2, help="relay loops")
     p.add_argument("--reset", action="store_true", help="delete existing runs first")
     p.add_argument(
+        "--deadline",
+        type=_positive_duration,
+        help="how long the runs may take to finish and their events to be delivered, e.g. "
+        "300s or 10m (default: 120 s plus 25 ms a run, 245 s for 5000); past it the demo "
+        "reports what did not finish and exits 1",
+    )
+    p.add_argument(
         "--shards",
         type=_positive_int,
         metavar="N",
@@ -957,6 +983,15 @@ def _unreachable(exc: BaseException) -> str | None:
     return None
 
 
+def _error_line(message: str) -> None:
+    """A command's error on stderr, escaped as all its output is: an error
+    quotes data (a run id, the database's message), which must not reach the
+    terminal as control characters."""
+    from .cli_ops import line
+
+    line(message, file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _logging.configure(args.log_level, args.log_format)
@@ -964,7 +999,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except CommandError as exc:
-        print(f"runrelay {name}: {exc}", file=sys.stderr)
+        _error_line(f"runrelay {name}: {exc}")
         return exc.code
     except KeyboardInterrupt:
         return 130
@@ -979,7 +1014,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         reason = _unreachable(exc)
         if reason is None:
             raise
-        print(f"runrelay {name}: {reason}", file=sys.stderr)
+        _error_line(f"runrelay {name}: {reason}")
         return EXIT_UNREACHABLE
 
 

@@ -13,6 +13,14 @@ and `runs enqueue|cancel|signal` the producer functions (`<schema>_producer`).
 Tables for people; `--json` prints the same data as JSON for scripts (one
 document, or one line a refresh for `status --watch --json`).
 
+Whatever came from the database reaches the terminal through `printable`
+(plain lines, error messages) or `text` (table cells and titles): rich
+markup in data (`[bold]`, `[link=...]`, a traceback's `HANDLERS[job.queue]`)
+is printed as it is, never interpreted, and control characters are shown
+escaped (`\x1b`, `\n`), so a run id, payload or error cannot move the cursor,
+recolour the screen, hide text or forge a line. JSON output is exact JSON
+(its encoder escapes every control character).
+
 Exit codes, so a script can branch on them:
 
 * 0 — done, or the state asked for already holds (a queue already paused, a
@@ -32,6 +40,7 @@ import argparse
 import dataclasses
 import enum
 import json
+import re
 import sys
 import time
 import uuid
@@ -116,6 +125,43 @@ def _page_size(text: str) -> int:
 
 
 # -- output -----------------------------------------------------------------
+# What a terminal would act on instead of showing: C0 and C1 control
+# characters, DEL, and the bidirectional marks, embeddings, overrides and
+# isolates that reorder the text after them on the screen.
+_BIDI = "\u200e\u200f\u202a-\u202e\u2066-\u2069"
+_ANY_CONTROL = re.compile(f"[\x00-\x1f\x7f-\x9f{_BIDI}]")
+# The same but the newline, for the texts that are several lines.
+_CONTROL_BUT_NEWLINE = re.compile(f"[\x00-\x09\x0b-\x1f\x7f-\x9f{_BIDI}]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escaped(match: re.Match[str]) -> str:
+    char = match.group()
+    code = ord(char)
+    return _NAMED.get(char) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+
+
+def printable(value: Any, *, lines: bool = False) -> str:
+    """Data as the terminal may show it: every control character escaped
+    (ESC as `\\x1b`, a newline as `\\n`, U+202E as `\\u202e`), except the
+    newlines of a multi-line text when `lines` is set. The one rule for all
+    the output of the commands; with rich, `as_text`."""
+    return (_CONTROL_BUT_NEWLINE if lines else _ANY_CONTROL).sub(_escaped, str(value))
+
+
+def as_text(value: Any, *, lines: bool = False) -> Any:
+    """`printable(value)` as a rich Text, which rich prints as it is: markup
+    such as `[bold]` or `[link=...]` in data is never interpreted."""
+    from rich.text import Text
+
+    return Text(printable(value, lines=lines))
+
+
+def line(value: Any, *, file: Any = None) -> None:
+    """Print one line of data (printable) to stdout, or to `file`."""
+    print(printable(value), file=file or sys.stdout, flush=True)
+
+
 def plain(value: Any) -> Any:
     """A result as JSON-ready data: dataclasses as objects, enums as their
     value, timestamps in ISO 8601, uuids as text."""
@@ -169,12 +215,14 @@ def brief(error: Any) -> Any:
 def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> Any:
     from rich.table import Table
 
-    out = Table(title=title, title_justify="left", show_lines=False)
+    out = Table(
+        title=None if title is None else as_text(title), title_justify="left", show_lines=False
+    )
     for number, column in enumerate(columns, 1):
         # Every column but the last keeps a value on one line; the last folds.
-        out.add_column(column, no_wrap=number < len(columns), overflow="fold")
+        out.add_column(as_text(column), no_wrap=number < len(columns), overflow="fold")
     for row in rows:
-        out.add_row(*(cell(v) for v in row))
+        out.add_row(*(as_text(cell(v)) for v in row))
     return out
 
 
@@ -182,24 +230,27 @@ def record(title: str, fields: Sequence[tuple[str, Any]]) -> Any:
     """A table of one record: a name and a value per line."""
     from rich.table import Table
 
-    out = Table(title=title, title_justify="left", show_header=False)
+    out = Table(title=as_text(title), title_justify="left", show_header=False)
     out.add_column("field", style="bold")
     out.add_column("value", overflow="fold")
     for name, value in fields:
-        out.add_row(name, cell(value))
+        out.add_row(as_text(name), as_text(cell(value)))
     return out
 
 
 def console() -> Any:
     """A rich console. Piped (not a terminal) and without $COLUMNS, lines may
     be as wide as a table needs, up to 240 characters, instead of rich's 80:
-    a script or a pager then gets one line a row."""
+    a script or a pager then gets one line a row. Markup and emoji codes
+    are off: what it prints is data (see `as_text`)."""
     import os
 
     from rich.console import Console
 
     wide = not sys.stdout.isatty() and "COLUMNS" not in os.environ
-    return Console(soft_wrap=False, width=240 if wide else None)
+    return Console(
+        soft_wrap=False, width=240 if wide else None, markup=False, emoji=False, highlight=False
+    )
 
 
 def show(*renderables: Any) -> None:
@@ -218,7 +269,7 @@ def say(args: argparse.Namespace, data: dict[str, Any], text: str) -> None:
     if args.json:
         print_json(data)
     else:
-        print(text, flush=True)
+        line(text)
 
 
 # -- the connection -----------------------------------------------------------
@@ -300,7 +351,7 @@ def cmd_runs_list(args: argparse.Namespace) -> int:
         show(table(None, RUN_COLUMNS, [_run_row(r) for r in runs]))
         if not args.all and len(runs) == args.limit:
             last = runs[-1]
-            print(
+            line(
                 f"next page: --after-created-at '{last.created_at.isoformat()}' "
                 f"--after-run-id '{last.run_id}'",
                 file=sys.stderr,
@@ -528,8 +579,8 @@ def cmd_ledger_requeue(args: argparse.Namespace) -> int:
         print_json(lanes)
     else:
         for lane in lanes:
-            print(f"{lane.run_id} {lane.lane}: {count(lane.requeued, 'event')} requeued")
-        print(f"{count(len(lanes), 'lane')} unblocked")
+            line(f"{lane.run_id} {lane.lane}: {count(lane.requeued, 'event')} requeued")
+        line(f"{count(len(lanes), 'lane')} unblocked")
     return EXIT_OK
 
 
@@ -733,7 +784,8 @@ def _watch(args: argparse.Namespace) -> int:
                 while True:
                     stamp = datetime.now(UTC).strftime("%H:%M:%SZ")
                     tables = status_tables(status_data(c))
-                    live.update(Group(f"runrelay status, every {interval:g}s — {stamp}", *tables))
+                    heading = as_text(f"runrelay status, every {interval:g}s — {stamp}")
+                    live.update(Group(heading, *tables))
                     live.refresh()
                     refreshes += 1
                     if args.count is not None and refreshes >= args.count:

@@ -6,7 +6,10 @@ cancelled mid-flight, hand off to a detached runner); relays deliver both ledger
 lanes to a local HTTP receiver that injects 5xx errors and slow replies, dedupes
 by delivery key and checks every run's per-lane order. The summary shows final
 statuses, deliveries, and the two numbers that must be zero: ordering
-violations and lost events. The command exits non-zero if an invariant broke.
+violations and lost events. The command exits non-zero if an invariant broke,
+or if the work did not finish by the deadline (--deadline; by default it grows
+with --runs): then the runs still live and the events not delivered yet are
+reported as unfinished and pending, never as broken.
 """
 
 from __future__ import annotations
@@ -174,6 +177,13 @@ class Admin:
 
 
 # -- the scenario ---------------------------------------------------------------
+def default_deadline(runs: int) -> float:
+    """Seconds the demo waits for `runs` runs to finish and their events to be
+    delivered: two minutes, plus 25 ms a run (245 s for the default 5000), so
+    a bigger demo on a busy machine is not cut short by a fixed limit."""
+    return 120.0 + 0.025 * runs
+
+
 class Scenario:
     def __init__(
         self,
@@ -195,6 +205,7 @@ class Scenario:
         self.stop = threading.Event()
         self.expected: dict[str, str] = {}
         self.kinds: dict[str, str] = {}
+        self.deadline = default_deadline(runs)
 
     def client(self, size: int) -> Client:
         pool = ConnectionPool(
@@ -302,15 +313,19 @@ def run(
     console: Console | None = None,
     reset: bool = False,
     shard_urls: Sequence[str] = (),
+    deadline: float | None = None,
 ) -> int:
     """The demo against `database_url`: one install, or a sharded install's
     proxy when `shard_urls` (its shards, in order) are given. Producers,
-    workers and relays call the proxy; the demo's own counts read each shard."""
+    workers and relays call the proxy; the demo's own counts read each shard.
+    `deadline`: seconds the runs may take to finish and their events to be
+    delivered (default_deadline(runs) when None)."""
     console = console or Console()
     # LISTEN works per database, and NOTIFY happens on the shard that wrote,
     # so through a proxy the loops listen on every shard of its map.
     listen: Any = shard_listen_dsns(database_url) if shard_urls else database_url
     scenario = Scenario(database_url, runs, workers, relays, seed, listen)
+    scenario.deadline = default_deadline(runs) if deadline is None else deadline
     receiver = Receiver()
     with contextlib.ExitStack() as stack:
         admin = Admin(
@@ -409,7 +424,7 @@ def _scenario(
             target=scenario.produce, args=(scenario.client(2),), daemon=True
         )
         producer.start()
-        finished, pending = _progress(console, admin, receiver, scenario.runs, producer)
+        _progress(console, admin, receiver, scenario.runs, producer, scenario.deadline)
         scenario.stop.set()
         for worker in workers:
             worker.stop()
@@ -418,7 +433,7 @@ def _scenario(
         for thread in threads:
             thread.join(timeout=15)
     elapsed = time.monotonic() - started
-    return _summary(console, admin, scenario, receiver, workers, relays, elapsed, finished, pending)
+    return _summary(console, admin, scenario, receiver, workers, relays, elapsed)
 
 
 UNDELIVERED = """
@@ -436,14 +451,17 @@ def _progress(
     receiver: Receiver,
     runs: int,
     producer: threading.Thread,
-) -> tuple[bool, int]:
+    deadline_seconds: float,
+) -> bool:
+    """Show progress until every run ended and every event was delivered
+    (True), or the deadline passed (False)."""
     columns = (
         TextColumn("{task.description:<22}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
     )
-    deadline = time.monotonic() + 170
+    deadline = time.monotonic() + deadline_seconds
     with Progress(*columns, console=console, transient=False) as progress:
         t_enq = progress.add_task("runs enqueued", total=runs)
         t_done = progress.add_task("runs finished", total=runs)
@@ -461,9 +479,98 @@ def _progress(
                 t_events, completed=receiver.unique, total=receiver.unique + undelivered
             )
             if not producer.is_alive() and finished == runs and undelivered == 0:
-                return True, 0
+                return True
             time.sleep(0.25)
-    return False, int(undelivered)
+    return False
+
+
+TERMINAL = ("completed", "failed", "cancelled")
+
+
+@dataclass
+class Verdict:
+    """What the demo's end state says. A run still live or an event not
+    delivered yet when the deadline passed is unfinished work (`unfinished`,
+    `pending`), never a broken invariant; the invariants are `wrong` (a run
+    ended in another status than its kind's), `lost` (an event the database
+    records as delivered that the receiver never got) and `violations` (a
+    run's lane received out of order, or acknowledged past an event still
+    undelivered)."""
+
+    unfinished: int
+    pending: int
+    wrong: Counter[str]
+    lost: int
+    violations: int
+
+    @property
+    def finished(self) -> bool:
+        return self.unfinished == 0 and self.pending == 0
+
+    @property
+    def broken(self) -> list[str]:
+        """The broken invariants, one phrase each (empty: none)."""
+        out = []
+        if self.wrong:
+            out.append(f"unexpected final states by kind: {dict(self.wrong)}")
+        if self.violations:
+            out.append(f"{self.violations} ordering violations")
+        if self.lost:
+            out.append(f"{self.lost} lost events")
+        return out
+
+    def unfinished_text(self, deadline: float) -> str:
+        return (
+            f"did not finish within {deadline:g} s: {self.unfinished} runs unfinished, "
+            f"{self.pending} events pending (not delivered yet); try a longer --deadline"
+        )
+
+
+# Every event of the runs, with what the check needs; a stream is one run's lane.
+EVENTS = """
+    SELECT run_id, lane, seq, delivery_key, state = 'delivered', acked_locally
+    FROM runrelay.ledger ORDER BY run_id, lane, seq
+"""
+
+
+def check(
+    admin: Admin, expected: dict[str, str], kinds: dict[str, str], runs: int, receiver: Receiver
+) -> Verdict:
+    """Judge the databases' state against what the receiver got: `expected`
+    is each enqueued run's expected final status, `runs` how many the
+    scenario meant to enqueue (those never enqueued are unfinished)."""
+    final = dict(admin.rows("SELECT run_id, status FROM runrelay.runs"))
+    ended = {run_id: final.get(run_id) for run_id in expected if final.get(run_id) in TERMINAL}
+    wrong = Counter(kinds[run_id] for run_id, status in ended.items() if status != expected[run_id])
+    delivered: dict[tuple[str, str], list[int]] = defaultdict(list)
+    undelivered: dict[tuple[str, str], set[int]] = defaultdict(set)
+    lost = 0
+    # Each run's events live on one database, so its order survives the
+    # concatenation.
+    for run_id, lane, seq, key, is_delivered, acked_locally in admin.rows(EVENTS):
+        if not is_delivered:
+            undelivered[(run_id, lane)].add(seq)
+        elif not acked_locally:  # transport-only events acked locally are never sent
+            delivered[(run_id, lane)].append(seq)
+            lost += key not in receiver.seen
+    violations = receiver.violations  # received out of order, counted as they came
+    for stream, received in receiver.order.items():
+        done = set(delivered.get(stream, ()))
+        highest = max(done, default=0)
+        for seq in received:
+            if seq in done:
+                continue
+            # Received but not acknowledged (yet): in flight when the loops
+            # stopped, unless a later event of its lane was acknowledged.
+            if seq not in undelivered.get(stream, ()) or seq < highest:
+                violations += 1
+    return Verdict(
+        unfinished=runs - len(ended),
+        pending=admin.total(UNDELIVERED),
+        wrong=wrong,
+        lost=lost,
+        violations=violations,
+    )
 
 
 def _summary(
@@ -474,29 +581,9 @@ def _summary(
     workers: list[Worker],
     relays: list[Relay],
     elapsed: float,
-    finished: bool,
-    pending: int,
 ) -> int:
     statuses = admin.counts("SELECT status, count(*) FROM runrelay.runs GROUP BY 1")
-    final = dict(admin.rows("SELECT run_id, status FROM runrelay.runs"))
-    wrong = Counter(
-        scenario.kinds[run_id]
-        for run_id, expected in scenario.expected.items()
-        if final.get(run_id) != expected
-    )
-    # Each run's events live on one database, so its order survives the
-    # concatenation.
-    deliverable = admin.rows(
-        "SELECT run_id, lane, seq, delivery_key FROM runrelay.ledger"
-        " WHERE NOT acked_locally AND state = 'delivered' ORDER BY run_id, lane, seq"
-    )
-    lost = sum(1 for *_, key in deliverable if key not in receiver.seen) + pending
-    expected_order: dict[tuple[str, str], list[int]] = defaultdict(list)
-    for run_id, lane, seq, _ in deliverable:
-        expected_order[(run_id, lane)].append(seq)
-    order_violations = receiver.violations + sum(
-        1 for stream, seqs in expected_order.items() if receiver.order.get(stream) != seqs
-    )
+    verdict = check(admin, scenario.expected, scenario.kinds, scenario.runs, receiver)
     local_acks = admin.total("SELECT count(*) FROM runrelay.ledger WHERE acked_locally")
 
     table = Table(title="runrelay demo", show_lines=False)
@@ -505,7 +592,9 @@ def _summary(
     for status in ("completed", "failed", "cancelled", "queued", "running", "waiting"):
         if statuses.get(status):
             table.add_row(f"runs {status}", str(statuses[status]))
-    table.add_row("runs not in their expected final state", str(sum(wrong.values())))
+    if verdict.unfinished:
+        table.add_row("runs not finished by the deadline", str(verdict.unfinished))
+    table.add_row("runs ended in another state than expected", str(sum(verdict.wrong.values())))
     table.add_row("events delivered (unique)", str(receiver.unique))
     table.add_row("redeliveries deduplicated", str(receiver.duplicates))
     table.add_row("transport-only events acked locally", str(local_acks))
@@ -516,8 +605,10 @@ def _summary(
     table.add_row(
         "lease renewals (slow deliveries)", str(sum(r.stats.get("renewals", 0) for r in relays))
     )
-    table.add_row("[bold]ordering violations[/bold]", f"[bold]{order_violations}[/bold]")
-    table.add_row("[bold]lost events[/bold]", f"[bold]{lost}[/bold]")
+    if verdict.pending:
+        table.add_row("events pending (not delivered yet)", str(verdict.pending))
+    table.add_row("[bold]ordering violations[/bold]", f"[bold]{verdict.violations}[/bold]")
+    table.add_row("[bold]lost events[/bold]", f"[bold]{verdict.lost}[/bold]")
     table.add_row("elapsed", f"{elapsed:.1f} s")
     table.add_row(
         "throughput",
@@ -534,20 +625,18 @@ def _summary(
     if admin.sharded:
         _per_shard(console, admin)
 
-    problems = []
-    if not finished:
-        problems.append("the scenario did not finish in time")
-    if wrong:
-        problems.append(f"unexpected final states by kind: {dict(wrong)}")
-    if order_violations:
-        problems.append(f"{order_violations} ordering violations")
-    if lost:
-        problems.append(f"{lost} lost events")
+    problems = verdict.broken
     for worker in workers:
         if worker.stats.get("write_errors"):
             problems.append(f"{worker.name}: {worker.stats['write_errors']} write errors")
     if problems:
         console.print("[bold red]FAILED:[/bold red] " + "; ".join(problems))
+        return 1
+    if not verdict.finished:
+        console.print(
+            "[bold yellow]DID NOT FINISH[/bold yellow] (no invariant broke so far): "
+            + verdict.unfinished_text(scenario.deadline)
+        )
         return 1
     console.print(
         "[bold green]OK[/bold green]: every run ended as expected; "

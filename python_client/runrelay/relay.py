@@ -14,7 +14,7 @@ deliveries renew their leases from a side thread — the first renewal is
 scheduled from the claim's lease_remaining_ms (the lease left when the claim
 answered), so a fast delivery never renews. A sink error becomes fail_ledger
 (server-side backoff; blocked when permanent). With nothing to do the relay sleeps until
-ledger_next_due_at or a runrelay_ledger NOTIFY, whichever comes first.
+ledger_next_due_at or a <schema>_ledger NOTIFY, whichever comes first.
 
 A claim that fails ambiguously (connection lost after COMMIT) is repeated
 with the same call_id, which returns exactly what the lost call took. Every
@@ -65,6 +65,7 @@ from ._backoff import (
     ListenDsn,
     Listener,
     MultiListener,
+    channel,
     check_listen_dsn,
     first_line,
     make_listener,
@@ -160,7 +161,7 @@ class Relay:
     # -- loop --------------------------------------------------------------
     def run(self, *, until_idle: float | None = None) -> None:
         """Deliver until stop() (or, with until_idle, until idle that long)."""
-        listener = make_listener(self.listen_dsn, "runrelay_ledger")
+        listener = make_listener(self.listen_dsn, channel(self.client.schema, "ledger"))
         idle_since = time.monotonic()
         backoff = Backoff(base=0.2, cap=30.0)
         try:

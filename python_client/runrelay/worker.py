@@ -64,7 +64,7 @@ replay-safe), the LISTEN connection reconnects —
 all with full-jitter backoff (runrelay._backoff); the loop never exits or
 busy-loops because the database is away.
 
-Wake-ups: with `listen_dsn` the loop LISTENs on runrelay_runs and claims as
+Wake-ups: with `listen_dsn` the loop LISTENs on <schema>_runs and claims as
 soon as a NOTIFY says a run is ready, polling every poll_interval otherwise.
 It is one DSN, a sequence of DSNs, or a callable returning the current ones
 (read again every 30 s): on a sharded install a NOTIFY is sent on the shard
@@ -117,6 +117,7 @@ from ._backoff import (
     CONNECTION_ERRORS,
     Backoff,
     ListenDsn,
+    channel,
     check_listen_dsn,
     first_line,
     jittered,
@@ -680,7 +681,7 @@ class Worker(_Signals, _Recorder):
     def run(self, *, until_idle: float | None = None) -> None:
         """Claim and run work until stop() (or, with until_idle, until nothing
         was claimable for that many seconds)."""
-        listener = make_listener(self.listen_dsn, "runrelay_runs")
+        listener = make_listener(self.listen_dsn, channel(self.client.schema, "runs"))
         beat = threading.Thread(target=self._heartbeats, name=f"{self.name}-hb", daemon=True)
         beat.start()
         upkeep: threading.Thread | None = None
@@ -1164,7 +1165,7 @@ class AsyncWorker(_Signals, _Recorder):
     async def run(self, *, until_idle: float | None = None) -> None:
         """Claim and run work until stop() (or, with until_idle, until nothing
         was claimable for that many seconds)."""
-        listener = make_async_listener(self.listen_dsn, "runrelay_runs")
+        listener = make_async_listener(self.listen_dsn, channel(self.client.schema, "runs"))
         tasks = self._tasks
         beat = asyncio.create_task(self._heartbeats())
         upkeep = asyncio.create_task(self.maintenance.run()) if self.maintenance else None

@@ -452,3 +452,105 @@ def test_an_unreachable_database_is_exit_3(cli: Cli) -> None:
         code, out, err = cli(*args, url=nowhere)
         assert (code, out) == (3, "")
         assert "cannot connect to the database" in err
+
+
+# -- what data may do to a terminal -------------------------------------------
+# Run ids, payloads and errors are data: printed, they must show as they are
+# (rich markup not interpreted) and must not drive the terminal (control
+# characters escaped). JSON output stays exact JSON.
+HOSTILE_ID = "[bold]pay[/bold]\x1b[2J\u202eevil"
+HOSTILE_ID_SHOWN = b"[bold]pay[/bold]\\x1b[2J\\u202eevil"
+TRACEBACK = (
+    "Traceback (most recent call last):\n"
+    '  File "app.py", line 3, in run\n'
+    "    HANDLERS[job.queue](job)\n"
+    "KeyError: '[red]mail'"
+)
+HOSTILE_ERROR = {"message": "boom [bold]x[/bold]\x1b[31m\nsecond line", "traceback": TRACEBACK}
+HOSTILE_PAYLOAD = {"note": "[link=https://evil.example]click[/link]"}
+
+
+def _cli_bytes(db_url: str, *args: str) -> tuple[int, bytes, bytes]:
+    """`runrelay ARGS` as a user runs it, in its own process: (exit code,
+    stdout bytes, stderr bytes)."""
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    done = subprocess.run(
+        [sys.executable, "-m", "runrelay.cli", "--database-url", db_url, *args],
+        cwd=REPO,
+        capture_output=True,
+        env=env,
+        check=False,
+    )
+    return done.returncode, done.stdout, done.stderr
+
+
+def _hostile_run(client: Client) -> None:
+    client.enqueue_run(HOSTILE_ID, payload=HOSTILE_PAYLOAD, max_attempts=1)
+    (attempt,) = client.claim_attempts("w")
+    assert client.fail_attempt(**attempt.fence, error=HOSTILE_ERROR) == "failed"
+
+
+def _no_terminal_controls(out: bytes) -> None:
+    assert b"\x1b" not in out and b"\x07" not in out, out
+    assert "\u202e".encode() not in out, out
+
+
+def test_runs_list_prints_markup_in_data_literally_and_escapes_control_characters(
+    db: psycopg.Connection, db_url: str, client: Client
+) -> None:
+    _hostile_run(client)
+    code, out, err = _cli_bytes(db_url, "runs", "list")
+    assert code == 0, err
+    _no_terminal_controls(out)
+    (row,) = [r for r in out.splitlines() if b"pay" in r]
+    assert HOSTILE_ID_SHOWN in row, row
+    # The error column: its message on the row's one line, markup as typed.
+    assert b"boom [bold]x[/bold]\\x1b[31m\\nsecond line" in row, row
+
+
+def test_runs_show_prints_tracebacks_and_payloads_as_they_are(
+    db: psycopg.Connection, db_url: str, client: Client
+) -> None:
+    _hostile_run(client)
+    code, out, err = _cli_bytes(db_url, "runs", "show", HOSTILE_ID)
+    assert code == 0, err
+    _no_terminal_controls(out)
+    assert b"run " + HOSTILE_ID_SHOWN in out, out
+    assert b"HANDLERS[job.queue](job)" in out, out
+    assert b"KeyError: '[red]mail'" in out, out
+    assert b"[link=https://evil.example]click[/link]" in out, out
+
+
+def test_json_output_stays_exact_json_whatever_the_data(
+    db: psycopg.Connection, db_url: str, client: Client
+) -> None:
+    _hostile_run(client)
+    code, out, err = _cli_bytes(db_url, "runs", "list", "--json")
+    assert code == 0, err
+    _no_terminal_controls(out)  # the JSON encoder escapes them: \u001b
+    (run,) = json.loads(out)
+    assert (run["run_id"], run["error"]) == (HOSTILE_ID, HOSTILE_ERROR)
+    code, out, err = _cli_bytes(db_url, "runs", "show", HOSTILE_ID, "--json")
+    assert code == 0, err
+    _no_terminal_controls(out)
+    shown = json.loads(out)["run"]
+    assert (shown["run_id"], shown["error"], shown["payload"]) == (
+        HOSTILE_ID,
+        HOSTILE_ERROR,
+        HOSTILE_PAYLOAD,
+    )
+
+
+def test_one_line_answers_and_errors_escape_the_data_they_quote(
+    db: psycopg.Connection, db_url: str, client: Client
+) -> None:
+    _hostile_run(client)
+    code, out, err = _cli_bytes(db_url, "runs", "cancel", HOSTILE_ID)
+    assert (code, out, err) == (1, HOSTILE_ID_SHOWN + b": already_terminal\n", b"")
+    before = table_checksum(db)
+    code, out, err = _cli_bytes(db_url, "schedules", "set", "nightly", "\x1b[2J[bold]x * * * *")
+    assert code == 2, (out, err)
+    assert err.startswith(b"runrelay schedules set: rejected: "), err
+    _no_terminal_controls(err)
+    assert b'minute field "\\x1b[2j[bold]x"' in err, err  # the database's message quotes it
+    assert table_checksum(db) == before

@@ -18,10 +18,13 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 from psycopg_pool import ConnectionPool
 
-from conftest import handed_back, run_in_thread
+from conftest import alembic, create_database, drop_database, handed_back, run_in_thread
 from runrelay import AsyncClient, ClaimedAttempt, Client, LedgerEvent
+from runrelay._backoff import CHANNEL_KINDS, channel, listen_statement
+from runrelay.dashboard.live import Notifications
 from runrelay.relay import Relay
 from runrelay.sinks import DeliveryError, JsonLinesSink, WebhookSink
 from runrelay.worker import (
@@ -565,3 +568,163 @@ def test_each_finished_job_logs_one_line_with_its_fields(
     assert bad.levelno == logging.WARNING
     assert [getattr(bad, f) for f in fields] == ["failed", "q1", 1]
     assert bad.exc_info is not None and isinstance(bad.exc_info[1], KeyError)
+
+
+# -- Two installs in one database ---------------------------------------------
+# NOTIFY is database-wide: each install's channels carry its schema, so a run
+# enqueued in one install wakes that install's loops and no other's.
+@pytest.fixture(scope="module")
+def two_installs() -> Iterator[str]:
+    name = f"rr_two_installs_{uuid.uuid4().hex[:8]}"
+    url = create_database(name)
+    alembic(url, "upgrade", "head")
+    alembic(url, "-x", "schema=billing", "upgrade", "head")
+    yield url
+    drop_database(name)
+
+
+def _listening(url: str, channel_name: str) -> int:
+    """Sessions whose last statement was the loops' LISTEN on a channel."""
+    with psycopg.connect(url, autocommit=True) as c:
+        row = c.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE query = %s",
+            (listen_statement(channel_name).as_string(c),),
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _listen_all(url: str, schema: str) -> psycopg.Connection[Any]:
+    conn = psycopg.connect(url, autocommit=True)
+    for kind in CHANNEL_KINDS:
+        conn.execute(listen_statement(channel(schema, kind)))
+    return conn
+
+
+def _received_until_sentinel(listener: psycopg.Connection[Any], schema: str) -> list[str]:
+    """The channels of the notifications a listener received before a
+    sentinel NOTIFY sent now: NOTIFYs reach a session in commit order, so
+    whatever arrives before the sentinel was sent before it."""
+    with psycopg.connect(listener.info.dsn, autocommit=True) as c:
+        c.execute("SELECT pg_notify(%s, 'sentinel')", (channel(schema, "runs"),))
+    got = []
+    for notify in listener.notifies():
+        if notify.payload == "sentinel":
+            return got
+        got.append(notify.channel)
+    raise AssertionError("the notification stream ended")
+
+
+def test_channel_names_are_the_same_in_sql_and_python(two_installs: str) -> None:
+    with psycopg.connect(two_installs, autocommit=True) as c:
+        for schema in ("runrelay", "billing"):
+            for kind in CHANNEL_KINDS:
+                row = c.execute(
+                    sql.SQL("SELECT {}(%s)").format(sql.Identifier(schema, "_channel")), (kind,)
+                ).fetchone()
+                assert row == (channel(schema, kind),)
+    assert [channel("runrelay", k) for k in CHANNEL_KINDS] == [
+        "runrelay_runs",
+        "runrelay_ledger",
+        "runrelay_terminal",
+        "runrelay_delivered",
+    ]
+    with pytest.raises(ValueError, match="kind 'queue'"):
+        channel("runrelay", "queue")
+    # The dashboard's live pages listen on their own install's four.
+    assert Notifications(two_installs, "billing").channels == (
+        "billing_runs",
+        "billing_ledger",
+        "billing_terminal",
+        "billing_delivered",
+    )
+
+
+def test_a_channel_name_that_needs_quoting_is_listened_on_quoted(db_url: str) -> None:
+    """A schema may start with a digit; its channels are then quoted
+    identifiers, and NOTIFY's text name reaches them. The default install's
+    go bare, as LISTEN runrelay_runs."""
+    with psycopg.connect(db_url, autocommit=True) as listener:
+        assert listen_statement("runrelay_runs").as_string(listener) == "LISTEN runrelay_runs"
+        name = channel("2024billing", "runs")
+        assert listen_statement(name).as_string(listener) == 'LISTEN "2024billing_runs"'
+        listener.execute(listen_statement(name))
+        with psycopg.connect(db_url, autocommit=True) as sender:
+            sender.execute("SELECT pg_notify(%s, 'q')", (name,))
+        notify = next(listener.notifies())
+        assert (notify.channel, notify.payload) == (name, "q")
+
+
+@pytest.mark.parametrize("busy,quiet", [("billing", "runrelay"), ("runrelay", "billing")])
+def test_a_run_wakes_only_its_own_installs_listeners_and_loops(
+    two_installs: str, tmp_path: Path, busy: str, quiet: str
+) -> None:
+    url = two_installs
+    listeners = {s: _listen_all(url, s) for s in (busy, quiet)}
+    pools = {
+        s: ConnectionPool(url, min_size=1, max_size=4, kwargs={"autocommit": True}, open=True)
+        for s in (busy, quiet)
+    }
+    loops: list[Any] = []
+    threads = []
+    try:
+        clients = {s: Client(pools[s], schema=s) for s in (busy, quiet)}
+        for s in (busy, quiet):
+            # Polls too rare to matter: only a NOTIFY wakes these loops in time.
+            worker = Worker(
+                clients[s],
+                lambda job: {"ok": job.run_id},
+                poll_interval=3600.0,
+                listen_dsn=url,
+                maintenance=False,
+                name=f"w-{s}",
+            )
+            relay = Relay(
+                clients[s],
+                JsonLinesSink(tmp_path / f"{s}.jsonl"),
+                max_sleep=3600.0,
+                listen_dsn=url,
+                name=f"r-{s}",
+            )
+            for loop in (worker, relay):
+                loops.append(loop)
+                thread = threading.Thread(target=loop.run, daemon=True)
+                thread.start()
+                threads.append(thread)
+        for s in (busy, quiet):
+            _wait_for(lambda s=s: _listening(url, channel(s, "runs")) == 1)
+            _wait_for(lambda s=s: _listening(url, channel(s, "ledger")) == 1)
+
+        clients[busy].enqueue_run("woken", "mail", {"n": 1})
+        with psycopg.connect(url, autocommit=True) as c:
+            _wait_for(
+                lambda: (
+                    c.execute(
+                        sql.SQL("SELECT status FROM {} WHERE run_id = 'woken'").format(
+                            sql.Identifier(busy, "runs")
+                        )
+                    ).fetchone()
+                    == ("completed",)
+                )
+            )
+        _wait_for(
+            lambda: (
+                (tmp_path / f"{busy}.jsonl").exists()
+                and "run.completed" in (tmp_path / f"{busy}.jsonl").read_text()
+            )
+        )
+
+        got = _received_until_sentinel(listeners[busy], busy)
+        assert {name.rsplit("_", 1)[1] for name in got} == set(CHANNEL_KINDS), got
+        assert all(name.startswith(f"{busy}_") for name in got), got
+        assert _received_until_sentinel(listeners[quiet], quiet) == []
+        assert not (tmp_path / f"{quiet}.jsonl").exists()
+    finally:
+        for loop in loops:
+            loop.stop()
+        for thread in threads:
+            thread.join(30)
+        for conn in listeners.values():
+            conn.close()
+        for pool in pools.values():
+            pool.close()

@@ -139,7 +139,7 @@ def create_app(settings: DashboardSettings) -> Starlette:
         per_minute=present.per_minute,
         status_class=present.status_class,
     )
-    notifications = Notifications(settings.database_url)
+    notifications = Notifications(settings.database_url, settings.schema)
     state: dict[str, Any] = {}
 
     def client() -> AsyncClient:

@@ -1,11 +1,12 @@
 """Live pages: PostgreSQL notifications turned into server-sent events.
 
-The engine notifies on every change a page shows: `runrelay_runs` (a queue
-has runnable work: enqueues, retries, wakes, a resumed queue),
-`runrelay_terminal` (a run ended), `runrelay_ledger` (a lane has events to
-deliver) and `runrelay_delivered` (events were acknowledged). One
-connection of the dashboard LISTENs on all four and fans each notification
-out to every open page's event stream (`GET /live`).
+The engine notifies on every change a page shows, on its install's channels
+(`<schema>_runs`: a queue has runnable work: enqueues, retries, wakes, a
+resumed queue; `<schema>_terminal`: a run ended; `<schema>_ledger`: a lane
+has events to deliver; `<schema>_delivered`: events were acknowledged). One
+connection of the dashboard LISTENs on its schema's four and fans each
+notification out to every open page's event stream (`GET /live`); another
+install in the same database does not refresh its pages.
 
 Pages do not re-render on every notification: each stream sends at most one
 `change` event a second (notifications in between are folded into the
@@ -26,11 +27,11 @@ import random
 from collections.abc import AsyncIterator
 
 import psycopg
-from psycopg import sql
+
+from .._backoff import CHANNEL_KINDS, channel, listen_statement
 
 log = logging.getLogger("runrelay.dashboard")
 
-CHANNELS = ("runrelay_runs", "runrelay_terminal", "runrelay_ledger", "runrelay_delivered")
 # The fewest seconds between two refreshes of one page.
 MIN_GAP_SECONDS = 1.0
 # A refresh at least this often, for the clock's sake.
@@ -40,8 +41,9 @@ TICK_SECONDS = 15.0
 class Notifications:
     """One LISTEN connection shared by every open page."""
 
-    def __init__(self, database_url: str) -> None:
+    def __init__(self, database_url: str, schema: str = "runrelay") -> None:
         self._url = database_url
+        self.channels = tuple(channel(schema, kind) for kind in CHANNEL_KINDS)
         self._subscribers: set[asyncio.Queue[str]] = set()
         self.listening = False
 
@@ -67,11 +69,11 @@ class Notifications:
                 async with await psycopg.AsyncConnection.connect(
                     self._url, autocommit=True
                 ) as conn:
-                    for channel in CHANNELS:
-                        await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+                    for name in self.channels:
+                        await conn.execute(listen_statement(name))
                     self.listening = True
                     failures = 0
-                    log.info("listening for changes on %s", ", ".join(CHANNELS))
+                    log.info("listening for changes on %s", ", ".join(self.channels))
                     # Anything may have changed while we were away.
                     self.publish("reconnected")
                     async for notify in conn.notifies():
