@@ -167,3 +167,8 @@ DROP FUNCTION _runs_rules(
 DROP INDEX runs_key_list_idx;
 DROP INDEX runs_list_idx;
 -- ==== end: operators' listings =============================================
+
+-- ==== lock rows ============================================================
+DROP TABLE call_locks;
+DROP TABLE concurrency_keys;
+-- ==== end: lock rows =======================================================
