@@ -117,7 +117,8 @@ BEGIN
     PERFORM dblink_exec('ov_holder', $q$INSERT INTO runrelay.queue_activity_watermark (final_before, updated_at)
         VALUES (date_bin('1 minute', now(), timestamptz '2000-01-01 00:00:00+00'), now())$q$);
     PERFORM dblink_exec('ov_holder', 'BEGIN');
-    PERFORM dblink_exec('ov_holder', 'SELECT FROM runrelay.queue_activity_watermark FOR UPDATE NOWAIT');
+    PERFORM * FROM dblink('ov_holder', 'SELECT 1 FROM runrelay.queue_activity_watermark FOR UPDATE NOWAIT')
+        AS t (held integer);
     RETURN TRUE;
 END;
 $$;

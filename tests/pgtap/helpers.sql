@@ -185,9 +185,9 @@ BEGIN
         PERFORM dblink_exec('tests_holder', format(
             'INSERT INTO runrelay.concurrency_keys (key) VALUES (%L) ON CONFLICT DO NOTHING', p_key));
         PERFORM dblink_exec('tests_holder', 'BEGIN');
-        PERFORM dblink_exec('tests_holder', format(
+        PERFORM * FROM dblink('tests_holder', format(
             $q$SELECT set_config('tests.held_key', %L, FALSE) FROM runrelay.concurrency_keys WHERE key = %L FOR UPDATE NOWAIT$q$,
-            p_key, p_key));
+            p_key, p_key)) AS t (held text);
     EXCEPTION WHEN OTHERS THEN
         PERFORM dblink_disconnect('tests_holder');
         RAISE EXCEPTION 'tests.hold_key: key % is busy (%)', p_key, sqlerrm;
