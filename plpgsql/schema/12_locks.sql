@@ -21,7 +21,7 @@ CREATE TABLE concurrency_keys (
     key text PRIMARY KEY
 );
 
-REVOKE ALL ON TABLE concurrency_keys FROM PUBLIC;
+REVOKE ALL ON TABLE concurrency_keys FROM public;
 
 -- The call lock of signal_run, cancel_run and retry_run with a call_id
 -- (_lock_call_id, calls.sql): the call inserts its id here and deletes it
@@ -33,4 +33,4 @@ CREATE TABLE call_locks (
     call_id uuid PRIMARY KEY
 );
 
-REVOKE ALL ON TABLE call_locks FROM PUBLIC;
+REVOKE ALL ON TABLE call_locks FROM public;

@@ -265,7 +265,7 @@ CREATE TABLE concurrency_keys (
     key text PRIMARY KEY
 );
 
-REVOKE ALL ON TABLE concurrency_keys FROM PUBLIC;
+REVOKE ALL ON TABLE concurrency_keys FROM public;
 
 INSERT INTO concurrency_keys (key)
 SELECT DISTINCT r.concurrency_key
@@ -276,5 +276,5 @@ CREATE TABLE call_locks (
     call_id uuid PRIMARY KEY
 );
 
-REVOKE ALL ON TABLE call_locks FROM PUBLIC;
+REVOKE ALL ON TABLE call_locks FROM public;
 -- ==== end: lock rows =======================================================
