@@ -22,6 +22,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from conftest import alembic, create_database, drop_database
 from sqlapi import call, claim_one, enqueue, fenced, run_row, scalar
 
 Connect = Callable[..., psycopg.Connection]
@@ -33,6 +34,10 @@ NO_WAIT = "-c lock_timeout=100ms -c statement_timeout=20s"
 OLD_KEY_LOCK = "SELECT pg_advisory_lock(hashtextextended('runrelay/' || %s, 0))"
 OLD_CALL_LOCK = "SELECT pg_advisory_lock(hashtext('runrelay/call_id'), hashtext(%s::text))"
 OLD_ROLLUP_LOCK = "SELECT pg_advisory_lock(hashtext('runrelay/queue_activity'), 0)"
+
+MARK = (
+    "INSERT INTO runrelay.cancellations (run_id, reason, requested_at) VALUES (%s, 'stop', now())"
+)
 
 LOCK_TABLES = ("concurrency_keys", "call_locks", "queue_activity_watermark")
 
@@ -76,9 +81,9 @@ def test_a_login_without_a_runrelay_role_cannot_lock_the_lock_rows(
     refused with 42501 to a login with no runrelay role or only the producer's."""
     enqueue(db, "k1", concurrency_key="acct-1")
     scalar(db, "record_queue_activity")
-    with psycopg.connect(hostile) as conn:
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            conn.execute(sql.SQL(statement).format(sql.Identifier(table)))  # type: ignore[arg-type]
+    refused = pytest.raises(psycopg.errors.InsufficientPrivilege)
+    with psycopg.connect(hostile) as conn, refused:
+        conn.execute(sql.SQL(statement).format(sql.Identifier(table)))  # type: ignore[arg-type]
 
 
 def _keyed_running(db: psycopg.Connection) -> dict[str, Any]:
@@ -143,12 +148,14 @@ def test_a_key_row_deleted_by_hand_makes_no_claim_skip_its_run(
     row instead of answering busy)."""
     enqueue(db, "c1", concurrency_key="acct-c")
     enqueue(db, "c2", concurrency_key="acct-d")
-    db.execute("INSERT INTO runrelay.cancellations (run_id, reason, requested_at) VALUES ('c2', 'stop', now())")
+    db.execute(MARK, ["c2"])
     db.execute("DELETE FROM runrelay.concurrency_keys")
     claimed = call(db, "claim_attempts", worker="w1", max_runs=10)
     assert [c["run_id"] for c in claimed] == ["c1"]
     assert run_row(db, "c2")["status"] == "cancelled"
-    assert db.execute("SELECT key FROM runrelay.concurrency_keys ORDER BY key").fetchall() == [("acct-d",)]
+    assert db.execute("SELECT key FROM runrelay.concurrency_keys ORDER BY key").fetchall() == [
+        ("acct-d",)
+    ]
 
 
 def test_a_busy_key_row_is_skipped_by_a_claim_without_waiting(
@@ -157,7 +164,7 @@ def test_a_busy_key_row_is_skipped_by_a_claim_without_waiting(
     """A claim that meets a cancel marker on a run whose key row another
     session holds leaves the run queued with its marker and answers at once."""
     enqueue(db, "c1", concurrency_key="acct-c")
-    db.execute("INSERT INTO runrelay.cancellations (run_id, reason, requested_at) VALUES ('c1', 'stop', now())")
+    db.execute(MARK, ["c1"])
     holder = connect(autocommit=False)
     holder.execute("SELECT FROM runrelay.concurrency_keys WHERE key = 'acct-c' FOR UPDATE")
     caller = connect(options=NO_WAIT)
@@ -166,3 +173,41 @@ def test_a_busy_key_row_is_skipped_by_a_claim_without_waiting(
     holder.rollback()
     assert call(caller, "claim_attempts", worker="w1") == []
     assert run_row(db, "c1")["status"] == "cancelled"
+
+
+def test_the_upgrade_gives_every_key_in_runs_its_row(connect: Connect) -> None:
+    """An install at 0008 with keyed runs upgrades to 0009 with a row for each
+    of their keys, so a try-lock on an existing run's key finds the row (busy
+    here: cancel_run answers cancel_requested without waiting) rather than
+    creating one; a downgrade drops the lock tables and a new upgrade works."""
+    name = f"rr_lock_rows_{os.getpid()}"
+    url = create_database(name)
+    try:
+        alembic(url, "upgrade", "0008")
+        with psycopg.connect(url, autocommit=True) as c:
+            for run_id, key in (("a1", "k1"), ("a2", "k1"), ("b1", "k2"), ("n1", None)):
+                c.execute(
+                    "SELECT runrelay.enqueue_run(%s, 'q', concurrency_key => %s)", [run_id, key]
+                )
+        alembic(url, "upgrade", "head")
+        with psycopg.connect(url, autocommit=True) as c:
+            keys = c.execute("SELECT key FROM runrelay.concurrency_keys ORDER BY key").fetchall()
+            assert keys == [("k1",), ("k2",)]
+            with psycopg.connect(url) as holder:
+                holder.execute("SELECT FROM runrelay.concurrency_keys WHERE key = 'k1' FOR UPDATE")
+                with psycopg.connect(url, autocommit=True, options=NO_WAIT) as caller:
+                    answer = caller.execute("SELECT runrelay.cancel_run('a1')").fetchone()
+                    assert answer == ("cancel_requested",)
+        alembic(url, "downgrade", "0008")
+        with psycopg.connect(url, autocommit=True) as c:
+            gone = c.execute(
+                "SELECT to_regclass('runrelay.concurrency_keys'),"
+                " to_regclass('runrelay.call_locks')"
+            ).fetchone()
+            assert gone == (None, None)
+        alembic(url, "upgrade", "head")
+        with psycopg.connect(url, autocommit=True) as c:
+            keys = c.execute("SELECT key FROM runrelay.concurrency_keys ORDER BY key").fetchall()
+            assert keys == [("k1",), ("k2",)]
+    finally:
+        drop_database(name)
