@@ -33,8 +33,8 @@
 -- caller answers 0 at once and the holder does the work, so two maintenance
 -- loops never count a minute twice nor wait for each other. The very first
 -- call inserts the row instead (from an hour back, where a call without one
--- starts) and holds it; a concurrent first call waits for that insert, then
--- answers 0. Under that lock it writes only queue_activity
+-- starts) and holds it; a concurrent first call answers 0 without waiting
+-- for that insert. Under that lock it writes only queue_activity
 -- rows (new minutes: ON CONFLICT DO NOTHING also keeps a minute that is
 -- already there, which only a clock set back can bring about) and the
 -- watermark row; no run, event or lane is locked, and no writer of the
@@ -63,13 +63,24 @@ BEGIN
     IF NOT FOUND THEN
         -- Held by another call (the insert meets the committed row, does
         -- nothing, and never waits for its lock), or no row yet: this call
-        -- creates it and holds it until commit.
-        INSERT INTO queue_activity_watermark AS w (final_before, updated_at)
-        VALUES (_activity_minute(_now()) - interval '1 hour', _now())
-        ON CONFLICT (singleton) DO NOTHING;
-        IF NOT FOUND THEN
+        -- creates it and holds it until commit. An insert would wait for
+        -- another call that is creating the row right now; the shortest
+        -- lock_timeout turns that wait into the answer 0 as well (whatever
+        -- the timing: had it waited, it would have met that row, or, if
+        -- that call rolled back, left the minutes to the next call).
+        BEGIN
+            PERFORM set_config('lock_timeout', '1ms', TRUE);
+            INSERT INTO queue_activity_watermark AS w (final_before, updated_at)
+            VALUES (_activity_minute(_now()) - interval '1 hour', _now())
+            ON CONFLICT (singleton) DO NOTHING;
+            IF NOT FOUND THEN
+                RETURN _restore_lock_wait(v_caller_lock_timeout, 0);
+            END IF;
+        EXCEPTION WHEN lock_not_available THEN
             RETURN _restore_lock_wait(v_caller_lock_timeout, 0);
-        END IF;
+        END;
+        -- The 1 ms stays until the end: nothing below waits for anyone (only
+        -- the holder writes the rollup's rows).
     END IF;
     -- Read after the lock: the lock never waits, but the clock is the
     -- holder's.
