@@ -12,13 +12,19 @@
 -- Every one of these is a row lock on a table no login but runrelay's
 -- functions can lock (schema/12_locks.sql, docs/security-locks.md): an
 -- advisory lock id can be computed and taken by any login, which could then
--- stall every writer of a key. Blocking acquisitions always follow this
--- order, so writers never deadlock. SKIP LOCKED paths (claims, the reaper,
--- cancel_run) may try a key lock after a run row lock (_try_lock_key): a try
--- never waits, so it cannot close a cycle. One collation,
--- "C", for every sort that orders locks: a sort under the database's default
--- collation can put two run_ids the other way round.
+-- stall every writer of a key. A key with no row yet is locked by inserting
+-- its row; a concurrent locker of that key waits in its own insert until the
+-- inserter ends, which is the same wait at the same step.
 --
+-- Blocking acquisitions always follow this order, so writers never
+-- deadlock. SKIP LOCKED paths (claims, the reaper, cancel_run) may try a
+-- key lock after a run row lock (_try_lock_key): a try never waits, so it
+-- cannot close a cycle. (A try that finds no row inserts one and could wait
+-- for a concurrent inserter; that needs a run whose key has no row, which
+-- runrelay never leaves: schema/12_locks.sql.) One collation, "C", for every
+-- sort that orders locks: a sort under the database's default collation can
+-- put two run_ids the other way round.
+
 -- Why keys come first: a run that ends must promote the next run of its key
 -- (clear key_held), which locks that run's row; whoever else could hold that
 -- row would have taken the key first and is therefore not running.
