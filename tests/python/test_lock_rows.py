@@ -14,6 +14,7 @@ with 55P03 instead of answering.
 from __future__ import annotations
 
 import os
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -23,7 +24,16 @@ import pytest
 from psycopg import sql
 
 from conftest import alembic, create_database, drop_database
-from sqlapi import call, claim_one, enqueue, fenced, run_row, scalar
+from sqlapi import (
+    backend_pid,
+    call,
+    claim_one,
+    enqueue,
+    fenced,
+    run_row,
+    scalar,
+    wait_until_blocked,
+)
 
 Connect = Callable[..., psycopg.Connection]
 
@@ -211,3 +221,37 @@ def test_the_upgrade_gives_every_key_in_runs_its_row(connect: Connect) -> None:
             assert keys == [("k1",), ("k2",)]
     finally:
         drop_database(name)
+
+
+def test_a_batch_takes_its_key_rows_in_key_order_collate_c(
+    db: psycopg.Connection, connect: Connect
+) -> None:
+    """complete_attempts locks its runs' key rows ascending by key COLLATE "C"
+    (custody step 1), whatever the items' order: with 'B-key' held elsewhere,
+    a batch of ['a-key' run, 'B-key' run] waits on 'B-key' while holding
+    nothing, so 'a-key' stays free ('B' sorts before 'a' in "C", after it in
+    most linguistic collations)."""
+    enqueue(db, "ra", concurrency_key="a-key")
+    enqueue(db, "rb", concurrency_key="B-key")
+    claims = {c["run_id"]: c for c in call(db, "claim_attempts", worker="w1", max_runs=2)}
+    holder = connect(autocommit=False)
+    holder.execute("SELECT FROM runrelay.concurrency_keys WHERE key = 'B-key' FOR UPDATE")
+    batch = connect()
+    out: list[Any] = []
+
+    def complete() -> None:
+        items = [
+            {**fenced(claims[r]), "lease_token": str(claims[r]["lease_token"])}
+            for r in ("ra", "rb")
+        ]
+        out.append(call(batch, "complete_attempts", items=items))
+
+    thread = threading.Thread(target=complete)
+    thread.start()
+    wait_until_blocked(db, backend_pid(batch))
+    probe = connect(autocommit=False)
+    probe.execute("SELECT FROM runrelay.concurrency_keys WHERE key = 'a-key' FOR UPDATE NOWAIT")
+    probe.rollback()
+    holder.rollback()
+    thread.join(30)
+    assert [r["outcome"] for r in out[0]] == ["completed", "completed"]
