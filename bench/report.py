@@ -649,8 +649,7 @@ def markdown(doc: Doc, results_path: str, images: list[str]) -> str:
         "\n## Reproduce\n\n```bash\n"
         "make bench        # full run, about 15 minutes, rewrites this file\n"
         "make bench-quick  # tiny sizes, a smoke test (part of make test)\n"
-        "python -m bench.run --sizes 1000 100000 --reps 5 --out /tmp/bench\n"
-        "python -m bench.keys --workers 1 4 --reps 5  # keyed vs unkeyed runs only\n```\n"
+        "python -m bench.run --sizes 1000 100000 --reps 5 --out /tmp/bench\n```\n"
     )
     return "\n".join(out)
 
