@@ -2,9 +2,14 @@
 
 * `enqueue` — `enqueue_run` (a run row + its run.queued event);
 * `enqueue100` — `enqueue_runs` of 100 runs in one call;
+* `enqueue_keyed` — `enqueue_run` with a concurrency key, 100 keys per
+  producer in turn (the key's lock: its row; the first run of a key creates
+  it, so most calls lock an existing row and the run joins its key held);
 * `single`  — `claim_attempts(max_runs => 1)` + `complete_attempt`: a no-op
   handler; per job it also writes the attempt row and two lifecycle events
   (run.started, run.completed) with their ledger lane;
+* `single_keyed` — `single` over a backlog of runs that each have a key of
+  their own (the completion takes the key's lock and promotes the key);
 * `batch10` — `claim_attempts(max_runs => 10)` + `complete_attempts` of 10;
 * `fused` / `fused_batch10` — the Worker's default path: one `claim_attempts`
   to start, then per step one `settle_and_claim` that completes the runs held
@@ -73,11 +78,33 @@ LOAD_LEDGER = [
     """,
 ]
 
+# The same backlog, each run the head of a key of its own, with its key's
+# row (the second statement only where the install has the table).
+LOAD_KEYED_RUNS = """
+INSERT INTO runrelay.runs (run_id, queue, status, payload, run_at, max_attempts,
+                           concurrency_key, key_position, key_held, created_at, updated_at)
+SELECT 'r-' || i, 'default', 'queued', '{"n": 1}', now() - interval '1 hour', 3,
+       'k-' || i, nextval('runrelay.runs_key_position_seq'), false, now(), now()
+FROM generate_series(1, %(runs)s) AS i
+"""
+LOAD_KEY_ROWS = """
+INSERT INTO runrelay.concurrency_keys (key) SELECT 'k-' || i FROM generate_series(1, %(runs)s) AS i
+"""
+
 ANALYZE = "ANALYZE runrelay.runs, runrelay.attempts, runrelay.ledger_events, runrelay.ledger_lanes"
+
+
+def has_key_rows(conn: psycopg.Connection[Any]) -> bool:
+    """Whether keys lock rows of runrelay.concurrency_keys (an install from
+    before that locked advisory lock ids; bench/notes.md compares the two)."""
+    row = conn.execute("SELECT to_regclass('runrelay.concurrency_keys') IS NOT NULL").fetchone()
+    return bool(row and row[0])
 
 
 def reset(conn: psycopg.Connection[Any]) -> None:
     conn.execute(f"TRUNCATE {TABLES} CASCADE")
+    if has_key_rows(conn):
+        conn.execute("TRUNCATE runrelay.concurrency_keys")
 
 
 def load_runs(conn: psycopg.Connection[Any], runs: int) -> None:
@@ -95,6 +122,19 @@ def runs_loader(url: str, runs: int) -> Callable[[], None]:
         with psycopg.connect(url, autocommit=True) as conn:
             reset(conn)
             load_runs(conn, runs)
+            conn.execute(ANALYZE)
+
+    return prepare
+
+
+def keyed_runs_loader(url: str, runs: int) -> Callable[[], None]:
+    def prepare() -> None:
+        with psycopg.connect(url, autocommit=True) as conn:
+            reset(conn)
+            conn.execute(LOAD_KEYED_RUNS, {"runs": runs})
+            if has_key_rows(conn):
+                conn.execute(LOAD_KEY_ROWS, {"runs": runs})
+                conn.execute("ANALYZE runrelay.concurrency_keys")
             conn.execute(ANALYZE)
 
     return prepare
@@ -120,6 +160,25 @@ def enqueue(conn: psycopg.Connection[Any], index: int) -> Callable[[Recorder], i
 
     def step(rec: Recorder) -> int | None:
         rec.timed("enqueue_run", client.enqueue_run, f"e-{tag}-{next(counter)}", payload={"n": 1})
+        return 1
+
+    return step
+
+
+def enqueue_keyed(conn: psycopg.Connection[Any], index: int) -> Callable[[Recorder], int | None]:
+    client = Client(conn)
+    tag = uuid.uuid4().hex[:8]
+    counter = itertools.count()
+
+    def step(rec: Recorder) -> int | None:
+        n = next(counter)
+        rec.timed(
+            "enqueue_run",
+            client.enqueue_run,
+            f"ek-{tag}-{n}",
+            payload={"n": 1},
+            concurrency_key=f"k-{tag}-{n % 100}",
+        )
         return 1
 
     return step
@@ -239,6 +298,7 @@ def relay(batch: int) -> Factory:
 
 def cases(url: str, plan: Any) -> list[Case]:
     single_load = runs_loader(url, plan.backlog_single)
+    keyed_load = keyed_runs_loader(url, plan.backlog_single)
     batch_load = runs_loader(url, plan.backlog_batch)
     empty = runs_loader(url, 0)
     head_load = ledger_loader(url, plan.ledger_runs_head, 100)
@@ -258,8 +318,30 @@ def cases(url: str, plan: Any) -> list[Case]:
                 enqueue_bulk(100),
             )
         )
+        out.append(
+            Case(
+                f"runrelay.enqueue_keyed.w{w}",
+                "runrelay",
+                "enqueue_keyed",
+                w,
+                url,
+                empty,
+                enqueue_keyed,
+            )
+        )
     for w in plan.workers:
         out.append(Case(f"runrelay.single.w{w}", "runrelay", "single", w, url, single_load, single))
+        out.append(
+            Case(
+                f"runrelay.single_keyed.w{w}",
+                "runrelay",
+                "single_keyed",
+                w,
+                url,
+                keyed_load,
+                single,
+            )
+        )
         out.append(
             Case(f"runrelay.batch10.w{w}", "runrelay", "batch10", w, url, batch_load, batched(10))
         )

@@ -9,14 +9,33 @@
 --   3. the call does its work and answers through _record_call(), which
 --      records the outcome in the same transaction.
 --
--- The call lock (a transaction-level advisory lock on the id) makes a repeat
--- that arrives while the first call is still running (the client gave up on
--- a slow reply) wait for it and then answer what it recorded, instead of
--- deciding afresh beside it. It is taken before every custody lock, and a
--- call takes at most one, so it adds no wait-for cycle. It lives in the
--- two-key advisory space, which never overlaps the one-key space of the
--- concurrency-key locks; two ids whose 32-bit hashes collide only wait for
--- each other briefly (the lookup is by the id itself).
+-- The call lock (_lock_call_id) makes a repeat that arrives while the first
+-- call is still running (the client gave up on a slow reply) wait for it and
+-- then answer what it recorded, instead of deciding afresh beside it. It is
+-- taken before every custody lock, and a call takes at most one, so it adds
+-- no wait-for cycle. It is a row of call_locks (schema/12_locks.sql), a table
+-- only these functions can write, so no other login can take or hold it.
+
+-- The call's lock: insert the id into call_locks, then delete it again. The
+-- row is never visible outside this transaction, but until it ends its
+-- primary-key entry makes a concurrent insert of the same id wait (a unique
+-- check waits for an inserter still in progress); after it ends that insert
+-- meets a dead entry and goes on. So the table stays empty and a lock is
+-- held exactly as long as the transaction, like a transaction-level lock.
+CREATE FUNCTION _lock_call_id(p_call_id uuid)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    INSERT INTO call_locks AS l (call_id) VALUES (p_call_id);
+    DELETE FROM call_locks AS l WHERE l.call_id = p_call_id;
+END;
+$$;
+
+COMMENT ON FUNCTION _lock_call_id(uuid) IS
+'Takes a call_id''s lock (custody step 0) until the transaction ends, waiting for a concurrent call with that id.';
 
 CREATE FUNCTION _check_call_id(p_call_id uuid)
 RETURNS void
@@ -66,7 +85,7 @@ BEGIN
     IF p_call_id IS NULL THEN
         RETURN NULL;
     END IF;
-    PERFORM pg_advisory_xact_lock(hashtext(current_schema() || '/call_id'), hashtext(p_call_id::text));
+    PERFORM _lock_call_id(p_call_id);
     -- A new statement after the lock: a call with this id that committed
     -- while we waited is seen.
     SELECT c.* INTO v_call FROM calls AS c WHERE c.call_id = p_call_id;

@@ -103,7 +103,7 @@ BEGIN
         IF _runnable(v_run.status, v_run.key_held, v_run.run_at, v_now)
             -- Ending a keyed run needs its key lock; never wait for it here.
             AND (v_run.concurrency_key IS NULL
-                OR pg_try_advisory_xact_lock(_key_lock_id(v_run.concurrency_key))) THEN
+                OR _try_lock_key(v_run.concurrency_key)) THEN
             PERFORM _apply_marker(v_run);
         END IF;
     END LOOP;

@@ -91,7 +91,7 @@ BEGIN
         END IF;
         IF (_cancel_reason(v_run.run_id)).requested THEN
             IF v_run.concurrency_key IS NULL
-                OR pg_try_advisory_xact_lock(_key_lock_id(v_run.concurrency_key)) THEN
+                OR _try_lock_key(v_run.concurrency_key) THEN
                 PERFORM _apply_marker(v_run);
             END IF;
             CONTINUE;

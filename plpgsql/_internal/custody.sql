@@ -1,19 +1,30 @@
 -- Custody locks. The one lock order every writer follows:
 --
---   0. a call id's advisory lock (signal_run, cancel_run, retry_run with a
---      call_id; calls.sql): at most one per call, before anything else;
---   1. the advisory locks of the runs' concurrency keys, ascending by lock id
---      (only for runs that have a key);
+--   0. a call id's lock (signal_run, cancel_run, retry_run with a call_id;
+--      _lock_call_id, calls.sql): at most one per call, before anything else;
+--   1. the rows of the runs' concurrency keys (table concurrency_keys,
+--      _lock_key), ascending by key COLLATE "C" (only for runs that have a
+--      key);
 --   2. run rows, ascending by run_id COLLATE "C";
 --   3. attempt rows, ascending by attempt;
 --   4. ledger_lanes rows, ascending by (run_id COLLATE "C", lane) — see below.
 --
--- Blocking acquisitions always follow this order, so writers never deadlock.
--- SKIP LOCKED paths (claims, the reaper, cancel_run) may try a key lock after
--- a row lock: a try never waits, so it cannot close a cycle. One collation,
--- "C", for every sort that orders locks: a sort under the database's default
--- collation can put two run_ids the other way round.
+-- Every one of these is a row lock on a table no login but runrelay's
+-- functions can lock (schema/12_locks.sql, docs/security-locks.md): an
+-- advisory lock id can be computed and taken by any login, which could then
+-- stall every writer of a key. A key with no row yet is locked by inserting
+-- its row; a concurrent locker of that key waits in its own insert until the
+-- inserter ends, which is the same wait at the same step.
 --
+-- Blocking acquisitions always follow this order, so writers never
+-- deadlock. SKIP LOCKED paths (claims, the reaper, cancel_run) may try a
+-- key lock after a run row lock (_try_lock_key): a try never waits, so it
+-- cannot close a cycle. (A try that finds no row inserts one and could wait
+-- for a concurrent inserter; that needs a run whose key has no row, which
+-- runrelay never leaves: schema/12_locks.sql.) One collation, "C", for every
+-- sort that orders locks: a sort under the database's default collation can
+-- put two run_ids the other way round.
+
 -- Why keys come first: a run that ends must promote the next run of its key
 -- (clear key_held), which locks that run's row; whoever else could hold that
 -- row would have taken the key first and is therefore not running.
@@ -62,23 +73,58 @@
 -- A caller's transaction that spans several calls composes their locks in
 -- the order it makes the calls; these guarantees are per call.
 
+-- A concurrency key's lock (custody step 1): its concurrency_keys row
+-- (schema/12_locks.sql), FOR UPDATE, waiting. A key without a row gets one:
+-- the insert holds the key until this transaction ends (a concurrent locker
+-- waits in its own insert, then finds the row and locks it); when another
+-- transaction inserted it first, the loop locks that row. Loops only while
+-- rows of the key appear and vanish under it, which runrelay never does.
 -- PL/pgSQL, not SQL: a SQL function with a SET clause is never inlined and
--- is parsed and planned again on every call (~16 us); PL/pgSQL evaluates the
--- expression from a cached plan.
-CREATE FUNCTION _key_lock_id(p_key text)
-RETURNS bigint
+-- is parsed and planned again on every call (~16 us); PL/pgSQL runs its
+-- statements from cached plans.
+CREATE FUNCTION _lock_key(p_key text)
+RETURNS void
 LANGUAGE plpgsql
 VOLATILE
 SET search_path FROM CURRENT
 AS $$
 BEGIN
-    -- Per install: the schema name is part of the hash.
-    RETURN hashtextextended(current_schema() || '/' || p_key, 0);
+    LOOP
+        PERFORM FROM concurrency_keys AS k WHERE k.key = p_key FOR UPDATE;
+        EXIT WHEN FOUND;
+        INSERT INTO concurrency_keys AS k (key) VALUES (p_key) ON CONFLICT (key) DO NOTHING;
+        EXIT WHEN FOUND;
+    END LOOP;
 END;
 $$;
 
-COMMENT ON FUNCTION _key_lock_id(text) IS
-'The advisory lock id of a concurrency key, distinct per install.';
+COMMENT ON FUNCTION _lock_key(text) IS
+'Locks a concurrency key''s row (custody step 1), waiting; creates the row when the key has none.';
+
+-- The same without waiting: TRUE when this transaction now holds the key.
+-- SKIP LOCKED skips a row another transaction holds; the insert then meets
+-- that committed row and does nothing (ON CONFLICT DO NOTHING never waits
+-- for a row lock), so a busy key answers FALSE at once. A key with no row
+-- (a run's key always has one: schema/12_locks.sql) gets one, so a missing
+-- row never makes a claim or the reaper skip a run.
+CREATE FUNCTION _try_lock_key(p_key text)
+RETURNS boolean
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    PERFORM FROM concurrency_keys AS k WHERE k.key = p_key FOR UPDATE SKIP LOCKED;
+    IF FOUND THEN
+        RETURN TRUE;
+    END IF;
+    INSERT INTO concurrency_keys AS k (key) VALUES (p_key) ON CONFLICT (key) DO NOTHING;
+    RETURN FOUND;
+END;
+$$;
+
+COMMENT ON FUNCTION _try_lock_key(text) IS
+'Tries a concurrency key''s row lock without waiting (custody step 1); TRUE when held.';
 
 CREATE FUNCTION _lock_keys(p_run_ids text[])
 RETURNS void
@@ -97,10 +143,11 @@ END;
 $$;
 
 COMMENT ON FUNCTION _lock_keys(text[]) IS
-'Takes the concurrency-key locks of the given runs in lock-id order (custody step 1).';
+'Takes the concurrency-key locks of the given runs in key order (custody step 1).';
 
 -- The key locks themselves, by key name (enqueue_runs names the keys of
--- runs that do not exist yet): each distinct key once, ascending by lock id.
+-- runs that do not exist yet): each distinct key once, ascending by key
+-- COLLATE "C" (the key order of custody step 1).
 CREATE FUNCTION _lock_concurrency_keys(p_keys text[])
 RETURNS void
 LANGUAGE plpgsql
@@ -108,21 +155,21 @@ VOLATILE
 SET search_path FROM CURRENT
 AS $$
 DECLARE
-    v_lock_id bigint;
+    v_key text;
 BEGIN
-    FOR v_lock_id IN
-        SELECT DISTINCT _key_lock_id(k.concurrency_key) AS lock_id
+    FOR v_key IN
+        SELECT DISTINCT k.concurrency_key COLLATE "C" AS key
         FROM unnest(p_keys) AS k (concurrency_key)
         WHERE k.concurrency_key IS NOT NULL
-        ORDER BY lock_id
+        ORDER BY 1
     LOOP
-        PERFORM pg_advisory_xact_lock(v_lock_id);
+        PERFORM _lock_key(v_key);
     END LOOP;
 END;
 $$;
 
 COMMENT ON FUNCTION _lock_concurrency_keys(text[]) IS
-'Takes the advisory locks of the given concurrency keys, each once, in lock-id order (custody step 1).';
+'Locks the rows of the given concurrency keys, each once, in key order (custody step 1).';
 
 -- The key lock of one run (custody step 1): one primary-key seek; nothing
 -- to lock for a run without a key.
@@ -137,7 +184,7 @@ DECLARE
 BEGIN
     SELECT r.concurrency_key INTO v_key FROM runs AS r WHERE r.run_id = p_run_id;
     IF v_key IS NOT NULL THEN
-        PERFORM pg_advisory_xact_lock(_key_lock_id(v_key));
+        PERFORM _lock_key(v_key);
     END IF;
 END;
 $$;

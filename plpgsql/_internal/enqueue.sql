@@ -17,7 +17,7 @@
 -- array order; the first one is the key's head (not key_held) when the key
 -- has no live run, every later one is held.
 --
--- Locks: the advisory locks of the new runs' keys, ascending by lock id
+-- Locks: the row locks of the new runs' keys, ascending by key
 -- (custody step 1, _lock_concurrency_keys), before the key's live runs are
 -- read; no row lock, the rows are new. The rows are inserted in run_id
 -- COLLATE "C" order, so two calls that insert the same run_ids wait for each

@@ -44,7 +44,7 @@ COMMENT ON FUNCTION _promote_key(text) IS
 -- p_run_ids with its concurrency key (p_keys[i], NULL for none): its cancel
 -- marker is dropped (one that committed after the run's fence lost to the
 -- ending), runrelay_terminal is notified, and each distinct key's next run
--- is promoted, in lock-id order (the caller holds those key locks).
+-- is promoted, in key order (the caller holds those key locks).
 CREATE FUNCTION _ended(p_run_ids text[], p_status text, p_keys text[])
 RETURNS void
 LANGUAGE plpgsql
@@ -69,7 +69,7 @@ BEGIN
             SELECT d.key
             FROM (SELECT DISTINCT p_keys[g.i] AS key FROM generate_subscripts(p_keys, 1) AS g (i)) AS d
             WHERE d.key IS NOT NULL
-            ORDER BY _key_lock_id(d.key)
+            ORDER BY d.key COLLATE "C"
         LOOP
             PERFORM _promote_key(v_key);
         END LOOP;

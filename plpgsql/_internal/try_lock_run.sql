@@ -1,5 +1,5 @@
 -- _try_lock_run(): the custody locks of one run without waiting: the key's
--- advisory lock by try-lock, then the row SKIP LOCKED. NULL when any of them
+-- row by _try_lock_key, then the run row SKIP LOCKED. NULL when any of them
 -- is busy (or the run does not exist). Used by the reaper and cancel_run.
 -- A run's key lock taken by try is released only at commit, as usual.
 CREATE FUNCTION _try_lock_run(p_run_id text)
@@ -13,7 +13,7 @@ DECLARE
     v_run runs;
 BEGIN
     SELECT r.concurrency_key INTO v_key FROM runs AS r WHERE r.run_id = p_run_id;
-    IF v_key IS NOT NULL AND NOT pg_try_advisory_xact_lock(_key_lock_id(v_key)) THEN
+    IF v_key IS NOT NULL AND NOT _try_lock_key(v_key) THEN
         RETURN NULL;
     END IF;
     SELECT r.* INTO v_run FROM runs AS r WHERE r.run_id = p_run_id FOR NO KEY UPDATE SKIP LOCKED;

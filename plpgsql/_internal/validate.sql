@@ -221,7 +221,7 @@ COMMENT ON FUNCTION _check_status(text, text) IS
 'Validates a run status filter: null, or one of the six run statuses.';
 
 -- Lease lengths are clamped, not rejected (SPEC §5): null means the default.
--- PL/pgSQL rather than SQL for the reason given at _key_lock_id.
+-- PL/pgSQL rather than SQL for the reason given at _lock_key.
 CREATE FUNCTION _lease(p_seconds integer)
 RETURNS interval
 LANGUAGE plpgsql

@@ -27,11 +27,14 @@
 -- Rows older than a day are deleted, at most 10 000 per call (a day's worth
 -- for seven queues; the next calls take the rest).
 --
--- Locks: one finalizer at a time, by a transaction-level advisory lock in
--- the two-key space (per install, never a concurrency key's or a call id's)
--- taken WITHOUT waiting: a concurrent caller answers 0 at once and the
--- holder does the work, so two maintenance loops never count a minute twice
--- nor wait for each other. Under that lock it writes only queue_activity
+-- Locks: one finalizer at a time, by the watermark row
+-- (queue_activity_watermark) taken FOR UPDATE SKIP LOCKED, a row no login
+-- but runrelay's functions can lock (docs/security-locks.md): a concurrent
+-- caller answers 0 at once and the holder does the work, so two maintenance
+-- loops never count a minute twice nor wait for each other. The very first
+-- call inserts the row instead (from an hour back, where a call without one
+-- starts) and holds it; a concurrent first call answers 0 without waiting
+-- for that insert. Under that lock it writes only queue_activity
 -- rows (new minutes: ON CONFLICT DO NOTHING also keeps a minute that is
 -- already there, which only a clock set back can bring about) and the
 -- watermark row; no run, event or lane is locked, and no writer of the
@@ -55,14 +58,34 @@ DECLARE
     v_to timestamptz;
 BEGIN
     PERFORM _require_read_committed();
-    IF NOT pg_try_advisory_xact_lock(hashtext(current_schema() || '/queue_activity'), 0) THEN
-        RETURN _restore_lock_wait(v_caller_lock_timeout, 0);
+    -- The locking read returns the row as its last holder committed it.
+    SELECT w.final_before INTO v_from FROM queue_activity_watermark AS w FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        -- Held by another call (the insert meets the committed row, does
+        -- nothing, and never waits for its lock), or no row yet: this call
+        -- creates it and holds it until commit. An insert would wait for
+        -- another call that is creating the row right now; the shortest
+        -- lock_timeout turns that wait into the answer 0 as well (whatever
+        -- the timing: had it waited, it would have met that row, or, if
+        -- that call rolled back, left the minutes to the next call).
+        BEGIN
+            PERFORM set_config('lock_timeout', '1ms', TRUE);
+            INSERT INTO queue_activity_watermark AS w (final_before, updated_at)
+            VALUES (_activity_minute(_now()) - interval '1 hour', _now())
+            ON CONFLICT (singleton) DO NOTHING;
+            IF NOT FOUND THEN
+                RETURN _restore_lock_wait(v_caller_lock_timeout, 0);
+            END IF;
+        EXCEPTION WHEN lock_not_available THEN
+            RETURN _restore_lock_wait(v_caller_lock_timeout, 0);
+        END;
+        -- The 1 ms stays until the end: nothing below waits for anyone (only
+        -- the holder writes the rollup's rows).
     END IF;
-    -- Read after the lock, in a later statement: a fresh snapshot sees what
-    -- the previous holder committed.
+    -- Read after the lock: the lock never waits, but the clock is the
+    -- holder's.
     v_now := _now();
     v_to := _activity_minute(v_now - v_grace);
-    SELECT w.final_before INTO v_from FROM queue_activity_watermark AS w;
     v_from := greatest(v_from, _activity_minute(v_now) - interval '1 hour');
     IF v_from >= v_to THEN
         RETURN _restore_lock_wait(v_caller_lock_timeout, 0);

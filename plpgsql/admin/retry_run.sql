@@ -26,7 +26,7 @@
 -- after them (SPEC §3.1: runs of a key are strictly serial).
 --
 -- Locks: the call_id's lock (with a call_id), then the custody locks (the
--- key's advisory lock, the run row), waiting under the bounded lock wait
+-- key's row lock, the run row), waiting under the bounded lock wait
 -- (10 s, or the caller's tighter lock_timeout; 55P03, nothing written);
 -- the run's status is read after the locks, so of two concurrent retries
 -- one answers retried and the other not_retryable. A cancel_run that reads

@@ -3,7 +3,7 @@
 -- items: [{run_id, attempt, lease_token, result?}, ...], at most 1000, one
 -- item per run. Each item is fenced and decided exactly as complete_attempt
 -- would, independently of the others. Locks: every key lock of the batch in
--- lock-id order, then the run rows in run_id COLLATE "C" order, so
+-- key order, then the run rows in run_id COLLATE "C" order, so
 -- concurrent batches (and single calls) never deadlock; lanes as every
 -- appender takes them, never waiting (custody.sql).
 --

@@ -30,7 +30,7 @@
 -- Locks: schedule rows SKIP LOCKED, taken before any custody lock (one
 -- statement per schedule, an index seek of schedules_due_idx: the cost is
 -- the due schedules', whatever the number of others); then, in _enqueue,
--- the advisory locks of new runs' concurrency keys (custody step 1) and the
+-- the row locks of new runs' concurrency keys (custody step 1) and the
 -- new rows; lanes as an appender.
 CREATE TYPE enqueue_due_schedules_result AS (
     schedule text,

@@ -10,9 +10,10 @@
 -- (_internal/trace_context.sql; a malformed one raises 22023). A repeat
 -- answers the existing run and keeps the context it was created with.
 --
--- Locks: for a run with a concurrency key, the key's advisory lock (custody
--- step 1) before deciding whether the run is the key's head; no run row lock
--- is needed for a row no one else can see yet. Emits run.queued. Called inside
+-- Locks: for a run with a concurrency key, the key's row lock (custody
+-- step 1, _lock_key; the key's first run creates the row) before deciding
+-- whether the run is the key's head; no run row lock is needed for a row no
+-- one else can see yet. Emits run.queued. Called inside
 -- a caller's transaction it commits or rolls back with the caller's writes.
 CREATE TYPE enqueue_run_result AS (
     run_id text,
@@ -59,7 +60,7 @@ BEGIN
     SELECT r.* INTO v_existing FROM runs AS r WHERE r.run_id = enqueue_run.run_id;
     IF v_existing.run_id IS NULL THEN
         IF enqueue_run.concurrency_key IS NOT NULL THEN
-            PERFORM pg_advisory_xact_lock(_key_lock_id(enqueue_run.concurrency_key));
+            PERFORM _lock_key(enqueue_run.concurrency_key);
             -- Fresh snapshot after the key lock: the key's live runs as committed now.
             v_held := EXISTS (
                 SELECT 1 FROM runs AS k

@@ -24,8 +24,8 @@
 -- nothing. Emits run.queued per created run; notifies runrelay_runs once per
 -- queue with a runnable new run.
 --
--- Locks: the advisory locks of every new run's concurrency key, ascending by
--- lock id, before anything is written (custody step 1); the new rows are
+-- Locks: the row locks of every new run's concurrency key, ascending by
+-- key, before anything is written (custody step 1); the new rows are
 -- inserted in run_id COLLATE "C" order. Concurrent calls with overlapping
 -- keys or run_ids therefore never deadlock. A replay of the whole call is
 -- safe: it answers created = false for every item and writes nothing.

@@ -35,7 +35,7 @@
 --
 -- Locks (custody.sql). Every blocking acquisition comes first and follows
 -- the custody order: with more than one item, every key lock of the items
--- in lock-id order (_lock_keys), then (unless every item is a completion:
+-- in key order (_lock_keys), then (unless every item is a completion:
 -- _complete locks its runs in the same order itself) every item's run row
 -- in run_id COLLATE "C" order. The settlements then re-take locks this
 -- transaction already holds, which never wait, and attempt rows, which are

@@ -6,8 +6,9 @@
 -- Concurrency keys: runs sharing a key are strictly serial. Among the live
 -- (queued, running, waiting) runs of a key, only the one with the smallest
 -- key_position is not key_held; every other one is held out of the claim
--- indexes. The invariant is maintained under the key's advisory lock, which
--- enqueue and every terminal transition take.
+-- indexes. The invariant is maintained under the key's row lock
+-- (concurrency_keys, schema/12_locks.sql), which enqueue and every terminal
+-- transition take.
 CREATE SEQUENCE runs_key_position_seq AS bigint;
 
 -- _runs_rules(): the row rules of a run, the table's last line of defence

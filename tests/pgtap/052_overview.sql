@@ -97,14 +97,14 @@ BEGIN
 END;
 $$;
 
--- Hold the rollup's advisory lock from a second session, as a concurrent
--- record_queue_activity would; pg_temp.release_rollup() ends that session.
+-- Hold the rollup's lock (the watermark row) from a second session, as a
+-- concurrent record_queue_activity would; pg_temp.release_rollup() ends that
+-- session. There is no watermark yet: the holder commits one (this
+-- transaction could not see it otherwise) and deletes it on release.
 CREATE FUNCTION pg_temp.hold_rollup()
 RETURNS boolean
 LANGUAGE plpgsql
 AS $$
-DECLARE
-    v_locked boolean;
 BEGIN
     PERFORM dblink_connect('ov_holder', format(
         'dbname=%s port=%s host=%s user=%s',
@@ -113,10 +113,13 @@ BEGIN
         coalesce(host(inet_server_addr()), split_part(current_setting('unix_socket_directories'), ',', 1)),
         current_user
     ));
-    SELECT t.locked INTO v_locked FROM dblink(
-        'ov_holder', $q$SELECT pg_try_advisory_lock(hashtext('runrelay/queue_activity'), 0)$q$
-    ) AS t (locked boolean);
-    RETURN v_locked;
+    PERFORM dblink_exec('ov_holder', $q$SET lock_timeout = '1s'$q$);
+    PERFORM dblink_exec('ov_holder', $q$INSERT INTO runrelay.queue_activity_watermark (final_before, updated_at)
+        VALUES (date_bin('1 minute', now(), timestamptz '2000-01-01 00:00:00+00'), now())$q$);
+    PERFORM dblink_exec('ov_holder', 'BEGIN');
+    PERFORM * FROM dblink('ov_holder', 'SELECT 1 FROM runrelay.queue_activity_watermark FOR UPDATE NOWAIT')
+        AS t (held integer);
+    RETURN TRUE;
 END;
 $$;
 
@@ -125,7 +128,8 @@ RETURNS void
 LANGUAGE plpgsql
 AS $$
 BEGIN
-    PERFORM * FROM dblink('ov_holder', 'SELECT pg_advisory_unlock_all()') AS t (ignored text);
+    PERFORM dblink_exec('ov_holder', 'DELETE FROM runrelay.queue_activity_watermark');
+    PERFORM dblink_exec('ov_holder', 'COMMIT');
     PERFORM dblink_disconnect('ov_holder');
 END;
 $$;

@@ -162,16 +162,16 @@ AS $$
     WHERE run_id = p_run_id;
 $$;
 
--- Hold a concurrency key's advisory lock from a second session, as a writer
--- in custody of a keyed run would; tests.release_key() ends that session.
--- Raises instead of waiting when the key is busy (e.g. locked by this
--- transaction), so a test cannot hang.
+-- Hold a concurrency key's lock (its concurrency_keys row) from a second
+-- session, as a writer in custody of a keyed run would; tests.release_key()
+-- ends that session. The holder commits the key's row first (a row this
+-- transaction inserted would be invisible to it) and deletes it again on
+-- release. Raises instead of waiting when the key is busy (e.g. locked by
+-- this transaction), so a test cannot hang.
 CREATE FUNCTION tests.hold_key(p_key text)
 RETURNS void
 LANGUAGE plpgsql
 AS $$
-DECLARE
-    v_locked boolean;
 BEGIN
     PERFORM dblink_connect('tests_holder', format(
         'dbname=%s port=%s host=%s user=%s',
@@ -180,25 +180,31 @@ BEGIN
         coalesce(host(inet_server_addr()), split_part(current_setting('unix_socket_directories'), ',', 1)),
         current_user
     ));
-    SELECT t.locked INTO v_locked FROM dblink(
-        'tests_holder',
-        format('SELECT pg_try_advisory_lock(%s)', runrelay._key_lock_id(p_key))
-    ) AS t (locked boolean);
-    IF NOT v_locked THEN
+    BEGIN
+        PERFORM dblink_exec('tests_holder', $q$SET lock_timeout = '1s'$q$);
+        PERFORM dblink_exec('tests_holder', format(
+            'INSERT INTO runrelay.concurrency_keys (key) VALUES (%L) ON CONFLICT DO NOTHING', p_key));
+        PERFORM dblink_exec('tests_holder', 'BEGIN');
+        PERFORM * FROM dblink('tests_holder', format(
+            $q$SELECT set_config('tests.held_key', %L, FALSE) FROM runrelay.concurrency_keys WHERE key = %L FOR UPDATE NOWAIT$q$,
+            p_key, p_key)) AS t (held text);
+    EXCEPTION WHEN OTHERS THEN
         PERFORM dblink_disconnect('tests_holder');
-        RAISE EXCEPTION 'tests.hold_key: key % is busy', p_key;
-    END IF;
+        RAISE EXCEPTION 'tests.hold_key: key % is busy (%)', p_key, sqlerrm;
+    END;
 END;
 $$;
 
--- Unlocks explicitly: a disconnect alone releases the lock only when the
--- other backend has exited, which a following try-lock could beat.
+-- Releases the key and deletes the row the holder made for it, so the test
+-- transaction goes on as if no one had held it.
 CREATE FUNCTION tests.release_key()
 RETURNS void
 LANGUAGE plpgsql
 AS $$
 BEGIN
-    PERFORM * FROM dblink('tests_holder', 'SELECT pg_advisory_unlock_all()') AS t (ignored text);
+    PERFORM dblink_exec('tests_holder',
+        $q$DELETE FROM runrelay.concurrency_keys WHERE key = current_setting('tests.held_key')$q$);
+    PERFORM dblink_exec('tests_holder', 'COMMIT');
     PERFORM dblink_disconnect('tests_holder');
 END;
 $$;

@@ -25,6 +25,8 @@ from runrelay.worker import Worker
 
 REPO = Path(__file__).resolve().parents[2]
 TABLES = (
+    "call_locks",
+    "concurrency_keys",
     "queue_activity_watermark",
     "queue_activity",
     "schedules",

@@ -19,7 +19,7 @@ import pytest
 
 from sqlapi import call, scalar
 
-BIG = ("runs", "attempts", "ledger_events", "ledger_lanes", "calls")
+BIG = ("runs", "attempts", "ledger_events", "ledger_lanes", "calls", "concurrency_keys")
 SEQ_SCAN = re.compile(rf"Seq Scan on ({'|'.join(BIG)}) ")
 REMOVED = re.compile(r"Rows Removed by (?:Filter|Index Recheck|Join Filter): (\d+)")
 
@@ -66,6 +66,10 @@ def prefill(db: psycopg.Connection) -> None:
     db.execute(
         "INSERT INTO runrelay.ledger_lanes (run_id, lane, delivered_below)"
         " SELECT 'done-' || i, 'lifecycle', 3 FROM generate_series(1, 100000) AS i"
+    )
+    db.execute(
+        "INSERT INTO runrelay.concurrency_keys (key)"
+        " SELECT 'old-key-' || i FROM generate_series(1, 100000) AS i"
     )
     db.execute(
         """

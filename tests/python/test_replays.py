@@ -373,8 +373,9 @@ def test_a_repeat_while_the_first_call_is_in_flight_waits_for_its_outcome(
     db: psycopg.Connection, connect: Connect, function: str, first_commits: bool
 ) -> None:
     """The client gave up on a slow reply and repeats the call while the first
-    is still in its transaction: the repeat waits on the call_id's lock (seen
-    in pg_locks), then answers what the first call committed - or, if it
+    is still in its transaction: the repeat waits on the call_id's lock (its
+    insert into call_locks waits for the first call's transaction, seen in
+    pg_locks), then answers what the first call committed - or, if it
     rolled back, does the work itself. Either way the effect happens once."""
     if function == "signal_run":
         _waiting_for_go(db)
@@ -401,7 +402,7 @@ def test_a_repeat_while_the_first_call_is_in_flight_waits_for_its_outcome(
     waiting = db.execute(
         "SELECT locktype FROM pg_locks WHERE pid = %s AND NOT granted", [backend_pid(second)]
     ).fetchall()
-    assert waiting == [("advisory",)]
+    assert waiting == [("transactionid",)]
     if first_commits:
         first.commit()
     else:

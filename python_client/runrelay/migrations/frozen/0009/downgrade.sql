@@ -2,6 +2,11 @@
 -- delimited by a header and an end line, so that sections written
 -- separately merge side by side.
 
+-- ==== lock rows ============================================================
+DROP TABLE call_locks;
+DROP TABLE concurrency_keys;
+-- ==== end: lock rows =======================================================
+
 -- ==== queue activity =======================================================
 -- 0008 has no overview: the rollup goes (the ledger it was counted from stays).
 DROP TABLE queue_activity_watermark;

@@ -256,3 +256,25 @@ CREATE TABLE queue_activity_watermark (
     )
 );
 -- ==== end: queue activity ==================================================
+
+-- ==== lock rows ============================================================
+-- The rows runrelay serialises on instead of advisory locks, which any login
+-- could take (plpgsql/schema/12_locks.sql). Every key a run has gets its row
+-- now, so a try-lock on an existing run's key finds its row.
+CREATE TABLE concurrency_keys (
+    key text PRIMARY KEY
+);
+
+REVOKE ALL ON TABLE concurrency_keys FROM public;
+
+INSERT INTO concurrency_keys (key)
+SELECT DISTINCT r.concurrency_key
+FROM runs AS r
+WHERE r.concurrency_key IS NOT NULL;
+
+CREATE TABLE call_locks (
+    call_id uuid PRIMARY KEY
+);
+
+REVOKE ALL ON TABLE call_locks FROM public;
+-- ==== end: lock rows =======================================================
