@@ -112,6 +112,7 @@ BEGIN
     END IF;
 
     IF v_new > 0 THEN
+        PERFORM _check_run_owner(p_run_ids, p_batch);
         PERFORM _lock_concurrency_keys(v_lock_keys);
         -- A fresh snapshot after the key locks: the keys' live runs as
         -- committed now (one probe of runs_key_live_idx per key's first run).

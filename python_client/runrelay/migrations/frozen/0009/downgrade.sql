@@ -167,3 +167,7 @@ DROP FUNCTION _runs_rules(
 DROP INDEX runs_key_list_idx;
 DROP INDEX runs_list_idx;
 -- ==== end: operators' listings =============================================
+
+-- ==== shard ownership ======================================================
+DROP TABLE shard_ownership;
+-- ==== end: shard ownership =================================================
