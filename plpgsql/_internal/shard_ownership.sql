@@ -8,8 +8,9 @@
 -- The hash is the proxy's run_hash: the first 32 bits of the MD5 of the
 -- routing key (the text between the first '{' and the next '}' when not
 -- empty, else the whole run_id), signed, masked by partition_count - 1.
--- NULL run_ids are left to the caller's validation. No lock: the row changes
--- only when `runrelay migrate` rewrites the map.
+-- A NULL element is not checked (callers pass NULL for the items that
+-- repeat an existing run, and validate NULL run_ids themselves). No lock: the
+-- row changes only when `runrelay migrate` rewrites the map.
 CREATE FUNCTION _check_run_owner(p_run_ids text[], p_batch boolean)
 RETURNS void
 LANGUAGE plpgsql
