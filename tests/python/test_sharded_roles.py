@@ -13,7 +13,9 @@ directly, while the owning shard accepts it.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -301,3 +303,79 @@ def test_migrate_gives_each_shard_its_partitions_and_an_unsharded_install_none(
     assert db.execute("SELECT count(*) FROM runrelay.shard_ownership").fetchone() == (0,)
     for run_id in ("any-run", "other{tag}"):
         assert call_in(db, "runrelay", "enqueue_run", run_id=run_id) == [(run_id, "queued", True)]
+
+
+@pytest.fixture
+def password_shards(sharded: ShardedInstall, logins: dict[str, str]) -> Iterator[Path]:
+    """The shards ask the runrelay logins for their password (scram-sha-256,
+    ahead of the harness's trust lines); the proxy's DSNs name a passfile
+    on the proxy server, owned by the server's OS user, which the test
+    writes. Undone after the test."""
+    root = sharded.clusters.proxy.root
+    passfile = root / "pgpass"
+    passfile.write_text("")
+    passfile.chmod(0o600)
+    os.chown(passfile, root.stat().st_uid, root.stat().st_gid)
+    group = "shard_password_logins"
+    hba_line = f"host all +{group} 127.0.0.1/32 scram-sha-256\n"
+    proxy = sharded.connect()
+    for i, cluster in enumerate(sharded.clusters.shards):
+        shard = sharded.shard(i)
+        shard.execute(sql.SQL("CREATE ROLE {}").format(sql.Identifier(group)))
+        for login in logins.values():
+            shard.execute(
+                sql.SQL("GRANT {} TO {}").format(sql.Identifier(group), sql.Identifier(login))
+            )
+        hba = cluster.datadir / "pg_hba.conf"
+        hba.write_text(hba_line + hba.read_text())
+        shard.execute("SELECT pg_reload_conf()")
+    proxy.execute(
+        "UPDATE runrelay_config.shards SET dsn = dsn || ' passfile=' || %s", [str(passfile)]
+    )
+    try:
+        yield passfile
+    finally:
+        proxy.execute(
+            "UPDATE runrelay_config.shards SET dsn = replace(dsn, ' passfile=' || %s, '')",
+            [str(passfile)],
+        )
+        passfile.unlink()
+        for i, cluster in enumerate(sharded.clusters.shards):
+            hba = cluster.datadir / "pg_hba.conf"
+            hba.write_text(hba.read_text().replace(hba_line, "", 1))
+            shard = sharded.shard(i)
+            shard.execute("SELECT pg_reload_conf()")
+            shard.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(group)))
+
+
+def test_logins_reach_password_protected_shards_with_the_proxys_passfile(
+    sharded: ShardedInstall, logins: dict[str, str], password_shards: Path
+) -> None:
+    """With password authentication on the shards, a login's calls through
+    the proxy work once the proxy server holds its password (a passfile
+    line per shard), and fail without it: no credential is stored in the
+    proxy's tables, and none is shared between logins."""
+    (on0,), (on1,) = run_ids_on(sharded, 0, 1, "pw"), run_ids_on(sharded, 1, 1, "pw")
+    # The shards do ask: a login without the password is turned away.
+    with pytest.raises(psycopg.OperationalError, match="password"):
+        psycopg.connect(sharded.clusters.shards[0].url(user=logins["producer"]))
+    producer = as_login(sharded, logins["producer"])
+    enqueue = "SELECT * FROM runrelay.enqueue_run(%s)"
+    with pytest.raises(psycopg.Error, match="password"):
+        producer.execute(enqueue, [on1])
+
+    lines = []
+    for cluster in sharded.clusters.shards:
+        lines.append(f"127.0.0.1:{cluster.port}:postgres:{logins['producer']}:{PASSWORD}\n")
+    password_shards.write_text("".join(lines))
+    producer = as_login(sharded, logins["producer"])
+    for run_id in (on0, on1):
+        assert producer.execute(enqueue, [run_id]).fetchall() == [(run_id, "queued", True)]
+    # Another login has no line: its calls are still refused.
+    with pytest.raises(psycopg.Error, match="password"):
+        as_login(sharded, logins["admin"]).execute("SELECT * FROM runrelay.get_run(%s)", [on0])
+    assert sorted(sharded.everywhere("SELECT run_id FROM runrelay.runs")) == sorted(
+        [(on0,), (on1,)]
+    )
+    dsns = sharded.connect().execute("SELECT dsn FROM runrelay_config.shards").fetchall()
+    assert not any("password" in str(d) for (d,) in dsns)
