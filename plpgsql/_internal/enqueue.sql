@@ -112,6 +112,13 @@ BEGIN
     END IF;
 
     IF v_new > 0 THEN
+        -- Only the new runs' ids: a repeat answers its run as enqueue_run does.
+        PERFORM _check_run_owner(
+            ARRAY(
+                SELECT CASE WHEN v_found[g.i] IS NULL THEN p_run_ids[g.i] END
+                FROM generate_subscripts(p_run_ids, 1) AS g (i) ORDER BY g.i
+            ),
+            p_batch);
         PERFORM _lock_concurrency_keys(v_lock_keys);
         -- A fresh snapshot after the key locks: the keys' live runs as
         -- committed now (one probe of runs_key_live_idx per key's first run).

@@ -59,6 +59,7 @@ BEGIN
 
     SELECT r.* INTO v_existing FROM runs AS r WHERE r.run_id = enqueue_run.run_id;
     IF v_existing.run_id IS NULL THEN
+        PERFORM _check_run_owner(ARRAY[enqueue_run.run_id], FALSE);
         IF enqueue_run.concurrency_key IS NOT NULL THEN
             PERFORM _lock_key(enqueue_run.concurrency_key);
             -- Fresh snapshot after the key lock: the key's live runs as committed now.

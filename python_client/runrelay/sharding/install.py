@@ -251,6 +251,25 @@ def proxy_sql(shard: psycopg.Connection[Any], schema: str) -> str:
     # The routing helpers come before the functions that use them.
     body = [written[0], *out, *written[1:]]
 
+    # Callers reach the shards only through the public functions: those run
+    # as their owner on the proxy (so no runrelay role needs, or has, the
+    # one-shard on_* calls, the routing helpers, the configuration or
+    # PL/Proxy's plproxy schema), while PL/Proxy connects to the shards as
+    # the session's login (plproxy.get_cluster_partitions, 00_config.sql),
+    # so each shard still checks the caller's own grants. The views call
+    # their gather_* function with the caller's rights: those run as their
+    # owner too.
+    definer = [
+        "DO $d$ DECLARE v_fn regprocedure; BEGIN\n"
+        "    FOR v_fn IN SELECT p.oid::regprocedure FROM pg_catalog.pg_proc AS p\n"
+        f"        WHERE p.pronamespace = '{q_schema}'::regnamespace\n"
+        f"           OR (p.pronamespace = '{proxy}'::regnamespace\n"
+        "               AND p.proname LIKE 'gather\\_%')\n"
+        "    LOOP\n"
+        "        EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER"
+        " SET search_path = pg_catalog, pg_temp', v_fn);\n"
+        "    END LOOP;\nEND $d$;"
+    ]
     grants = [
         f"REVOKE ALL ON ALL FUNCTIONS IN SCHEMA {q_schema} FROM PUBLIC;",
         f"REVOKE ALL ON ALL FUNCTIONS IN SCHEMA {proxy} FROM PUBLIC;",
@@ -258,9 +277,10 @@ def proxy_sql(shard: psycopg.Connection[Any], schema: str) -> str:
     for suffix in ROLE_SUFFIXES:
         role = _ident(f"{schema}_{suffix}")
         grants += [
-            f"GRANT USAGE ON SCHEMA {q_schema}, {proxy}, {config} TO {role};",
-            f"GRANT SELECT ON ALL TABLES IN SCHEMA {config} TO {role};",
-            f"GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA {proxy} TO {role};",
+            # An install of an older package granted these; no role needs them.
+            f"REVOKE ALL ON ALL TABLES IN SCHEMA {config} FROM {role};",
+            f"REVOKE ALL ON SCHEMA {config} FROM {role};",
+            f"GRANT USAGE ON SCHEMA {q_schema} TO {role};",
             f"GRANT EXECUTE ON FUNCTION {q_schema}.shard_for(text), {q_schema}.shard_map() "
             f"TO {role};",
         ]
@@ -273,7 +293,10 @@ def proxy_sql(shard: psycopg.Connection[Any], schema: str) -> str:
     for view in VIEWS:
         for role in _view_roles(shard, schema, view):
             grants.append(f"GRANT SELECT ON {q_schema}.{_ident(view)} TO {_ident(role)};")
-    return "\n\n".join([*body, *grants]) + "\n"
+            grants.append(
+                f"GRANT EXECUTE ON FUNCTION {proxy}.{_ident('gather_' + view)}() TO {_ident(role)};"
+            )
+    return "\n\n".join([*body, *definer, *grants]) + "\n"
 
 
 def _sql_files() -> list[tuple[str, str]]:
@@ -461,6 +484,35 @@ def _claim_event_range(conn: psycopg.Connection[Any], schema: str, shard: int) -
     )
 
 
+def _claim_partitions(
+    conn: psycopg.Connection[Any], schema: str, shard: int, owners: Sequence[int]
+) -> None:
+    """Tell the shard which partitions are its own (owners[p] is partition
+    p's shard), so that it refuses to create a run the proxy routes
+    elsewhere (the shard's _check_run_owner). Rewritten on every migrate: a
+    moved partition is one `runrelay migrate` away from being enforced."""
+    mine = [p for p, owner in enumerate(owners) if owner == shard]
+    table = sql.Identifier(schema, "shard_ownership")
+    conn.execute(sql.SQL("DELETE FROM {}").format(table))
+    # A shard without partitions gets its row too: it creates no runs.
+    conn.execute(
+        sql.SQL("INSERT INTO {} (shard, partition_count, partitions) VALUES (%s, %s, %s)").format(
+            table
+        ),
+        (shard, len(owners), mine),
+    )
+
+
+def configured_map(conn: psycopg.Connection[Any], schema: str) -> list[int]:
+    """The configured shard of each partition, in partition order."""
+    rows = conn.execute(
+        sql.SQL("SELECT shard FROM {}.partitions ORDER BY partition").format(
+            sql.Identifier(f"{schema}_config")
+        )
+    ).fetchall()
+    return [int(r[0]) for r in rows]
+
+
 def _check_event_range(conn: psycopg.Connection[Any], schema: str, shard: int) -> bool:
     row = conn.execute(
         "SELECT s.seqmin, s.seqmax FROM pg_sequence AS s "
@@ -630,10 +682,16 @@ def migrate(
                     problem = _misrouted(conn, schema, i, len(shards), partitions)
                 if problem is not None:
                     raise ShardingError(problem)
+            owners = (
+                configured_map(proxy, schema)
+                if configured
+                else [p % len(shards) for p in range(partitions)]
+            )
             for i, url in sorted(urls.items()):
                 migrations.upgrade(_as_url(url), schema)
                 with conns[i].transaction():
                     _claim_event_range(conns[i], schema, i)
+                    _claim_partitions(conns[i], schema, i, owners)
             install = proxy_sql(conns[min(conns)], schema)
         finally:
             for conn in conns.values():

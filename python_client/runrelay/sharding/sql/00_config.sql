@@ -56,16 +56,32 @@ AS $$
     SELECT s.config_version FROM @config@.settings AS s;
 $$;
 
+-- Each DSN names the session's login as its user: PL/Proxy connects to the
+-- shards as that login, so every shard checks the caller's own grants. The
+-- proxy's public functions are SECURITY DEFINER (so that no caller needs, or
+-- has, the one-shard on_* calls and routing helpers behind them); inside
+-- them current_user is their owner, whom PL/Proxy would otherwise connect
+-- as (its default_user setting cannot help: PL/Proxy picks the user before
+-- it first reads the cluster's configuration). The session user is fixed
+-- for a backend's life, as PL/Proxy's cached copy of this list is. The
+-- stored DSNs carry no user (runrelay migrate strips it); a password comes
+-- from the proxy server's .pgpass or a certificate, never from here.
 CREATE OR REPLACE FUNCTION plproxy.get_cluster_partitions(cluster_name text)
 RETURNS SETOF text
 LANGUAGE sql
 STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT s.dsn
+    SELECT s.dsn || ' user=''' || replace(replace(session_user::text, '\', '\\'), '''', '\''') || ''''
     FROM @config@.partitions AS p
     INNER JOIN @config@.shards AS s ON s.shard = p.shard
     ORDER BY p.partition;
 $$;
+
+-- PL/Proxy calls these as the proxy functions' owner; no caller needs them.
+REVOKE ALL ON FUNCTION plproxy.get_cluster_version(text) FROM public;
+REVOKE ALL ON FUNCTION plproxy.get_cluster_partitions(text) FROM public;
 
 -- connection_lifetime: reconnect now and then, so a moved shard's old address
 -- is not used forever by a long-lived proxy backend.
@@ -78,3 +94,5 @@ STABLE
 AS $$
     VALUES ('connection_lifetime'::text, '1800'::text);
 $$;
+
+REVOKE ALL ON FUNCTION plproxy.get_cluster_config(text) FROM public;

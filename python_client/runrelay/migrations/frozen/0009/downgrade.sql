@@ -2,6 +2,10 @@
 -- delimited by a header and an end line, so that sections written
 -- separately merge side by side.
 
+-- ==== shard ownership ======================================================
+DROP TABLE shard_ownership;
+-- ==== end: shard ownership =================================================
+
 -- ==== lock rows ============================================================
 DROP TABLE call_locks;
 DROP TABLE concurrency_keys;

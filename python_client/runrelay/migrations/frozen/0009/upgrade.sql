@@ -278,3 +278,25 @@ CREATE TABLE call_locks (
 
 REVOKE ALL ON TABLE call_locks FROM public;
 -- ==== end: lock rows =======================================================
+
+-- ==== shard ownership ======================================================
+-- Which runs a shard of a sharded install may create
+-- (plpgsql/schema/13_shard_ownership.sql). Empty after the upgrade (an
+-- unsharded install checks nothing); `runrelay migrate` against a proxy
+-- writes each shard's row.
+CREATE TABLE shard_ownership (
+    singleton boolean PRIMARY KEY DEFAULT TRUE,
+    shard integer NOT NULL,
+    partition_count integer NOT NULL,
+    partitions integer[] NOT NULL,
+    CONSTRAINT shard_ownership_singleton CHECK (singleton),
+    CONSTRAINT shard_ownership_shard CHECK (shard BETWEEN 0 AND 32767),
+    CONSTRAINT shard_ownership_partition_count CHECK (
+        partition_count BETWEEN 1 AND 32768
+        AND partition_count & (partition_count - 1) = 0
+    ),
+    CONSTRAINT shard_ownership_partitions CHECK (
+        cardinality(partitions) <= partition_count
+    )
+);
+-- ==== end: shard ownership =================================================
