@@ -128,7 +128,7 @@ BEGIN
             WHEN 'release' THEN ARRAY['run_at', 'reason']
         END;
         IF v_fields IS NULL THEN
-            PERFORM _invalid('items', format('item %s: unknown op %L', v_index, v_op), v_hint);
+            PERFORM _invalid('items', format('item %s: unknown op %s', v_index, _quote(v_op)), v_hint);
         END IF;
         IF EXISTS (
             SELECT 1 FROM jsonb_object_keys(v_item) AS k (name)
