@@ -1405,6 +1405,22 @@ def test_nested_values_in_errors_are_quoted_short(db: psycopg.Connection, world:
         ),
         (lambda: call(db, "settle_and_claim", worker="w", items=[{"op": long}]), "items"),
         (
+            lambda: call(
+                db,
+                "settle_and_claim",
+                worker="w",
+                items=[
+                    {
+                        "op": "release",
+                        **fenced(world["claim"]),
+                        "lease_token": str(world["token"]),
+                        "run_at": long,
+                    }
+                ],
+            ),
+            "items",
+        ),
+        (
             lambda: call(db, "enqueue_runs", items=[{"run_id": "a", "run_at": long}]),
             "items[0].run_at",
         ),
