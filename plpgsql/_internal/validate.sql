@@ -21,7 +21,7 @@
 CREATE FUNCTION _escape_text(p_text text, p_quote boolean DEFAULT FALSE)
 RETURNS text
 LANGUAGE plpgsql
-IMMUTABLE
+VOLATILE
 SET search_path FROM CURRENT
 AS $$
 DECLARE
@@ -57,7 +57,7 @@ COMMENT ON FUNCTION _escape_text(text, boolean) IS
 CREATE FUNCTION _quote(p_value text)
 RETURNS text
 LANGUAGE plpgsql
-IMMUTABLE
+VOLATILE
 SET search_path FROM CURRENT
 AS $$
 BEGIN
