@@ -101,8 +101,8 @@ BEGIN
             'A call_id names one call: pass a new uuid for a new call, the same one only to repeat that call.');
     END IF;
     IF v_call.arguments_digest <> p_digest THEN
-        PERFORM _invalid('call_id', format('%s was already used by a %s call for run %L with other %s',
-                p_call_id, p_function, p_run_id,
+        PERFORM _invalid('call_id', format('%s was already used by a %s call for run %s with other %s',
+                p_call_id, p_function, _quote(p_run_id),
                 CASE p_function
                     WHEN 'signal_run' THEN 'name or payload'
                     WHEN 'retry_run' THEN 'max_attempts, run_at, reason or requested_by'

@@ -75,15 +75,15 @@ BEGIN
     ELSIF array_position(p_names, p_text) IS NOT NULL THEN
         v_value := p_min + array_position(p_names, p_text) - 1;
     ELSE
-        PERFORM _invalid('cron', format('%s field "%s": %s', p_field, p_field_text,
+        PERFORM _invalid('cron', format('%s field %s: %s', p_field, _quote(p_field_text),
             CASE
                 WHEN coalesce(p_text, '') = '' THEN 'a value is missing'
-                ELSE quote_literal(p_text) || ' is not a number' || CASE WHEN p_names IS NULL THEN '' ELSE ' or name' END
+                ELSE _quote(p_text) || ' is not a number' || CASE WHEN p_names IS NULL THEN '' ELSE ' or name' END
             END), _cron_hint());
     END IF;
     IF v_value NOT BETWEEN p_min AND p_max THEN
-        PERFORM _invalid('cron', format('%s field "%s": %s is out of range %s-%s',
-            p_field, p_field_text, v_value, p_min, p_max), _cron_hint());
+        PERFORM _invalid('cron', format('%s field %s: %s is out of range %s-%s',
+            p_field, _quote(p_field_text), v_value, p_min, p_max), _cron_hint());
     END IF;
     RETURN v_value;
 END;
@@ -111,13 +111,13 @@ BEGIN
     FOREACH v_item IN ARRAY string_to_array(p_text, ',') LOOP
         v_parts := string_to_array(v_item, '/');
         IF cardinality(v_parts) > 2 THEN
-            PERFORM _invalid('cron', format('%s field "%s": more than one /step', p_field, p_text), _cron_hint());
+            PERFORM _invalid('cron', format('%s field %s: more than one /step', p_field, _quote(p_text)), _cron_hint());
         END IF;
         v_step := 1;
         IF cardinality(v_parts) = 2 THEN
             IF v_parts[2] !~ '^[0-9]{1,4}$' OR v_parts[2]::integer = 0 THEN
-                PERFORM _invalid('cron', format('%s field "%s": the step must be a positive integer',
-                    p_field, p_text), _cron_hint());
+                PERFORM _invalid('cron', format('%s field %s: the step must be a positive integer',
+                    p_field, _quote(p_text)), _cron_hint());
             END IF;
             v_step := v_parts[2]::integer;
         END IF;
@@ -127,13 +127,13 @@ BEGIN
         ELSE
             v_bounds := string_to_array(v_parts[1], '-');
             IF cardinality(v_bounds) > 2 THEN
-                PERFORM _invalid('cron', format('%s field "%s": a range has two ends', p_field, p_text), _cron_hint());
+                PERFORM _invalid('cron', format('%s field %s: a range has two ends', p_field, _quote(p_text)), _cron_hint());
             END IF;
             v_low := _cron_value(p_field, p_text, v_bounds[1], p_min, p_max, p_names);
             IF cardinality(v_bounds) = 2 THEN
                 v_high := _cron_value(p_field, p_text, v_bounds[2], p_min, p_max, p_names);
                 IF v_high < v_low THEN
-                    PERFORM _invalid('cron', format('%s field "%s": the range runs backwards', p_field, p_text),
+                    PERFORM _invalid('cron', format('%s field %s: the range runs backwards', p_field, _quote(p_text)),
                         _cron_hint());
                 END IF;
             ELSIF cardinality(v_parts) = 2 THEN
@@ -214,8 +214,8 @@ BEGIN
                 RETURN v_spec;
             END IF;
         END LOOP;
-        PERFORM _invalid('cron', format('day-of-month field "%s" never falls in month field "%s"',
-            v_fields[3], v_fields[4]), _cron_hint());
+        PERFORM _invalid('cron', format('day-of-month field %s never falls in month field %s',
+            _quote(v_fields[3]), _quote(v_fields[4])), _cron_hint());
     END IF;
     RETURN v_spec;
 END;

@@ -42,14 +42,21 @@ BEGIN
         ) THEN
             PERFORM _invalid(p_parameter, format('element %s has an unknown field', v_index), v_hint);
         END IF;
-        IF jsonb_typeof(v_event -> 'type') IS DISTINCT FROM 'string'
-            OR length(v_event ->> 'type') NOT BETWEEN 1 AND 200
-            OR (v_event ->> 'type') ~ '^[[:space:]]*$' THEN
-            PERFORM _invalid(p_parameter, format('element %s needs a type: a string of 1 to 200 characters', v_index), v_hint);
+        IF jsonb_typeof(v_event -> 'type') IS DISTINCT FROM 'string' OR NOT _id_valid(v_event ->> 'type') THEN
+            PERFORM _invalid(p_parameter, format(
+                'element %s needs a type: a string of 1 to 200 characters, not blank, without control characters',
+                v_index), v_hint);
+        END IF;
+        -- Producers and workers alike: only the engine writes run.* events.
+        IF _event_type_reserved(v_event ->> 'type') THEN
+            PERFORM _invalid(p_parameter, format(
+                'element %s: type %s is in the run. namespace, reserved for the engine''s lifecycle events',
+                v_index, _quote(v_event ->> 'type')),
+                'Choose an event type that does not start with run. (e.g. order.shipped).');
         END IF;
         IF v_event ? 'lane' AND (v_event ->> 'lane') IS DISTINCT FROM 'lifecycle'
             AND (v_event ->> 'lane') IS DISTINCT FROM 'observability' THEN
-            PERFORM _invalid(p_parameter, format('element %s has an unknown lane %s', v_index, v_event -> 'lane'), v_hint);
+            PERFORM _invalid(p_parameter, format('element %s has an unknown lane %s', v_index, _quote((v_event -> 'lane')::text)), v_hint);
         END IF;
         IF v_event ? 'transport_only' AND jsonb_typeof(v_event -> 'transport_only') <> 'boolean' THEN
             PERFORM _invalid(p_parameter, format('element %s: transport_only must be a boolean', v_index), v_hint);
@@ -61,15 +68,15 @@ BEGIN
                 PERFORM _invalid(p_parameter, format('element %s: delivery_key must be a string of 1 to 400 characters', v_index), v_hint);
             END IF;
             IF v_key = ANY(v_keys) THEN
-                PERFORM _invalid(p_parameter, format('element %s repeats delivery_key %L', v_index, v_key), 'Delivery keys must be unique.');
+                PERFORM _invalid(p_parameter, format('element %s repeats delivery_key %s', v_index, _quote(v_key)), 'Delivery keys must be unique.');
             END IF;
             IF p_check_unused AND EXISTS (SELECT 1 FROM ledger_events AS l WHERE l.delivery_key = v_key) THEN
-                PERFORM _invalid(p_parameter, format('element %s: delivery_key %L is already used', v_index, v_key), 'Delivery keys must be unique.');
+                PERFORM _invalid(p_parameter, format('element %s: delivery_key %s is already used', v_index, _quote(v_key)), 'Delivery keys must be unique.');
             END IF;
             -- Default keys are <run_id>:<seq>, for runs that may not exist yet:
             -- an explicit key of that form could collide with one later.
             IF v_key ~ ':[0-9]+$' THEN
-                PERFORM _invalid(p_parameter, format('element %s: delivery_key %L ends in :<number>, the form reserved for default keys <run_id>:<seq>', v_index, v_key),
+                PERFORM _invalid(p_parameter, format('element %s: delivery_key %s ends in :<number>, the form reserved for default keys <run_id>:<seq>', v_index, _quote(v_key)),
                     'Omit delivery_key to get the default, or choose a key that does not end in a colon and digits (e.g. order-123).');
             END IF;
             v_keys := v_keys || v_key;
@@ -103,7 +110,7 @@ BEGIN
     INNER JOIN ledger_events AS l ON l.delivery_key = e.value ->> 'delivery_key'
     LIMIT 1;
     IF v_key IS NOT NULL THEN
-        PERFORM _invalid(p_parameter, format('delivery_key %L is already used', v_key),
+        PERFORM _invalid(p_parameter, format('delivery_key %s is already used', _quote(v_key)),
             'Delivery keys must be unique.');
     END IF;
 END;

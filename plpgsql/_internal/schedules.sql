@@ -27,7 +27,7 @@ BEGIN
     ORDER BY z.name = p_time_zone DESC, z.name
     LIMIT 1;
     IF v_name IS NULL THEN
-        PERFORM _invalid('time_zone', format('unknown time zone %s', quote_literal(p_time_zone)), v_hint);
+        PERFORM _invalid('time_zone', format('unknown time zone %s', _quote(p_time_zone)), v_hint);
     END IF;
     RETURN v_name;
 END;

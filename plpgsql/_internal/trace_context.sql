@@ -75,7 +75,7 @@ BEGIN
     END IF;
     SELECT min(k.name) INTO v_key FROM jsonb_object_keys(p_value - ARRAY['traceparent', 'tracestate']) AS k (name);
     IF v_key IS NOT NULL THEN
-        PERFORM _invalid(p_parameter, format('has an unknown key %s', v_key), v_hint);
+        PERFORM _invalid(p_parameter, format('has an unknown key %s', _quote(v_key)), v_hint);
     END IF;
     IF jsonb_typeof(p_value -> 'traceparent') IS DISTINCT FROM 'string' THEN
         PERFORM _invalid(p_parameter,
@@ -86,7 +86,7 @@ BEGIN
         OR substr(v_traceparent, 4, 32) = '00000000000000000000000000000000'
         OR substr(v_traceparent, 37, 16) = '0000000000000000' THEN
         PERFORM _invalid(p_parameter,
-            format('traceparent %s is not a version-00 W3C traceparent with ids not all zeros', left(v_traceparent, 80)),
+            format('traceparent %s is not a version-00 W3C traceparent with ids not all zeros', _quote(v_traceparent)),
             v_hint);
     END IF;
     PERFORM _invalid(p_parameter, 'tracestate must be a string of at most 512 printable ASCII characters', v_hint);

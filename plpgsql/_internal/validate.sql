@@ -4,14 +4,89 @@
 -- oversized JSON value raises 54000. Validation runs before any write, so a
 -- call that raises changes nothing.
 
+-- How an error shows a caller's value: every message that names a value
+-- the caller passed quotes it with _quote, never whole. A rejected value
+-- may be megabytes long or carry terminal escape sequences, and the
+-- message goes back to the caller and into the server log (and from there
+-- to an operator's terminal), so at most its first 40 characters are shown,
+-- in double quotes, with control characters, bidirectional-text controls,
+-- backslashes and double quotes escaped; a longer value ends in an
+-- ellipsis and its length. _invalid also escapes control characters in the
+-- whole message and cuts it at 400 characters, a backstop for a message
+-- that interpolates a value without _quote.
+
+-- p_text with every C0/C1 control character, DEL and bidirectional-text
+-- control written as \xNN or \uNNNN (and, with p_quote, backslash and
+-- double quote escaped). Only error paths call it.
+CREATE FUNCTION _escape_text(p_text text, p_quote boolean DEFAULT FALSE)
+RETURNS text
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_out text := '';
+    v_char text;
+    v_code integer;
+BEGIN
+    IF p_text !~ '[\x01-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\\"]' THEN
+        RETURN p_text;
+    END IF;
+    FOR v_i IN 1 .. length(p_text) LOOP
+        v_char := substr(p_text, v_i, 1);
+        v_code := ascii(v_char);
+        IF v_code < 32 OR v_code BETWEEN 127 AND 159 THEN
+            v_out := v_out || '\x' || lpad(to_hex(v_code), 2, '0');
+        ELSIF v_code IN (8206, 8207) OR v_code BETWEEN 8234 AND 8238 OR v_code BETWEEN 8294 AND 8297 THEN
+            v_out := v_out || '\u' || lpad(to_hex(v_code), 4, '0');
+        ELSIF p_quote AND v_char IN ('\', '"') THEN
+            v_out := v_out || '\' || v_char;
+        ELSE
+            v_out := v_out || v_char;
+        END IF;
+    END LOOP;
+    RETURN v_out;
+END;
+$$;
+
+COMMENT ON FUNCTION _escape_text(text, boolean) IS
+'Escapes control and bidirectional-text characters (and optionally backslash and double quote) for an error message.';
+
+-- A caller's value as an error message shows it: "first 40 characters"
+-- escaped, then "... (N characters)" when longer; null as null.
+CREATE FUNCTION _quote(p_value text)
+RETURNS text
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    IF p_value IS NULL THEN
+        RETURN 'null';
+    END IF;
+    IF length(p_value) <= 40 THEN
+        RETURN '"' || _escape_text(p_value, TRUE) || '"';
+    END IF;
+    RETURN format('"%s..." (%s characters)', _escape_text(left(p_value, 40), TRUE), length(p_value));
+END;
+$$;
+
+COMMENT ON FUNCTION _quote(text) IS
+'A caller''s value as an error message quotes it: at most 40 characters, escaped, with the length when cut.';
+
 CREATE FUNCTION _invalid(p_parameter text, p_problem text, p_hint text)
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
 SET search_path FROM CURRENT
 AS $$
+DECLARE
+    v_problem text := _escape_text(left(p_problem, 400));
 BEGIN
-    RAISE EXCEPTION 'runrelay: invalid %: %', p_parameter, p_problem
+    IF length(p_problem) > 400 THEN
+        v_problem := v_problem || '...';
+    END IF;
+    RAISE EXCEPTION 'runrelay: invalid %: %', p_parameter, v_problem
         USING ERRCODE = 'invalid_parameter_value',
               COLUMN = p_parameter,
               HINT = p_hint;
@@ -19,7 +94,51 @@ END;
 $$;
 
 COMMENT ON FUNCTION _invalid(text, text, text) IS
-'Raises SQLSTATE 22023 naming the parameter, with a hint.';
+'Raises SQLSTATE 22023 naming the parameter, with a hint; the message escaped and at most 400 characters.';
+
+-- The identifier rule, for every name a caller passes (run_id, queue,
+-- concurrency_key, worker, relay, signal and schedule names, and any future
+-- task name): at most 200 characters; no C0 or C1 control character or DEL
+-- (they would reach operators' terminals and logs as escape sequences); not
+-- blank, where blank is only Unicode white space or invisible characters
+-- (NBSP, the U+2000 spaces, ideographic space, zero-width space, BOM).
+-- Other non-ASCII text is fine ('café', '注文-1'). Null for null.
+-- IMMUTABLE SQL with a SQL-standard body, so the planner inlines it.
+CREATE FUNCTION _id_valid(p_value text)
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+RETURN (
+    length(p_value) <= 200
+    AND p_value !~ '[\x01-\x1f\x7f-\x9f]'
+    AND p_value !~ '^[\s\u00a0\u1680\u180e\u2000-\u200b\u2028\u2029\u202f\u205f\u3000\ufeff]*$'
+);
+
+COMMENT ON FUNCTION _id_valid(text) IS
+'Whether a text is a valid identifier: 1 to 200 characters, no control character, not blank (inlined).';
+
+-- Reserved namespaces. Run ids starting schedule: belong to the schedule
+-- path (_schedule_run_id names a slot's run so), so a caller cannot
+-- enqueue a slot's run first and pre-empt it. Event types starting run.
+-- are the engine's lifecycle events, so a producer or worker cannot forge
+-- run.completed ahead of the real one.
+CREATE FUNCTION _run_id_reserved(p_run_id text)
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+RETURN starts_with(p_run_id, 'schedule:');
+
+COMMENT ON FUNCTION _run_id_reserved(text) IS
+'Whether a run_id is in the schedule: namespace, which only schedules create (inlined).';
+
+CREATE FUNCTION _event_type_reserved(p_type text)
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+RETURN starts_with(p_type, 'run.');
+
+COMMENT ON FUNCTION _event_type_reserved(text) IS
+'Whether an event type is in the run. namespace of the engine''s lifecycle events (inlined).';
 
 CREATE FUNCTION _check_id(p_parameter text, p_value text, p_nullable boolean DEFAULT FALSE)
 RETURNS void
@@ -35,17 +154,44 @@ BEGIN
         END IF;
         RETURN;
     END IF;
-    -- [[:space:]] also catches tabs and newlines (btrim() strips only spaces).
-    IF length(p_value) > 200 OR p_value ~ '^[[:space:]]*$' THEN
+    IF _id_valid(p_value) THEN
+        RETURN;
+    END IF;
+    IF length(p_value) > 200 THEN
         PERFORM _invalid(p_parameter,
             format('must be 1 to 200 characters and not blank (got %s)', length(p_value)),
             'Pass a non-empty identifier of at most 200 characters.');
     END IF;
+    IF p_value ~ '[\x01-\x1f\x7f-\x9f]' THEN
+        PERFORM _invalid(p_parameter, format('must not contain control characters (got %s)', _quote(p_value)),
+            'Pass an identifier without control characters (U+0000 to U+001F, U+007F to U+009F).');
+    END IF;
+    PERFORM _invalid(p_parameter, format('must be 1 to 200 characters and not blank (got %s)', _quote(p_value)),
+        'Pass an identifier with at least one character that is not white space.');
 END;
 $$;
 
 COMMENT ON FUNCTION _check_id(text, text, boolean) IS
-'Validates an identifier: not null (unless nullable), not blank, at most 200 characters.';
+'Validates an identifier (_id_valid): not null (unless nullable), at most 200 characters, no control character, not blank.';
+
+-- The payload cap's error (54000), for one JSON argument (_check_json) or a
+-- whole batch (enqueue_runs' items): the size and the cap, never the value.
+CREATE FUNCTION _too_large(p_parameter text, p_size bigint, p_cap integer)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    RAISE EXCEPTION 'runrelay: % is too large: % bytes, the limit is %', p_parameter, p_size, p_cap
+        USING ERRCODE = 'program_limit_exceeded',
+              COLUMN = p_parameter,
+              HINT = 'Store large data elsewhere and pass a reference; the limit is settings.max_payload_bytes.';
+END;
+$$;
+
+COMMENT ON FUNCTION _too_large(text, bigint, integer) IS
+'Raises SQLSTATE 54000: a JSON argument is over settings.max_payload_bytes.';
 
 CREATE FUNCTION _check_json(
     p_parameter text, p_value jsonb, p_kind text DEFAULT 'any', p_nullable boolean DEFAULT FALSE
@@ -82,10 +228,7 @@ BEGIN
             'Flatten the JSON value to at most 511 levels of nesting.');
     END IF;
     IF v_size > v_cap THEN
-        RAISE EXCEPTION 'runrelay: % is too large: % bytes, the limit is %', p_parameter, v_size, v_cap
-            USING ERRCODE = 'program_limit_exceeded',
-                  COLUMN = p_parameter,
-                  HINT = 'Store large data elsewhere and pass a reference; the limit is settings.max_payload_bytes.';
+        PERFORM _too_large(p_parameter, v_size, v_cap);
     END IF;
 END;
 $$;
@@ -211,7 +354,7 @@ SET search_path FROM CURRENT
 AS $$
 BEGIN
     IF p_status NOT IN ('queued', 'running', 'waiting', 'completed', 'failed', 'cancelled') THEN
-        PERFORM _invalid(p_parameter, format('unknown run status %s', p_status),
+        PERFORM _invalid(p_parameter, format('unknown run status %s', _quote(p_status)),
             'Pass null, or one of queued, running, waiting, completed, failed, cancelled.');
     END IF;
 END;
@@ -244,7 +387,7 @@ SET search_path FROM CURRENT
 AS $$
 BEGIN
     IF p_lane IS NULL OR p_lane NOT IN ('lifecycle', 'observability') THEN
-        PERFORM _invalid('lane', format('unknown lane %s', coalesce(p_lane, 'null')),
+        PERFORM _invalid('lane', format('unknown lane %s', _quote(p_lane)),
             'Pass lifecycle or observability.');
     END IF;
 END;
@@ -298,15 +441,15 @@ RETURNS boolean
 LANGUAGE sql
 IMMUTABLE
 RETURN coalesce(
-    length(p_run_id) <= 200 AND p_run_id !~ '^[[:space:]]*$'
-    AND length(p_queue) <= 200 AND p_queue !~ '^[[:space:]]*$'
+    _id_valid(p_run_id) AND NOT _run_id_reserved(p_run_id)
+    AND _id_valid(p_queue)
     AND octet_length(p_payload::text) <= p_max_payload_bytes
     AND (octet_length(p_payload::text) < 1024 OR NOT jsonb_path_exists(p_payload, 'strict $.**{512}'))
     AND (p_run_at IS NULL OR isfinite(p_run_at))
     AND p_priority BETWEEN -1000000 AND 1000000
     AND p_max_attempts BETWEEN 1 AND 1000
     AND p_payload_retention IN ('keep', 'drop_on_delivery')
-    AND (p_concurrency_key IS NULL OR (length(p_concurrency_key) <= 200 AND p_concurrency_key !~ '^[[:space:]]*$')),
+    AND (p_concurrency_key IS NULL OR _id_valid(p_concurrency_key)),
     FALSE
 );
 
@@ -376,6 +519,11 @@ BEGIN
         RETURN;
     END IF;
     PERFORM _check_id(p_prefix || 'run_id', p_run_id);
+    IF _run_id_reserved(p_run_id) THEN
+        PERFORM _invalid(p_prefix || 'run_id',
+            format('%s is in the schedule: namespace, reserved for the runs of schedules', _quote(p_run_id)),
+            'Choose a run_id that does not start with schedule:; a schedule (upsert_schedule) creates those runs.');
+    END IF;
     PERFORM _check_id(p_prefix || 'queue', p_queue);
     PERFORM _check_json(p_prefix || 'payload', p_payload);
     PERFORM _check_time(p_prefix || 'run_at', p_run_at);
@@ -383,7 +531,7 @@ BEGIN
     PERFORM _check_int(p_prefix || 'max_attempts', p_max_attempts, 1, 1000);
     IF p_payload_retention IS NULL OR p_payload_retention NOT IN ('keep', 'drop_on_delivery') THEN
         PERFORM _invalid(p_prefix || 'payload_retention',
-            format('must be keep or drop_on_delivery (got %s)', coalesce(p_payload_retention, 'null')),
+            format('must be keep or drop_on_delivery (got %s)', _quote(p_payload_retention)),
             'Pass keep or drop_on_delivery.');
     END IF;
     PERFORM _check_id(p_prefix || 'concurrency_key', p_concurrency_key, TRUE);
@@ -402,7 +550,7 @@ SET search_path FROM CURRENT
 AS $$
 BEGIN
     PERFORM _invalid(p_parameter,
-        format('run %s already exists with a different queue or payload', p_run_id),
+        format('run %s already exists with a different queue or payload', _quote(p_run_id)),
         'Repeat an enqueue with the same queue and payload, or choose a new run_id.');
 END;
 $$;
@@ -429,9 +577,10 @@ BEGIN
             'item %s needs run_id (a string), attempt (a number) and lease_token (a uuid string)', p_index
         ), p_hint);
     END IF;
-    IF length(p_item ->> 'run_id') > 200 OR (p_item ->> 'run_id') ~ '^[[:space:]]*$' THEN
+    IF NOT _id_valid(p_item ->> 'run_id') THEN
         PERFORM _invalid(p_parameter, format(
-            'item %s: run_id must be 1 to 200 characters and not blank (got %s)', p_index, length(p_item ->> 'run_id')
+            'item %s: run_id must be 1 to 200 characters, not blank, without control characters (got %s)',
+            p_index, _quote(p_item ->> 'run_id')
         ), p_hint);
     END IF;
     IF (p_item ->> 'attempt') !~ '^[0-9]{1,9}$' OR (p_item ->> 'attempt')::integer < 1 THEN
@@ -441,7 +590,7 @@ BEGIN
         PERFORM _invalid(p_parameter, format('item %s: lease_token is not a uuid', p_index), p_hint);
     END IF;
     IF (p_item ->> 'run_id') = ANY(p_seen) THEN
-        PERFORM _invalid(p_parameter, format('item %s repeats run_id %L', p_index, p_item ->> 'run_id'), p_hint);
+        PERFORM _invalid(p_parameter, format('item %s repeats run_id %s', p_index, _quote(p_item ->> 'run_id')), p_hint);
     END IF;
 END;
 $$;

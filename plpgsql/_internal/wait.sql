@@ -165,7 +165,7 @@ BEGIN
     PERFORM _check_json('wait', p_wait, 'object');
     SELECT k.* INTO v_kind FROM _wait_kind(p_wait) AS k;
     IF v_kind.kind IS NULL THEN
-        PERFORM _invalid('wait', format('unknown kind %s', coalesce(p_wait -> 'kind', 'null'::jsonb)), _wait_hint());
+        PERFORM _invalid('wait', format('unknown kind %s', _quote((p_wait -> 'kind')::text)), _wait_hint());
     END IF;
     IF EXISTS (
         SELECT 1 FROM jsonb_object_keys(p_wait) AS k (name)
@@ -185,7 +185,7 @@ BEGIN
         BEGIN
             v_time := (p_wait ->> v_kind.deadline_key)::timestamptz;
         EXCEPTION WHEN invalid_datetime_format OR datetime_field_overflow OR invalid_text_representation THEN
-            PERFORM _invalid('wait', format('%s is not a timestamp: %s', v_kind.deadline_key, p_wait -> v_kind.deadline_key), _wait_hint());
+            PERFORM _invalid('wait', format('%s is not a timestamp: %s', v_kind.deadline_key, _quote(p_wait ->> v_kind.deadline_key)), _wait_hint());
         END;
         IF jsonb_typeof(p_wait -> v_kind.deadline_key) <> 'string' OR NOT isfinite(v_time) THEN
             PERFORM _invalid('wait', format('%s must be a finite timestamp string', v_kind.deadline_key), _wait_hint());

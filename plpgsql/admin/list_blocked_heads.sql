@@ -42,7 +42,7 @@ BEGIN
     PERFORM _check_id('run_id', list_blocked_heads.run_id, TRUE);
     PERFORM _check_id('after_run_id', list_blocked_heads.after_run_id, TRUE);
     IF list_blocked_heads.after_lane NOT IN ('lifecycle', 'observability') THEN
-        PERFORM _invalid('after_lane', format('unknown lane %s', list_blocked_heads.after_lane),
+        PERFORM _invalid('after_lane', format('unknown lane %s', _quote(list_blocked_heads.after_lane)),
             'Pass lifecycle or observability.');
     END IF;
     IF (list_blocked_heads.after_run_id IS NULL) <> (list_blocked_heads.after_lane IS NULL) THEN

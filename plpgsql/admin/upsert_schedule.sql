@@ -64,7 +64,7 @@ BEGIN
     PERFORM _check_int('max_attempts', upsert_schedule.max_attempts, 1, 1000);
     PERFORM _check_id('concurrency_key', upsert_schedule.concurrency_key, TRUE);
     IF upsert_schedule.missed IS NULL OR upsert_schedule.missed NOT IN ('catch_up', 'skip') THEN
-        PERFORM _invalid('missed', format('must be catch_up or skip (got %s)', coalesce(upsert_schedule.missed, 'null')),
+        PERFORM _invalid('missed', format('must be catch_up or skip (got %s)', _quote(upsert_schedule.missed)),
             'Pass catch_up (enqueue every missed slot) or skip (only the latest).');
     END IF;
     IF upsert_schedule.enabled IS NULL THEN

@@ -6,7 +6,9 @@
 -- distinct, increasing seq in commit order; called in a producer's
 -- transaction, the events commit (and become claimable) with its writes.
 -- Appending to an ended run is allowed (compensations, late facts). An
--- unknown run raises 22023.
+-- unknown run raises 22023, and so does an event type starting run. (the
+-- engine's lifecycle events, _event_type_reserved; final_events of the
+-- workers' calls follow the same rule).
 -- Replay: with explicit delivery keys on every event, repeating a call that
 -- committed returns the events it appended and appends nothing; a reused key
 -- with different content raises 22023. Without keys an append cannot be told
@@ -29,7 +31,7 @@ BEGIN
     PERFORM _check_json('events', append_events.events, 'array');
     SELECT r.run_id INTO v_found FROM runs AS r WHERE r.run_id = append_events.run_id FOR NO KEY UPDATE;
     IF v_found IS NULL THEN
-        PERFORM _invalid('run_id', format('no run %L', append_events.run_id),
+        PERFORM _invalid('run_id', format('no run %s', _quote(append_events.run_id)),
             'Enqueue the run first (enqueue_run), in the same transaction if need be.');
     END IF;
 

@@ -4,6 +4,8 @@
 -- returns the existing run with created = false; a different queue or payload
 -- raises 22023. Concurrent enqueues of one run_id resolve through the primary
 -- key (ON CONFLICT waits for the other transaction), so exactly one creates.
+-- Identifiers follow _id_valid; a run_id starting schedule: raises 22023
+-- (reserved for the runs of schedules, _run_id_reserved).
 --
 -- Trace context: a new run keeps the transaction-local setting
 -- runrelay.trace_context, when set, as its trace context

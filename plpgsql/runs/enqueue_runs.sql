@@ -21,8 +21,9 @@
 -- of one concurrency key are serial in item order. Any invalid item, or an
 -- item that names an existing run with another queue or payload, raises
 -- 22023 naming items[i].<parameter> (i counts from 0) and the call changes
--- nothing. Emits run.queued per created run; notifies runrelay_runs once per
--- queue with a runnable new run.
+-- nothing. items over settings.max_payload_bytes as a whole (the byte
+-- length of its text) raises 54000 and changes nothing. Emits run.queued per
+-- created run; notifies runrelay_runs once per queue with a runnable new run.
 --
 -- Locks: the row locks of every new run's concurrency key, ascending by
 -- key, before anything is written (custody step 1); the new rows are
@@ -81,6 +82,10 @@ BEGIN
     v_count := jsonb_array_length(enqueue_runs.items);
     IF v_count < 1 OR v_count > 10000 THEN
         PERFORM _invalid('items', format('must have 1 to 10000 items (got %s)', v_count), v_hint);
+    END IF;
+    -- The payload cap holds for the call as a whole, not only per payload.
+    IF octet_length(enqueue_runs.items::text) > v_max_payload_bytes THEN
+        PERFORM _too_large('items', octet_length(enqueue_runs.items::text), v_max_payload_bytes);
     END IF;
     v_now := _now();
     -- One current_setting() when the producer traces nothing.
@@ -178,7 +183,7 @@ BEGIN
                     WHERE jsonb_typeof(v_item -> p.name) = 'number' AND (v_item ->> p.name) !~ '^-?[0-9]{1,9}$';
                     IF v_name IS NOT NULL THEN
                         PERFORM _invalid(v_at || '.' || v_name,
-                            format('must be an integer of at most 9 digits (got %s)', v_item ->> v_name),
+                            format('must be an integer of at most 9 digits (got %s)', _quote(v_item ->> v_name)),
                             'Pass an integer.');
                     END IF;
                     IF jsonb_typeof(v_item -> 'trace_context') NOT IN ('object', 'null') THEN
@@ -229,7 +234,7 @@ BEGIN
                 IF NOT v_casting THEN
                     RAISE;
                 END IF;
-                PERFORM _invalid(v_at || '.run_at', format('is not a timestamp (%s)', SQLERRM),
+                PERFORM _invalid(v_at || '.run_at', format('is not a timestamp (got %s)', _quote(v_item ->> 'run_at')),
                     'Pass a timestamp with time zone in ISO 8601, e.g. 2030-01-01T00:00:00Z.');
         END;
     END IF;

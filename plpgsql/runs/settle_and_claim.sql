@@ -128,7 +128,7 @@ BEGIN
             WHEN 'release' THEN ARRAY['run_at', 'reason']
         END;
         IF v_fields IS NULL THEN
-            PERFORM _invalid('items', format('item %s: unknown op %L', v_index, v_op), v_hint);
+            PERFORM _invalid('items', format('item %s: unknown op %s', v_index, _quote(v_op)), v_hint);
         END IF;
         IF EXISTS (
             SELECT 1 FROM jsonb_object_keys(v_item) AS k (name)
@@ -197,7 +197,9 @@ BEGIN
                 RAISE;
             END IF;
             IF v_state <> '22023' THEN
-                v_message := format('%s is not a timestamp (%s)', v_field, v_message);
+                -- The cast's own message would repeat the value whole.
+                v_message := format('%s is not a timestamp (got %s)', v_field,
+                    _quote(settle_and_claim.items -> (v_index - 1) ->> v_field));
             END IF;
             PERFORM _invalid('items',
                 format('item %s: %s', v_index, regexp_replace(v_message, '^runrelay: ', '')),

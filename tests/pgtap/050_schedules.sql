@@ -141,10 +141,11 @@ SELECT pg_temp.at('2030-04-01 00:00:30Z');
 SELECT is_empty($$SELECT pg_temp.due()$$, 'a clock set back re-enqueues no old slot');
 SELECT is(pg_temp.next_slot('hourly'), '2030-04-03 18:00Z'::timestamptz, 'and the schedule stays where it was');
 
--- A slot whose run exists is answered as it is, whatever its payload: a
--- replay of a slot (its state lost), or a run enqueued by hand.
+-- A slot whose run exists is answered as it is, whatever its queue and
+-- payload: a replay of a slot (its state lost), or a run written before
+-- producers were refused schedule: run ids (inserted directly here).
 SELECT pg_temp.at('2030-04-03 18:00:30Z');
-SELECT runrelay.enqueue_run('schedule:hourly:2030-04-03T18:00:00Z', 'ticks', '{"by": "hand"}');
+SELECT tests.insert_run('schedule:hourly:2030-04-03T18:00:00Z');
 SELECT results_eq(
     $$SELECT * FROM pg_temp.due()$$,
     $$VALUES ('hourly schedule:hourly:2030-04-03T18:00:00Z false')$$,
@@ -291,7 +292,7 @@ SELECT throws_ok(
 );
 SELECT throws_ok(
     $$SELECT runrelay.upsert_schedule('b', '*/20 * * * *', time_zone => 'Mars/Olympus_Mons')$$, '22023',
-    'runrelay: invalid time_zone: unknown time zone ''Mars/Olympus_Mons''', 'an unknown time zone'
+    'runrelay: invalid time_zone: unknown time zone "Mars/Olympus_Mons"', 'an unknown time zone'
 );
 SELECT throws_ok(
     $$SELECT runrelay.upsert_schedule('b', '*/20 * * * *', time_zone => '+05')$$, '22023', NULL,
@@ -318,7 +319,7 @@ SELECT throws_ok(
 );
 SELECT throws_ok(
     $$SELECT runrelay.upsert_schedule('b', '*/20 * * * *', missed => 'sometimes')$$, '22023',
-    'runrelay: invalid missed: must be catch_up or skip (got sometimes)', 'missed unknown'
+    'runrelay: invalid missed: must be catch_up or skip (got "sometimes")', 'missed unknown'
 );
 SELECT throws_ok(
     $$SELECT runrelay.upsert_schedule('b', '*/20 * * * *', enabled => NULL)$$, '22023', NULL, 'enabled null'

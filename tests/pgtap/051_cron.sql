@@ -199,11 +199,11 @@ SELECT throws_ok(
 );
 SELECT throws_ok(
     $$SELECT runrelay._cron_parse('* * * mon *')$$, '22023',
-    'runrelay: invalid cron: month field "mon": ''mon'' is not a number or name', 'a weekday name as a month'
+    'runrelay: invalid cron: month field "mon": "mon" is not a number or name', 'a weekday name as a month'
 );
 SELECT throws_ok(
     $$SELECT runrelay._cron_parse('* x * * *')$$, '22023',
-    'runrelay: invalid cron: hour field "x": ''x'' is not a number', 'letters in a field without names'
+    'runrelay: invalid cron: hour field "x": "x" is not a number', 'letters in a field without names'
 );
 SELECT throws_ok(
     $$SELECT runrelay._cron_parse('1,,2 * * * *')$$, '22023',

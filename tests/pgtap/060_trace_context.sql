@@ -124,7 +124,7 @@ ORDER BY s.label;
 SELECT pg_temp.trace('{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "x": 1}');
 SELECT throws_like(
     $$SELECT * FROM runrelay.enqueue_run('tc-bad', queue => 'tq')$$,
-    'runrelay: invalid runrelay.trace_context: has an unknown key x',
+    'runrelay: invalid runrelay.trace_context: has an unknown key "x"',
     'the error names the setting'
 );
 SELECT throws_ok(
@@ -149,7 +149,7 @@ SELECT throws_like(
 SELECT throws_like(
     $$SELECT * FROM runrelay.enqueue_runs(
         '[{"run_id": "tc-bad1"}, {"run_id": "tc-bad2", "trace_context": {"traceparent": "00-abc"}}]')$$,
-    'runrelay: invalid items[1].trace_context: traceparent 00-abc is not a version-00 W3C traceparent%',
+    'runrelay: invalid items[1].trace_context: traceparent "00-abc" is not a version-00 W3C traceparent%',
     'enqueue_runs: a malformed traceparent'
 );
 SELECT throws_ok(

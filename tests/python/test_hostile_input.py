@@ -6,7 +6,10 @@ every function, boundary and blank strings for every identifier, JSON of
 every wrong top-level type, deep and wide JSON, payloads at the cap, over it
 and at 10 MB, out-of-range numbers, infinite timestamps, every kind of wrong
 lease token, batch sizes at and over their limits and with duplicates, and a
-flood of oversized submissions beside normal traffic.
+flood of oversized submissions beside normal traffic; and the input rules
+of docs/security-input.md: control characters and Unicode blanks in names,
+the reserved run. event types and schedule: run ids, enqueue_runs capped as
+a whole, and errors that quote a short escaped prefix of a value.
 
 Every rejection must be SPEC §6's SQLSTATE (22023 bad input, 54000 oversized)
 naming the parameter (message and COLUMN field) with a HINT; afterwards the
@@ -25,6 +28,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from runrelay import Client, InvalidArgument, PayloadTooLarge
 from sqlapi import JSON_PARAMS, call, claim_one, enqueue, fenced, table_checksum
 
 RANDOM = "3f1e2d4c-5b6a-4789-8a9b-0c1d2e3f4a5b"
@@ -1191,3 +1195,252 @@ def test_oversized_flood_is_refused_while_normal_traffic_continues(
     assert flooded == (0,)
     assert db.execute("SELECT count(*) FROM runrelay.signals").fetchone() == (0,)
     assert db.execute("SELECT 1").fetchone() == (1,)
+
+
+# --------------------------------------------------------------------------
+# Input rules: identifiers, reserved namespaces, the batch cap, quoted values.
+
+CONTROL = ["\x01", "a\x1b[2Jb", "bell\x07", "del\x7f", "nel\u0085", "\u009b31m", "tab\there"]
+UNICODE_BLANK = ["\u00a0", " \u00a0 ", "\u3000", "\u2003\u2009", "\u200b", "\ufeff", "\u202f"]
+
+
+def _printable(text: str) -> bool:
+    return not any(ord(c) < 32 or 127 <= ord(c) < 160 for c in text)
+
+
+@pytest.mark.parametrize(("function", "parameter"), [*IDENTIFIERS, ("upsert_schedule", "name")])
+def test_identifiers_refuse_control_characters_and_unicode_blanks(
+    db: psycopg.Connection, world: World, function: str, parameter: str
+) -> None:
+    """A name with an escape sequence would rewrite an operator's terminal
+    when listed; a name of only NBSP or ideographic spaces looks empty. Both
+    are bad input, and the error shows the value escaped."""
+    base = base_calls(world)[function]
+    for value in [*CONTROL, *UNICODE_BLANK]:
+        kwargs = {**base, parameter: value}
+        err = assert_rejected(db, lambda kw=kwargs: call(db, function, **kw), "22023", parameter)
+        assert _printable(err.diag.message_primary or ""), err
+
+
+def test_identifiers_nested_in_json_refuse_control_characters(
+    db: psycopg.Connection, world: World
+) -> None:
+    token = str(world["token"])
+    for value in ["a\x1b[2Jb", "\u00a0\u3000"]:
+        assert_rejected(
+            db,
+            lambda v=value: call(
+                db, "complete_attempts", items=[{"run_id": v, "attempt": 1, "lease_token": token}]
+            ),
+            "22023",
+            "items",
+        )
+        assert_rejected(
+            db,
+            lambda v=value: call(
+                db, "suspend_attempt", **fenced(world["claim"]), wait={"kind": "event", "name": v}
+            ),
+            "22023",
+            "wait",
+        )
+        assert_rejected(
+            db,
+            lambda v=value: call(db, "append_events", run_id="l", events=[{"type": v}]),
+            "22023",
+            "events",
+        )
+        assert_rejected(
+            db,
+            lambda v=value: call(db, "claim_attempts", worker="w", queues=[v]),
+            "22023",
+            "queues",
+        )
+        assert_rejected(
+            db,
+            lambda v=value: call(db, "enqueue_runs", items=[{"run_id": "ok"}, {"run_id": v}]),
+            "22023",
+            "items[1].run_id",
+        )
+        assert_rejected(
+            db,
+            lambda v=value: call(db, "enqueue_runs", items=[{"run_id": "ok", "queue": v}]),
+            "22023",
+            "items[0].queue",
+        )
+
+
+def test_non_ascii_identifiers_are_accepted(db: psycopg.Connection) -> None:
+    client = Client(db)
+    for run_id, queue, key in [("café", "キュー", "clé"), ("注文-1", "очередь", "ключ-1")]:
+        assert client.enqueue_run(run_id, queue=queue, concurrency_key=key).created
+        claimed = client.claim_attempts("работник-1", queues=[queue])
+        assert [c.run_id for c in claimed] == [run_id]
+        client.append_events(run_id, [{"type": "заказ.создан"}])
+    assert [r.created for r in client.enqueue_runs([{"run_id": "naïve-ü", "queue": "ß"}])] == [True]
+
+
+def test_producers_cannot_forge_lifecycle_events(db: psycopg.Connection, world: World) -> None:
+    """The run. event types are the engine's: a producer appending
+    run.completed to a running run would tell every consumer it ended."""
+    client = Client(db)
+    for event_type in ["run.completed", "run.failed", "run.queued", "run.custom"]:
+        before = table_checksum(db)
+        with pytest.raises(InvalidArgument) as exc:
+            client.append_events("w", [{"type": "ok"}, {"type": event_type}])
+        assert exc.value.parameter == "events"
+        assert event_type in exc.value.message
+        assert table_checksum(db) == before
+    # Only the run. prefix is reserved.
+    appended = client.append_events(
+        "l", [{"type": t} for t in ["runner.started", "Run.x", "rundown"]]
+    )
+    assert len(appended) == 3
+
+
+def test_workers_cannot_forge_lifecycle_events(db: psycopg.Connection, world: World) -> None:
+    """final_events follow the producers' rule: a worker cannot put a
+    run.completed ahead of the real terminal event."""
+    client = Client(db)
+    claim = world["claim"]
+    forged = [{"type": "run.completed"}]
+    before = table_checksum(db)
+    with pytest.raises(InvalidArgument) as exc:
+        client.complete_attempt(
+            "w", claim["attempt"], claim["lease_token"], result={}, final_events=forged
+        )
+    assert exc.value.parameter == "final_events"
+    assert table_checksum(db) == before
+    fence = {**fenced(claim)}
+    assert_rejected(
+        db,
+        lambda: call(db, "fail_attempt", **fence, error={}, final_events=forged),
+        "22023",
+        "final_events",
+    )
+    assert_rejected(
+        db,
+        lambda: call(
+            db,
+            "suspend_attempt",
+            **fence,
+            wait={"kind": "sleep", "until": "2100-01-01T00:00:00Z"},
+            final_events=forged,
+        ),
+        "22023",
+        "final_events",
+    )
+    item = {**fence, "lease_token": str(fence["lease_token"]), "final_events": forged}
+    assert_rejected(db, lambda: call(db, "complete_attempts", items=[item]), "22023", "items")
+    assert_rejected(
+        db,
+        lambda: call(db, "settle_and_claim", worker="w", items=[{"op": "complete", **item}]),
+        "22023",
+        "items",
+    )
+    assert call(db, "get_run", run_id="w")[0]["status"] == "running"
+
+
+def test_schedule_run_ids_are_reserved_for_schedules(db: psycopg.Connection) -> None:
+    """A producer enqueueing schedule:<name>:<slot> first would take the
+    slot's run id, and the slot would never run."""
+    client = Client(db)
+    slot = "schedule:nightly:2030-01-01T02:00:00Z"
+    before = table_checksum(db)
+    with pytest.raises(InvalidArgument) as exc:
+        client.enqueue_run(slot)
+    assert exc.value.parameter == "run_id"
+    with pytest.raises(InvalidArgument) as exc:
+        client.enqueue_runs([{"run_id": "fine"}, {"run_id": "schedule:x"}])
+    assert exc.value.parameter == "items[1].run_id"
+    assert table_checksum(db) == before
+    # Not the namespace: another letter case, or schedule without the colon.
+    for run_id in ["Schedule:x", "schedules:x", "my-schedule:x"]:
+        assert client.enqueue_run(run_id).created
+
+
+def test_enqueue_runs_is_capped_as_a_whole(db: psycopg.Connection) -> None:
+    """Every payload under the cap, the items together over it: 54000 naming
+    items, nothing written."""
+    db.execute("UPDATE runrelay.settings SET max_payload_bytes = 4096")
+    client = Client(db)
+    items = [{"run_id": f"big-{i}", "payload": {"p": "x" * 1000}} for i in range(5)]
+    before = table_checksum(db)
+    with pytest.raises(PayloadTooLarge) as exc:
+        client.enqueue_runs(items)
+    assert exc.value.parameter == "items"
+    assert table_checksum(db) == before
+    assert [r.created for r in client.enqueue_runs(items[:3])] == [True] * 3
+
+
+@pytest.mark.parametrize(
+    ("function", "parameter"),
+    [
+        ("enqueue_run", "payload_retention"),
+        ("claim_ledger", "lane"),
+        ("list_runs", "status"),
+        ("list_blocked_heads", "after_lane"),
+        ("upsert_schedule", "missed"),
+    ],
+)
+def test_errors_quote_a_short_escaped_prefix_of_a_rejected_value(
+    db: psycopg.Connection, world: World, function: str, parameter: str
+) -> None:
+    """A megabyte value is not echoed whole to the caller and the server log."""
+    value = "\x1b[31m" + "v" * 1_000_000
+    kwargs = {**base_calls(world)[function], parameter: value}
+    err = assert_rejected(db, caller(db, function, kwargs), "22023", parameter)
+    message = err.diag.message_primary or ""
+    assert len(message) < 400, message[:500]
+    assert _printable(message), message
+    assert "\\x1b[31m" in message and "1000005 characters" in message, message
+
+
+def test_nested_values_in_errors_are_quoted_short(db: psycopg.Connection, world: World) -> None:
+    long = "k\x1b" + "k" * 100_000
+    checks: list[tuple[Callable[[], Any], str]] = [
+        (
+            lambda: call(db, "append_events", run_id="l", events=[{"type": "t", "lane": long}]),
+            "events",
+        ),
+        (
+            lambda: call(db, "append_events", run_id=long[:200].replace("\x1b", "k"), events=[]),
+            "run_id",
+        ),
+        (lambda: call(db, "settle_and_claim", worker="w", items=[{"op": long}]), "items"),
+        (
+            lambda: call(
+                db,
+                "settle_and_claim",
+                worker="w",
+                items=[
+                    {
+                        "op": "release",
+                        **fenced(world["claim"]),
+                        "lease_token": str(world["token"]),
+                        "run_at": long,
+                    }
+                ],
+            ),
+            "items",
+        ),
+        (
+            lambda: call(db, "enqueue_runs", items=[{"run_id": "a", "run_at": long}]),
+            "items[0].run_at",
+        ),
+        (
+            lambda: call(db, "enqueue_runs", items=[{"run_id": "a", "priority": int("9" * 4000)}]),
+            "items[0].priority",
+        ),
+        (
+            lambda: call(
+                db,
+                "upsert_schedule",
+                **{**base_calls(world)["upsert_schedule"], "time_zone": long[:150]},
+            ),
+            "time_zone",
+        ),
+    ]
+    for thunk, parameter in checks:
+        err = assert_rejected(db, thunk, "22023", parameter)
+        message = err.diag.message_primary or ""
+        assert len(message) < 400 and _printable(message), message[:500]

@@ -128,7 +128,10 @@ ADMIN_VIEWS = frozenset({"run_stats", "ledger_stats", "wait_stats"})
 # trace context, the same way (plpgsql/_internal/trace_context.sql).
 # _activity_minute, the minute of queue activity an instant falls in: it
 # reads only its argument and is inlined into the per-event count
-# (plpgsql/_internal/queue_activity.sql).
+# (plpgsql/_internal/queue_activity.sql). _id_valid, _run_id_reserved and
+# _event_type_reserved, the identifier rule and the reserved namespaces: they
+# read only their arguments and are inlined into _enqueue_valid, which an
+# IMMUTABLE function can be only if they are (plpgsql/_internal/validate.sql).
 VOLATILITY_ALLOW_LIST: frozenset[str] = frozenset(
     {
         "_runnable",
@@ -141,6 +144,9 @@ VOLATILITY_ALLOW_LIST: frozenset[str] = frozenset(
         "_enqueue_item_well_formed",
         "_trace_context_valid",
         "_activity_minute",
+        "_id_valid",
+        "_run_id_reserved",
+        "_event_type_reserved",
     }
 )
 
@@ -431,6 +437,9 @@ def test_every_function_is_volatile_unless_allow_listed(db: psycopg.Connection) 
             "_enqueue_item_well_formed",
             "_trace_context_valid",
             "_activity_minute",
+            "_id_valid",
+            "_run_id_reserved",
+            "_event_type_reserved",
         }
     )
     assert reviewed == VOLATILITY_ALLOW_LIST, "the reviewed allow-list"
