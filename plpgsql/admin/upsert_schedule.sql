@@ -58,6 +58,7 @@ BEGIN
     v_spec := _cron_parse(upsert_schedule.cron);
     v_cron := regexp_replace(btrim(upsert_schedule.cron, E' \t\n\r'), '[[:space:]]+', ' ', 'g');
     v_time_zone := _check_time_zone(upsert_schedule.time_zone);
+    PERFORM _check_schedule_owner(upsert_schedule.name);
     PERFORM _check_id('queue', upsert_schedule.queue);
     PERFORM _check_json('payload', upsert_schedule.payload);
     PERFORM _check_int('priority', upsert_schedule.priority, -1000000, 1000000);

@@ -5,7 +5,7 @@
 -- written; a repeat of a run that exists answers it; the owned ones are
 -- created.
 BEGIN;
-SELECT plan(13);
+SELECT plan(18);
 
 -- Two partitions; this install will be shard 0, owning partition 0.
 CREATE TEMP TABLE ids AS
@@ -119,6 +119,34 @@ SELECT results_eq(
     format('SELECT * FROM runrelay.enqueue_run(%L)', (SELECT i.mine FROM ids AS i)),
     format('VALUES (%L, %L, TRUE)', (SELECT i.mine FROM ids AS i), 'queued'),
     'enqueue_run: an owned run_id is created'
+);
+
+-- A schedule on a shard must name a {tag} that routes here: its runs are
+-- schedule:<name>:<slot>, and without a tag each slot would route by its
+-- whole run_id, to any shard.
+SELECT throws_ok(
+    $$SELECT runrelay.upsert_schedule('nightly', '0 3 * * *')$$,
+    '22023', NULL, 'upsert_schedule on a shard: a name without a {tag} is refused'
+);
+SELECT throws_ok(
+    format($$SELECT runrelay.upsert_schedule(%L, '0 3 * * *')$$, (SELECT 'nightly{' || i.theirs || '}' FROM ids AS i)),
+    '22023', NULL, 'upsert_schedule on a shard: a {tag} of another shard is refused'
+);
+SELECT is(
+    (SELECT count(*) FROM runrelay.schedules),
+    0::bigint,
+    'the refused declarations wrote nothing'
+);
+SELECT is(
+    runrelay.upsert_schedule((SELECT 'nightly{' || i.mine || '}' FROM ids AS i), '0 3 * * *'),
+    'created',
+    'upsert_schedule on a shard: a {tag} of this shard is declared'
+);
+UPDATE runrelay.schedules SET next_slot_at = now() - interval '1 minute';
+SELECT is(
+    (SELECT count(*) FROM runrelay.enqueue_due_schedules()),
+    1::bigint,
+    'its due slot is enqueued on this shard'
 );
 
 -- A shard that owns no partition creates no run.

@@ -132,6 +132,9 @@ ADMIN_VIEWS = frozenset({"run_stats", "ledger_stats", "wait_stats"})
 # _event_type_reserved, the identifier rule and the reserved namespaces: they
 # read only their arguments and are inlined into _enqueue_valid, which an
 # IMMUTABLE function can be only if they are (plpgsql/_internal/validate.sql).
+# _routing_partition, the partition a run_id routes to on a sharded install:
+# it reads only its arguments and is inlined into _check_run_owner's
+# set-based check of every run_id (plpgsql/_internal/shard_ownership.sql).
 VOLATILITY_ALLOW_LIST: frozenset[str] = frozenset(
     {
         "_runnable",
@@ -147,6 +150,7 @@ VOLATILITY_ALLOW_LIST: frozenset[str] = frozenset(
         "_id_valid",
         "_run_id_reserved",
         "_event_type_reserved",
+        "_routing_partition",
     }
 )
 
@@ -440,6 +444,7 @@ def test_every_function_is_volatile_unless_allow_listed(db: psycopg.Connection) 
             "_id_valid",
             "_run_id_reserved",
             "_event_type_reserved",
+            "_routing_partition",
         }
     )
     assert reviewed == VOLATILITY_ALLOW_LIST, "the reviewed allow-list"
