@@ -167,3 +167,8 @@ DROP FUNCTION _runs_rules(
 DROP INDEX runs_key_list_idx;
 DROP INDEX runs_list_idx;
 -- ==== end: operators' listings =============================================
+
+-- ==== purge lock order =====================================================
+-- Nothing of its own to undo: the "purging runs" section puts back 0008's
+-- body of _runs_deleted, which this section's upgrade replaced again.
+-- ==== end: purge lock order ================================================
