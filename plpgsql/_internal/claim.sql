@@ -31,6 +31,7 @@ SET search_path FROM CURRENT
 AS $$
 DECLARE
     v_now timestamptz;
+    v_granted timestamptz;
     v_due boolean;
     v_paused boolean;
     v_queues text[];
@@ -108,6 +109,13 @@ BEGIN
         END IF;
     END LOOP;
 
+    -- A lease runs from the moment it is granted: the clock is read now,
+    -- after the candidates are locked, not at statement start. settle_and_claim
+    -- claims after settlements that may have waited up to the lock bound, and
+    -- a lease counted from statement time would be short by that wait (or
+    -- already expired). v_now still decides what is due and runnable.
+    v_granted := _clock_now();
+
     -- The rest start together, in claim order: one statement re-reads each
     -- locked row (the candidate scan's snapshot may predate a commit that
     -- changed it, e.g. attempt_count) and opens the attempts; one more
@@ -143,14 +151,14 @@ BEGIN
             lease_expires_at, call_id, claim_position
         )
         SELECT
-            s.run_id, s.attempt, p_worker, gen_random_uuid(), 'running', v_now, v_now,
-            v_now + p_lease, p_call_id, s.ord
+            s.run_id, s.attempt, p_worker, gen_random_uuid(), 'running', v_granted, v_granted,
+            v_granted + p_lease, p_call_id, s.ord
         FROM started AS s
         RETURNING a.run_id, a.lease_token
     )
     SELECT
         array_agg(
-            (s.run_id, s.attempt, o.lease_token, s.queue, s.payload, s.resume, v_now + p_lease)::claim_attempts_result
+            (s.run_id, s.attempt, o.lease_token, s.queue, s.payload, s.resume, v_granted + p_lease)::claim_attempts_result
             ORDER BY s.ord
         ),
         array_agg(s.run_id ORDER BY s.ord),

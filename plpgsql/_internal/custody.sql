@@ -66,6 +66,10 @@
 --                    lanes as an appender.
 --   reap_expired     one run at a time, each by _try_lock_run (SKIP LOCKED).
 --   cancel_run       one run, SKIP LOCKED; its attempts ascending.
+--   purge_runs       runs SKIP LOCKED in run_id COLLATE "C" order; then the
+--                    run-delete trigger (schema/08_run_history.sql) locks the
+--                    deleted runs' lanes in the lane order, waiting, before
+--                    it deletes their events (as any DELETE FROM runs does).
 --   fail_ledger, renew_ledger_lease, release_ledger, requeue_ledger_event,
 --   requeue_blocked_heads
 --                    lanes by _lock_event_lanes (the lane order), waiting.

@@ -25,9 +25,10 @@
 -- relay's share lock while it refreshes a lane) is skipped, never waited
 -- for. Under those locks, in a fresh snapshot, the ledger is checked again
 -- (nothing can be appended to a locked run). Deleting the ledger rows takes
--- their lane rows (custody step 4), waiting for a relay that holds one
--- under the bounded lock wait (10 s, or the caller's tighter lock_timeout;
--- 55P03, nothing deleted).
+-- their lane rows first (custody step 4: the trigger locks every deleted
+-- run's lanes in the lane order before deleting any event), waiting for a
+-- relay that holds one under the bounded lock wait (10 s, or the caller's
+-- tighter lock_timeout; 55P03, nothing deleted).
 CREATE FUNCTION purge_runs(
     finished_before timestamptz,
     max_rows integer DEFAULT 1000,

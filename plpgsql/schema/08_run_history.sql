@@ -21,10 +21,23 @@ AS $$
 DECLARE
     v_tids tid[];
 BEGIN
-    -- Each table in two steps: the deleted runs' rows found by their key, a
-    -- probe per run (OFFSET 0 keeps the lateral subquery a probe: flattened
-    -- into a join, a plan made without statistics read the whole table),
-    -- then deleted by ctid.
+    -- The deleted runs' lanes are locked first, in the lane order of
+    -- custody.sql (run_id COLLATE "C", lane), waiting for a relay that holds
+    -- one. A relay takes a lane, then its events: deleting the events first
+    -- would hold them while waiting for the lane, and a relay writing them
+    -- under that lane (an ack) would close a cycle (40P01). Found by run_id
+    -- (the primary key's prefix), not ctid: a lane the relay updated before
+    -- letting go is re-checked in its new version, which a ctid misses.
+    PERFORM 1 FROM ledger_lanes AS ll
+    WHERE ll.run_id = ANY(ARRAY(SELECT d.run_id FROM deleted_runs AS d))
+    ORDER BY ll.run_id COLLATE "C", ll.lane
+    FOR UPDATE OF ll;
+    -- Then each table in two steps: the deleted runs' rows found by their
+    -- key, a probe per run (OFFSET 0 keeps the lateral subquery a probe:
+    -- flattened into a join, a plan made without statistics read the whole
+    -- table), then deleted by ctid. Each step reads the ctids afresh, after
+    -- the lane locks: a lane a relay updated while the purge waited for it
+    -- has a new row version, which a ctid read before the wait would miss.
     v_tids := ARRAY(
         SELECT t.tid FROM deleted_runs AS d
         CROSS JOIN LATERAL (SELECT x.ctid AS tid FROM ledger_events AS x WHERE x.run_id = d.run_id OFFSET 0) AS t

@@ -488,3 +488,69 @@ def test_an_append_to_an_ended_run_in_flight_keeps_it_from_a_purge(
     producer.commit()
     assert scalar(connect(), "purge_runs", finished_before=later[0]) == 0
     assert scalar(connect(), "purge_runs", finished_before=later[0], include_undelivered=True) == 1
+
+
+def test_a_purge_of_undelivered_runs_takes_their_lanes_before_their_events(
+    db: psycopg.Connection, connect: Connect
+) -> None:
+    """A relay takes a lane, then its events (custody order). A purge with
+    include_undelivered deletes a run's events and lanes: it takes the lanes
+    first, so it waits behind a relay holding the lane, the relay writes the
+    lane's events (an acknowledgement) and commits, and the purge goes through.
+    Deleting the events first would hold them while waiting for the lane,
+    and the relay's acknowledgement would close a cycle (40P01)."""
+    failed_run(db, "u")
+    leased = call(db, "claim_ledger", relay="r1", run_id="u", max_events=100, batch=True)
+    ids = [r["event_id"] for r in leased if r["kind"] == "claimed"]
+    assert ids
+    later = db.execute("SELECT now() + interval '1 hour'").fetchone()
+    assert later is not None
+    relay = connect(autocommit=False)
+    # The first step of every relay call on these events (_lock_event_lanes).
+    relay.execute("SELECT 1 FROM runrelay.ledger_lanes WHERE run_id = 'u' FOR UPDATE")
+    operator = connect()
+    pending = _in_thread(
+        lambda: scalar(operator, "purge_runs", finished_before=later[0], include_undelivered=True)
+    )
+    wait_until_blocked(db, backend_pid(operator))
+    call(relay, "ack_ledger", relay="r1", run_id="u", event_ids=ids)
+    relay.commit()
+    assert pending.result(timeout=10) == 1
+    assert db.execute("SELECT count(*) FROM runrelay.runs WHERE run_id = 'u'").fetchone() == (0,)
+    assert db.execute(
+        "SELECT (SELECT count(*) FROM runrelay.ledger_events WHERE run_id = 'u'),"
+        " (SELECT count(*) FROM runrelay.ledger_lanes WHERE run_id = 'u')"
+    ).fetchone() == (0, 0)
+    check_database(db)
+    check_lanes(db)
+
+
+def test_a_purge_deletes_a_lane_a_relay_renewed_while_the_purge_waited(
+    db: psycopg.Connection, connect: Connect
+) -> None:
+    """A relay renews its lease (an update of the lane row) while a purge
+    waits for that lane: the purge deletes the lane's new row version too,
+    and leaves no lane behind its deleted run."""
+    failed_run(db, "u")
+    leased = call(db, "claim_ledger", relay="r1", run_id="u", max_events=100, batch=True)
+    ids = [r["event_id"] for r in leased if r["kind"] == "claimed"]
+    assert ids
+    later = db.execute("SELECT now() + interval '1 hour'").fetchone()
+    assert later is not None
+    relay = connect(autocommit=False)
+    relay.execute("SELECT 1 FROM runrelay.ledger_lanes WHERE run_id = 'u' FOR UPDATE")
+    operator = connect()
+    pending = _in_thread(
+        lambda: scalar(operator, "purge_runs", finished_before=later[0], include_undelivered=True)
+    )
+    wait_until_blocked(db, backend_pid(operator))
+    renewed = call(relay, "renew_ledger_lease", relay="r1", event_ids=ids)
+    assert sorted(r["event_id"] for r in renewed) == sorted(ids)
+    relay.commit()
+    assert pending.result(timeout=10) == 1
+    assert db.execute(
+        "SELECT (SELECT count(*) FROM runrelay.ledger_events WHERE run_id = 'u'),"
+        " (SELECT count(*) FROM runrelay.ledger_lanes WHERE run_id = 'u')"
+    ).fetchone() == (0, 0)
+    check_database(db)
+    check_lanes(db)

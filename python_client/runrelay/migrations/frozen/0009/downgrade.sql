@@ -2,6 +2,11 @@
 -- delimited by a header and an end line, so that sections written
 -- separately merge side by side.
 
+-- ==== purge lock order =====================================================
+-- Nothing of its own to undo: the "purging runs" section puts back 0008's
+-- body of _runs_deleted, which this section's upgrade replaced again.
+-- ==== end: purge lock order ================================================
+
 -- ==== shard ownership ======================================================
 DROP TABLE shard_ownership;
 -- ==== end: shard ownership =================================================
