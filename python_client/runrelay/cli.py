@@ -409,7 +409,12 @@ def cmd_exporter(args: argparse.Namespace) -> int:
     url = _require_url(args)
     try:
         exporter = metrics.serve(
-            url, schema=args.schema, host=args.host, port=args.port, timeout=args.scrape_timeout
+            url,
+            schema=args.schema,
+            host=args.host,
+            port=args.port,
+            timeout=args.scrape_timeout,
+            max_queues=args.max_queues,
         )
     except OSError as exc:
         where = f"{args.host}:{args.port}"
@@ -885,6 +890,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=5.0,
         help="seconds a scrape may spend connecting and reading the views before it "
         "answers runrelay_up 0",
+    )
+    p.add_argument(
+        "--max-queues",
+        type=_positive_int,
+        default=50,
+        help="queues that get series of their own, the most active first; the rest are "
+        'summed under queue="_other" (default 50)',
     )
 
     p = command(
