@@ -460,6 +460,8 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         password=password,
         secret=secret.encode() if secret else None,
         page_size=args.page_size,
+        allowed_hosts=tuple(args.allowed_host),
+        trusted_proxies=tuple(args.trusted_proxy),
     )
     if password is None and args.host not in ("127.0.0.1", "::1", "localhost"):
         log.warning(
@@ -919,6 +921,22 @@ def build_parser() -> argparse.ArgumentParser:
         "$RUNRELAY_DASHBOARD_PASSWORD; with neither, pages need no login and nothing can act)",
     )
     p.add_argument("--page-size", type=_positive_int, default=50, help="rows a page")
+    p.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a Host name to answer besides localhost and the bound address (repeatable); "
+        "any other Host gets 400",
+    )
+    p.add_argument(
+        "--trusted-proxy",
+        action="append",
+        default=[],
+        metavar="ADDRESS",
+        help="a TLS proxy's address whose X-Forwarded-Proto/For are believed (repeatable); "
+        "forwarded headers from any other peer are ignored",
+    )
 
     p = command("demo", "the whole system on this machine, checked end to end", cmd_demo)
     p.add_argument("--runs", type=_positive_int, default=5000, help="runs to enqueue")
