@@ -80,9 +80,9 @@ class Sessions:
     def revoke(self, session: dict[str, Any]) -> None:
         """End `session` on the server: its cookie, replayed, is no session."""
         now = time.time()
-        for sid, expires in list(self._revoked.items()):
+        for old, expires in list(self._revoked.items()):
             if expires <= now:
-                del self._revoked[sid]
+                del self._revoked[old]
         sid = session.get("sid")
         if isinstance(sid, str):
             self._revoked[sid] = int(session.get("exp") or now + self.max_age)
