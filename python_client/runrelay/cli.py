@@ -884,7 +884,11 @@ def build_parser() -> argparse.ArgumentParser:
         "(needs the runrelay[metrics] extra)",
         cmd_exporter,
     )
-    p.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (127.0.0.1; 0.0.0.0 for a Prometheus on another host)",
+    )
     p.add_argument("--port", type=int, default=9464, help="port to listen on")
     p.add_argument(
         "--scrape-timeout",

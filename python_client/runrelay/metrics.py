@@ -371,7 +371,7 @@ def serve(
     url: str,
     *,
     schema: str = "runrelay",
-    host: str = "0.0.0.0",
+    host: str = "127.0.0.1",
     port: int = DEFAULT_PORT,
     timeout: float = 5.0,
     max_queues: int = DEFAULT_MAX_QUEUES,
