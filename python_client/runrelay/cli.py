@@ -460,8 +460,8 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         password=password,
         secret=secret.encode() if secret else None,
         page_size=args.page_size,
-        allowed_hosts=tuple(args.allowed_host),
-        trusted_proxies=tuple(args.trusted_proxy),
+        allowed_hosts=tuple(args.allowed_host or ()),
+        trusted_proxies=tuple(args.trusted_proxy or ()),
     )
     if password is None and args.host not in ("127.0.0.1", "::1", "localhost"):
         log.warning(
@@ -902,7 +902,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_int,
         default=50,
         help="queues that get series of their own, the most active first; the rest are "
-        'summed under queue="_other" (default 50)',
+        'summed under queue="_other" (default: 50)',
     )
 
     p = command(
@@ -928,7 +928,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--allowed-host",
         action="append",
-        default=[],
         metavar="NAME",
         help="a Host name to answer besides localhost and the bound address (repeatable); "
         "any other Host gets 400",
@@ -936,7 +935,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--trusted-proxy",
         action="append",
-        default=[],
         metavar="ADDRESS",
         help="a TLS proxy's address whose X-Forwarded-Proto/For are believed (repeatable); "
         "forwarded headers from any other peer are ignored",

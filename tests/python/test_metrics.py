@@ -403,6 +403,33 @@ def test_the_exporter_command_serves_until_sigterm(
             proc.kill()
 
 
+def test_the_exporter_command_bounds_queues_with_max_queues_on_127_0_0_1(
+    db: psycopg.Connection, db_url: str, client: Client
+) -> None:
+    client.enqueue_runs([{"run_id": f"m{i}", "queue": f"mq{i}"} for i in range(5)])
+    port = _free_port()
+    env = {**os.environ, "DATABASE_URL": db_url}
+    proc = _cli("exporter", "--port", str(port), "--max-queues", "2", env=env)
+    try:
+        _wait_for(_serving(port, proc), "the exporter listens")
+        runs = _queue_series(scrape(port), "runrelay_runs")
+        assert len(runs) == 3 and runs["_other"] == 3
+        err = _stop(proc)
+        assert f"on http://127.0.0.1:{port}/metrics" in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+@pytest.mark.parametrize("bound", ["0", "-1", "many"])
+def test_a_bad_max_queues_is_a_usage_error(bound: str) -> None:
+    proc = _cli("exporter", "--max-queues", bound, env={**os.environ, "DATABASE_URL": NOWHERE})
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2, err
+    assert "--max-queues" in err
+
+
 def test_the_exporter_command_starts_while_the_database_is_away() -> None:
     port = _free_port()
     proc = _cli("exporter", "--host", "127.0.0.1", "--port", str(port), "--database-url",
