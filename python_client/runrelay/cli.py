@@ -417,7 +417,12 @@ def cmd_exporter(args: argparse.Namespace) -> int:
     url = _require_url(args)
     try:
         exporter = metrics.serve(
-            url, schema=args.schema, host=args.host, port=args.port, timeout=args.scrape_timeout
+            url,
+            schema=args.schema,
+            host=args.host,
+            port=args.port,
+            timeout=args.scrape_timeout,
+            max_queues=args.max_queues,
         )
     except OSError as exc:
         where = f"{args.host}:{args.port}"
@@ -463,6 +468,8 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         password=password,
         secret=secret.encode() if secret else None,
         page_size=args.page_size,
+        allowed_hosts=tuple(args.allowed_host or ()),
+        trusted_proxies=tuple(args.trusted_proxy or ()),
     )
     if password is None and args.host not in ("127.0.0.1", "::1", "localhost"):
         log.warning(
@@ -896,7 +903,11 @@ def build_parser() -> argparse.ArgumentParser:
         "(needs the runrelay[metrics] extra)",
         cmd_exporter,
     )
-    p.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (127.0.0.1; 0.0.0.0 for a Prometheus on another host)",
+    )
     p.add_argument("--port", type=int, default=9464, help="port to listen on")
     p.add_argument(
         "--scrape-timeout",
@@ -904,6 +915,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=5.0,
         help="seconds a scrape may spend connecting and reading the views before it "
         "answers runrelay_up 0",
+    )
+    p.add_argument(
+        "--max-queues",
+        type=_positive_int,
+        default=50,
+        help="queues that get series of their own, the most active first; the rest are "
+        'summed under queue="_other" (default: 50)',
     )
 
     p = command(
@@ -926,6 +944,20 @@ def build_parser() -> argparse.ArgumentParser:
         "$RUNRELAY_DASHBOARD_PASSWORD; with neither, pages need no login and nothing can act)",
     )
     p.add_argument("--page-size", type=_positive_int, default=50, help="rows a page")
+    p.add_argument(
+        "--allowed-host",
+        action="append",
+        metavar="NAME",
+        help="a Host name to answer besides localhost and the bound address (repeatable); "
+        "any other Host gets 400",
+    )
+    p.add_argument(
+        "--trusted-proxy",
+        action="append",
+        metavar="ADDRESS",
+        help="a TLS proxy's address whose X-Forwarded-Proto/For are believed (repeatable); "
+        "forwarded headers from any other peer are ignored",
+    )
 
     p = command("demo", "the whole system on this machine, checked end to end", cmd_demo)
     p.add_argument("--runs", type=_positive_int, default=5000, help="runs to enqueue")

@@ -7,8 +7,9 @@ Two sources, one naming scheme (every name starts with ``runrelay_``):
   on each scrape and only then, reads the `run_stats`, `ledger_stats` and
   `wait_stats` views in one statement and turns their rows into gauges — runs
   by queue and status, waiting runs by wait kind, the oldest runnable run per
-  queue, ledger events by lane and state, the delivery lag and the blocked
-  heads per lane, plus ``runrelay_up`` and
+  queue (the most active queues only, the rest summed under queue="_other"
+  so the series stay bounded however many queues exist), ledger events by
+  lane and state, the delivery lag and the blocked heads per lane, plus ``runrelay_up`` and
   ``runrelay_scrape_duration_seconds``. No thread polls in the background, so
   what Prometheus sees is what the database held when it asked. A database
   that cannot be reached or read makes that scrape report ``runrelay_up 0``
@@ -64,17 +65,43 @@ LEDGER_STATES = ("pending", "leased", "delivered", "failed")
 # every queue, zero when no run waits that way.
 WAIT_KINDS = ("sleep", "event", "detached_runner")
 
-# The one statement of a scrape: the three views as rows of one shape.
+# The queue label that sums every queue beyond the exporter's bound.
+OTHER_QUEUE = "_other"
+# How many queues get their own series by default; the rest are summed
+# under OTHER_QUEUE (each queue costs about a dozen series).
+DEFAULT_MAX_QUEUES = 50
+
+# The one statement of a scrape: the three views as rows of one shape. The
+# run and wait rows keep the `max_queues` most active queues (most runs not
+# yet finished, then most runs, then by name) and fold every other queue into
+# one OTHER_QUEUE row per status or wait kind: counts summed, ages the
+# oldest. So a scrape returns at most (max_queues + 1) rows per status however
+# many queues exist, and the totals of every gauge are unchanged.
 STATS_QUERY = """
-SELECT 'run' AS source, queue AS name, status AS state, runs AS count,
-       held_by_key AS held, oldest_runnable_age_seconds AS age, NULL::bigint AS blocked
-FROM {schema}.run_stats
+WITH run_rows AS (
+    SELECT queue, status, runs, held_by_key, oldest_runnable_age_seconds
+    FROM {schema}.run_stats
+),
+top_queues AS (
+    SELECT queue
+    FROM run_rows
+    GROUP BY queue
+    ORDER BY sum(runs) FILTER (WHERE status IN ('queued', 'running', 'waiting')) DESC NULLS LAST,
+             sum(runs) DESC, queue
+    LIMIT %(max_queues)s
+)
+SELECT 'run' AS source, coalesce(t.queue, %(other)s) AS name, r.status AS state,
+       sum(r.runs) AS count, sum(r.held_by_key) AS held,
+       max(r.oldest_runnable_age_seconds) AS age, NULL::bigint AS blocked
+FROM run_rows AS r LEFT JOIN top_queues AS t ON t.queue = r.queue
+GROUP BY 2, 3
 UNION ALL
 SELECT 'ledger', lane, state, events, NULL, oldest_pending_age_seconds, blocked_heads
 FROM {schema}.ledger_stats
 UNION ALL
-SELECT 'wait', queue, kind, runs, NULL, NULL, NULL
-FROM {schema}.wait_stats
+SELECT 'wait', coalesce(t.queue, %(other)s), w.kind, sum(w.runs), NULL, NULL, NULL
+FROM {schema}.wait_stats AS w LEFT JOIN top_queues AS t ON t.queue = w.queue
+GROUP BY 2, 3
 """
 
 
@@ -223,10 +250,20 @@ class StatsCollector:
     answer ``runrelay_up 0`` instead of hanging past Prometheus's own timeout.
     The session also turns JIT off (see _read)."""
 
-    def __init__(self, url: str, *, schema: str = "runrelay", timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        schema: str = "runrelay",
+        timeout: float = 5.0,
+        max_queues: int = DEFAULT_MAX_QUEUES,
+    ) -> None:
+        if max_queues < 1:
+            raise ValueError(f"max_queues must be at least 1, got {max_queues}")
         self.url = url
         self.schema = schema
         self.timeout = timeout
+        self.max_queues = max_queues
         self._query = sql.SQL(STATS_QUERY).format(schema=sql.Identifier(schema))
         self._conn: psycopg.Connection[Any] | None = None
         self._lock = threading.Lock()
@@ -271,7 +308,9 @@ class StatsCollector:
                 " set_config('jit', 'off', false)",
                 (f"{round(self.timeout * 1000)}ms",),
             )
-        cursor = self._conn.execute(self._query)
+        cursor = self._conn.execute(
+            self._query, {"max_queues": self.max_queues, "other": OTHER_QUEUE}
+        )
         return [
             StatsRow(
                 source=source,
@@ -332,15 +371,18 @@ def serve(
     url: str,
     *,
     schema: str = "runrelay",
-    host: str = "0.0.0.0",
+    host: str = "127.0.0.1",
     port: int = DEFAULT_PORT,
     timeout: float = 5.0,
+    max_queues: int = DEFAULT_MAX_QUEUES,
 ) -> Exporter:
     """Serve the Prometheus text format on http://host:port/ (any path) from
     a daemon thread; port 0 picks a free one. The registry holds only the
-    StatsCollector, so a scrape is exactly one read of the views. Raises
-    OSError when the address cannot be bound."""
-    collector = StatsCollector(url, schema=schema, timeout=timeout)
+    StatsCollector, so a scrape is exactly one read of the views. At most
+    `max_queues` queues get series of their own; the others are summed under
+    queue="_other". Raises OSError when the address cannot be bound, and
+    ValueError when max_queues is below 1."""
+    collector = StatsCollector(url, schema=schema, timeout=timeout, max_queues=max_queues)
     registry = CollectorRegistry()
     registry.register(collector)
     server, thread = start_http_server(port, addr=host, registry=registry)

@@ -242,6 +242,69 @@ def test_a_blocked_head_shows_up_until_it_is_requeued(
     assert requeued.get("runrelay_ledger_events", lane="lifecycle", state="pending") == 2
 
 
+def _queue_series(result: Scrape, name: str) -> dict[str, float]:
+    """Per queue, the sum of `name`'s samples of that queue."""
+    sums: dict[str, float] = {}
+    for (sample, labels), value in result.samples.items():
+        if sample == name:
+            queue = dict(labels)["queue"]
+            sums[queue] = sums.get(queue, 0.0) + value
+    return sums
+
+
+def test_thousands_of_queues_give_a_bounded_number_of_series_with_the_totals_kept(
+    db: psycopg.Connection, db_url: str, client: Client
+) -> None:
+    # 3000 queues of one queued run, plus three busy queues of three runs.
+    items: list[dict[str, Any]] = [{"run_id": f"q{i}", "queue": f"q{i:04d}"} for i in range(3000)]
+    items += [{"run_id": f"busy-{q}-{n}", "queue": f"busy{q}"} for q in range(3) for n in range(3)]
+    for start in range(0, len(items), 1000):
+        client.enqueue_runs(items[start : start + 1000])
+    total_runs = len(items)
+
+    for bound in (2, 50):
+        running = serve(db_url, host="127.0.0.1", port=0, max_queues=bound)
+        try:
+            result = scrape(running.port)
+        finally:
+            running.close()
+        runs = _queue_series(result, "runrelay_runs")
+        # The bound plus the one folded label, whatever the number of queues.
+        assert len(runs) == bound + 1
+        assert "_other" in runs
+        assert sum(runs.values()) == total_runs
+        # The most active queues keep their own series.
+        for q in range(min(bound, 3)):
+            assert result.get("runrelay_runs", queue=f"busy{q}", status="queued") == 3
+        # _other sums exactly the queues that were folded.
+        own = sum(v for queue, v in runs.items() if queue != "_other")
+        assert runs["_other"] == total_runs - own
+        waiting = _queue_series(result, "runrelay_runs_waiting")
+        assert len(waiting) <= bound + 1
+        assert len(result.samples) < 20 * (bound + 1) + 50
+
+
+def test_a_scrape_reads_a_bounded_number_of_rows_however_many_queues(
+    db: psycopg.Connection, db_url: str, client: Client
+) -> None:
+    from runrelay.metrics import StatsCollector
+
+    client.enqueue_runs([{"run_id": f"r{i}", "queue": f"q{i:04d}"} for i in range(2000)])
+    collector = StatsCollector(db_url, max_queues=10)
+    try:
+        rows = collector._read()
+    finally:
+        collector.close()
+    run_rows = [row for row in rows if row.source == "run"]
+    assert len({row.name for row in run_rows}) == 11
+    assert sum(row.count for row in run_rows) == 2000
+
+
+def test_a_max_queues_below_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="max_queues"):
+        serve(NOWHERE, host="127.0.0.1", port=0, max_queues=0)
+
+
 def test_an_unreachable_database_is_runrelay_up_0_and_the_exporter_keeps_serving() -> None:
     exporter = serve(NOWHERE, host="127.0.0.1", port=0)
     try:
@@ -338,6 +401,33 @@ def test_the_exporter_command_serves_until_sigterm(
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_the_exporter_command_bounds_queues_with_max_queues_on_127_0_0_1(
+    db: psycopg.Connection, db_url: str, client: Client
+) -> None:
+    client.enqueue_runs([{"run_id": f"m{i}", "queue": f"mq{i}"} for i in range(5)])
+    port = _free_port()
+    env = {**os.environ, "DATABASE_URL": db_url}
+    proc = _cli("exporter", "--port", str(port), "--max-queues", "2", env=env)
+    try:
+        _wait_for(_serving(port, proc), "the exporter listens")
+        runs = _queue_series(scrape(port), "runrelay_runs")
+        assert len(runs) == 3 and runs["_other"] == 3
+        err = _stop(proc)
+        assert f"on http://127.0.0.1:{port}/metrics" in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+@pytest.mark.parametrize("bound", ["0", "-1", "many"])
+def test_a_bad_max_queues_is_a_usage_error(bound: str) -> None:
+    proc = _cli("exporter", "--max-queues", bound, env={**os.environ, "DATABASE_URL": NOWHERE})
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2, err
+    assert "--max-queues" in err
 
 
 def test_the_exporter_command_starts_while_the_database_is_away() -> None:

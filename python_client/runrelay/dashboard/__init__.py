@@ -18,6 +18,7 @@ docs/dashboard.md.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import signal
 import socket
 import threading
@@ -37,7 +38,7 @@ def serve(settings: DashboardSettings, host: str = "127.0.0.1", port: int = 8787
     sock, url = _bind(host, port)
     mode = "read-write" if settings.read_write else "read-only"
     print(f"runrelay dashboard ({mode}) on {url}", flush=True)
-    server = _server(settings)
+    server = _server(settings, host)
 
     def stop(_signum: int, _frame: Any) -> None:
         server.should_exit = True
@@ -66,7 +67,7 @@ def start(settings: DashboardSettings, host: str = "127.0.0.1", port: int = 0) -
     """Serve the dashboard from a daemon thread (the demo does) and return once
     it accepts connections; stop() ends it."""
     sock, url = _bind(host, port)
-    server = _server(settings)
+    server = _server(settings, host)
     thread = threading.Thread(
         target=server.run, kwargs={"sockets": [sock]}, name="runrelay-dashboard", daemon=True
     )
@@ -93,8 +94,12 @@ def _bind(host: str, port: int) -> tuple[socket.socket, str]:
     return sock, f"http://{shown}:{sock.getsockname()[1]}/"
 
 
-def _server(settings: DashboardSettings) -> Any:
+def _server(settings: DashboardSettings, host: str) -> Any:
+    """A uvicorn server of the app; the bound address is an allowed Host."""
     import uvicorn
+
+    shown = f"[{host}]" if ":" in host else host
+    settings = dataclasses.replace(settings, allowed_hosts=(*settings.allowed_hosts, shown))
 
     class _QuietServer(uvicorn.Server):
         """Installs no signal handlers: serve() has its own, and start() runs

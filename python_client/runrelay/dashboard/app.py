@@ -34,6 +34,7 @@ import json
 import logging
 import os
 import secrets
+import time
 import urllib.parse
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -50,6 +51,7 @@ from starlette.requests import Request
 from starlette.responses import (
     HTMLResponse,
     JSONResponse,
+    PlainTextResponse,
     RedirectResponse,
     Response,
     StreamingResponse,
@@ -96,6 +98,21 @@ class DashboardSettings:
     secret: bytes | None = None
     page_size: int = 50
     pool_size: int = 4
+    # Host header names (no port) the dashboard answers besides the loopback
+    # names (localhost, 127.0.0.1, [::1]); any other Host gets 400 and
+    # nothing else, so a DNS-rebound name cannot read the pages.
+    allowed_hosts: tuple[str, ...] = ()
+    # Failed logins allowed per client address, and from all addresses
+    # together, within login_window seconds; beyond that every login (even
+    # a right one) is refused with 429 until the window has passed.
+    login_attempts: int = 10
+    login_attempts_total: int = 100
+    login_window: float = 300.0
+    # Peer addresses of TLS proxies whose X-Forwarded-Proto and
+    # X-Forwarded-For are believed (the scheme decides the cookie's Secure
+    # flag, the address keys the login limiter); from any other peer those
+    # headers are ignored.
+    trusted_proxies: tuple[str, ...] = ()
 
 
 # The database's failures that a later try may not meet: unreachable, no
@@ -122,7 +139,10 @@ def create_app(settings: DashboardSettings) -> Starlette:
             "a read-write dashboard needs a password (RUNRELAY_DASHBOARD_PASSWORD): "
             "actions are only taken for a logged-in session"
         )
-    sessions = Sessions(settings.secret or secrets.token_bytes(32))
+    sessions = Sessions(settings.secret or secrets.token_bytes(32), password=settings.password)
+    limiter = LoginLimiter(
+        settings.login_attempts, settings.login_attempts_total, settings.login_window
+    )
     templates = jinja2.Environment(
         loader=jinja2.FileSystemLoader(os.path.join(HERE, "templates")),
         autoescape=True,
@@ -394,8 +414,13 @@ def create_app(settings: DashboardSettings) -> Starlette:
             return _refusal(
                 Refused("the login form expired or was not this dashboard's; reload it")
             )
+        peer = request.client.host if request.client else ""
+        if limiter.blocked(peer):
+            log.warning("dashboard: login from %s refused: too many failed logins", peer)
+            return PlainTextResponse("too many failed logins; try again later", status_code=429)
         name = (form.get("name") or "").strip()
         if not name or not password_matches(form.get("password") or "", settings.password):
+            limiter.failed(peer)
             await asyncio.sleep(0.5)  # slows a guesser down; a person barely notices
             log.warning("dashboard: failed login for %r", name)
             return render(request, "login.html", session, 401, next_url=next_url, failed=True)
@@ -413,6 +438,7 @@ def create_app(settings: DashboardSettings) -> Starlette:
             return _refusal(exc)
         if session is None or not same_token(form.get("csrf"), session["csrf"]):
             return _refusal(Refused("missing or wrong CSRF token"))
+        sessions.revoke(session)
         return with_cookie(RedirectResponse("/login", status_code=303), request, sessions.new())
 
     # -- actions --------------------------------------------------------------------
@@ -491,6 +517,8 @@ def create_app(settings: DashboardSettings) -> Starlette:
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
     app.add_middleware(_SecurityHeaders)
+    app.add_middleware(_ForwardedFrom, proxies=settings.trusted_proxies)
+    app.add_middleware(_AllowedHosts, hosts=(*LOOPBACK_HOSTS, *settings.allowed_hosts))
     return app
 
 
@@ -559,6 +587,89 @@ ACTIONS: dict[str, Action] = {
 
 
 # -- small helpers ------------------------------------------------------------------------
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]", "::1")
+
+
+def _host_name(host: str) -> str:
+    """A Host header without its port, lower case ("[::1]:8787" -> "[::1]")."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[: host.find("]") + 1] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+class _AllowedHosts:
+    """Answers only requests whose Host is one of `hosts`: a page fetched
+    through a DNS-rebound name reaches the server with that name as Host
+    and gets 400 with no content."""
+
+    def __init__(self, app: Any, hosts: tuple[str, ...]) -> None:
+        self.app = app
+        self.hosts = frozenset(_host_name(h) for h in hosts)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] in ("http", "websocket"):
+            headers = dict(scope.get("headers") or [])
+            host = _host_name(headers.get(b"host", b"").decode("latin-1"))
+            if host not in self.hosts:
+                response = PlainTextResponse("unknown Host", status_code=400)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class _ForwardedFrom:
+    """Takes the scheme and client address from X-Forwarded-Proto and
+    X-Forwarded-For, but only when the peer is a trusted proxy: anyone else
+    could claim https or another address with them."""
+
+    def __init__(self, app: Any, proxies: tuple[str, ...]) -> None:
+        self.app = app
+        self.proxies = frozenset(proxies)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        peer = scope.get("client")
+        if scope["type"] in ("http", "websocket") and peer and peer[0] in self.proxies:
+            headers = dict(scope.get("headers") or [])
+            proto = headers.get(b"x-forwarded-proto", b"").decode("latin-1")
+            # The proxy appends the address it saw: the last entry is its.
+            forwarded = headers.get(b"x-forwarded-for", b"").decode("latin-1")
+            scope = dict(scope)
+            if proto.strip().lower() in ("http", "https"):
+                scheme = proto.strip().lower()
+                scope["scheme"] = (
+                    scheme if scope["type"] == "http" else scheme.replace("http", "ws")
+                )
+            if forwarded.strip():
+                scope["client"] = (forwarded.split(",")[-1].strip(), 0)
+        await self.app(scope, receive, send)
+
+
+class LoginLimiter:
+    """Failed logins counted per client address and in total over a sliding
+    window, in the process: new connections do not reset it. While either
+    count is at its limit, every login is refused, a right password too."""
+
+    def __init__(self, per_address: int, total: int, window: float) -> None:
+        self.per_address = per_address
+        self.total = total
+        self.window = window
+        self._failures: list[tuple[float, str]] = []
+
+    def _recent(self) -> list[tuple[float, str]]:
+        cutoff = time.monotonic() - self.window
+        self._failures = [(t, a) for t, a in self._failures if t > cutoff]
+        return self._failures
+
+    def blocked(self, address: str) -> bool:
+        recent = self._recent()
+        mine = sum(1 for _, a in recent if a == address)
+        return mine >= self.per_address or len(recent) >= self.total
+
+    def failed(self, address: str) -> None:
+        self._recent().append((time.monotonic(), address))
+
+
 class _Redirect(Exception):
     def __init__(self, target: str) -> None:
         super().__init__(target)

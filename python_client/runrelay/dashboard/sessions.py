@@ -12,6 +12,15 @@ cannot edit its own. It holds:
 * ``exp`` — when the session ends (Unix seconds); an expired cookie is no
   session at all.
 * ``flash`` — a one-line message for the next page (what an action did).
+* ``sid`` — a random id of this session, so that logging out can end it on
+  the server: the id is remembered as revoked until the cookie would have
+  expired, and a replayed copy of the cookie is no session.
+
+The signing key is derived from the secret and from the dashboard password,
+so changing the password ends every session at once, even with the same
+secret. Revoked ids live in the process: a restart with a configured secret
+forgets them (a logged-out cookie replayed after a restart works again until
+it expires); change the password to end them all.
 
 The cookie is HttpOnly and SameSite=Lax (and Secure behind https): scripts
 cannot read it, and browsers do not send it with another site's POSTs. Lax
@@ -49,15 +58,34 @@ def _unb64(text: str) -> bytes:
 class Sessions:
     """Signs and reads session cookies with one secret."""
 
-    def __init__(self, secret: bytes, max_age: int = MAX_AGE_SECONDS) -> None:
+    def __init__(
+        self, secret: bytes, max_age: int = MAX_AGE_SECONDS, *, password: str | None = None
+    ) -> None:
         if len(secret) < 16:
             raise ValueError("the session secret must be at least 16 bytes")
-        self._key = hashlib.sha256(b"runrelay-dashboard-session\0" + secret).digest()
+        # The password is part of the key: a new password, a new epoch.
+        epoch = hashlib.sha256((password or "").encode()).digest()
+        self._key = hashlib.sha256(b"runrelay-dashboard-session\0" + secret + epoch).digest()
         self.max_age = max_age
+        self._revoked: dict[str, int] = {}
 
     def new(self) -> dict[str, Any]:
-        """A fresh anonymous session with its own CSRF token."""
-        return {"csrf": secrets.token_urlsafe(32), "exp": int(time.time()) + self.max_age}
+        """A fresh anonymous session with its own CSRF token and id."""
+        return {
+            "csrf": secrets.token_urlsafe(32),
+            "sid": secrets.token_urlsafe(16),
+            "exp": int(time.time()) + self.max_age,
+        }
+
+    def revoke(self, session: dict[str, Any]) -> None:
+        """End `session` on the server: its cookie, replayed, is no session."""
+        now = time.time()
+        for old, expires in list(self._revoked.items()):
+            if expires <= now:
+                del self._revoked[old]
+        sid = session.get("sid")
+        if isinstance(sid, str):
+            self._revoked[sid] = int(session.get("exp") or now + self.max_age)
 
     def dump(self, session: dict[str, Any]) -> str:
         body = _b64(json.dumps(session, separators=(",", ":"), sort_keys=True).encode())
@@ -79,6 +107,8 @@ class Sessions:
             return None
         expires = data.get("exp")
         if not isinstance(expires, int) or expires <= time.time():
+            return None
+        if not isinstance(data.get("sid"), str) or data["sid"] in self._revoked:
             return None
         return data
 
