@@ -258,9 +258,11 @@ def test_a_shard_refuses_a_run_it_does_not_own_and_accepts_its_own(
 def test_a_shards_schedules_create_only_the_runs_it_owns(
     sharded: ShardedInstall, logins: dict[str, str]
 ) -> None:
-    """A schedule's run_ids are schedule:<name>:<slot>: a name whose {tag}
-    another shard owns makes enqueue_due_schedules on this shard refuse
-    (22023, nothing written); a tag this shard owns creates the run."""
+    """A schedule's run_ids are schedule:<name>:<slot>: on a shard,
+    upsert_schedule refuses (22023 naming `name`, nothing written) a name
+    without a {tag}, whose slots would route to every shard, and a name whose
+    {tag} another shard owns; a tag this shard owns is declared, and its slot
+    creates its run here."""
     (tag0,), (tag1,) = run_ids_on(sharded, 0, 1, "tag"), run_ids_on(sharded, 1, 1, "tag")
     admin = as_login(sharded, logins["admin"], sharded.shard_urls[0])
     worker = as_login(sharded, logins["worker"], sharded.shard_urls[0])
@@ -272,14 +274,16 @@ def test_a_shards_schedules_create_only_the_runs_it_owns(
                 "SELECT run_id, created FROM runrelay.enqueue_due_schedules()"
             ).fetchall()
 
-    admin.execute("SELECT runrelay.upsert_schedule(%s, '* * * * *')", [f"elsewhere{{{tag1}}}"])
     before = table_checksum(sharded.shard(0))
-    with pytest.raises(psycopg.errors.InvalidParameterValue, match="another shard") as refused:
-        due()
-    assert refused.value.diag.column_name == "run_id"
+    for name, says in (
+        (f"elsewhere{{{tag1}}}", "another shard"),
+        ("untagged", "needs a \\{tag\\}"),
+    ):
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match=says) as refused:
+            admin.execute("SELECT runrelay.upsert_schedule(%s, '* * * * *')", [name])
+        assert refused.value.diag.column_name == "name"
     assert table_checksum(sharded.shard(0)) == before
 
-    admin.execute("SELECT runrelay.delete_schedule(%s)", [f"elsewhere{{{tag1}}}"])
     admin.execute("SELECT runrelay.upsert_schedule(%s, '* * * * *')", [f"here{{{tag0}}}"])
     ((run_id, created),) = due()
     assert created and run_id.startswith(f"schedule:here{{{tag0}}}:")
