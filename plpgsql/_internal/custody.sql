@@ -10,7 +10,7 @@
 --   4. ledger_lanes rows, ascending by (run_id COLLATE "C", lane) — see below.
 --
 -- Every one of these is a row lock on a table no login but runrelay's
--- functions can lock (schema/12_locks.sql, docs/security-locks.md): an
+-- functions can lock (schema/12_locks.sql, docs/security.md#locks-no-other-login-can-take): an
 -- advisory lock id can be computed and taken by any login, which could then
 -- stall every writer of a key. A key with no row yet is locked by inserting
 -- its row; a concurrent locker of that key waits in its own insert until the

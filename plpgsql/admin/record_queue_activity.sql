@@ -29,7 +29,7 @@
 --
 -- Locks: one finalizer at a time, by the watermark row
 -- (queue_activity_watermark) taken FOR UPDATE SKIP LOCKED, a row no login
--- but runrelay's functions can lock (docs/security-locks.md): a concurrent
+-- but runrelay's functions can lock (docs/security.md#locks-no-other-login-can-take): a concurrent
 -- caller answers 0 at once and the holder does the work, so two maintenance
 -- loops never count a minute twice nor wait for each other. The very first
 -- call inserts the row instead (from an hour back, where a call without one

@@ -1,5 +1,5 @@
 -- Lock rows: what runrelay serialises on where no row of its own exists yet
--- (docs/security-locks.md). Only the functions lock them: PUBLIC has no
+-- (docs/security.md#locks-no-other-login-can-take). Only the functions lock them: PUBLIC has no
 -- privilege on these tables and no runrelay role is granted any, so a login
 -- cannot take, hold or even see one of these locks (an advisory lock, by
 -- contrast, is open to every login that can compute or read its id).

@@ -1,4 +1,4 @@
--- The input rules (docs/security-input.md): identifiers refuse control
+-- The input rules (docs/security.md#input-rules): identifiers refuse control
 -- characters and Unicode blanks and keep other non-ASCII text; the run.
 -- event types are the engine's and schedule: run ids the schedules', so
 -- producers and workers get 22023 for them; enqueue_runs is capped as a

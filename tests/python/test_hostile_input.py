@@ -7,7 +7,7 @@ every wrong top-level type, deep and wide JSON, payloads at the cap, over it
 and at 10 MB, out-of-range numbers, infinite timestamps, every kind of wrong
 lease token, batch sizes at and over their limits and with duplicates, and a
 flood of oversized submissions beside normal traffic; and the input rules
-of docs/security-input.md: control characters and Unicode blanks in names,
+of docs/security.md#input-rules: control characters and Unicode blanks in names,
 the reserved run. event types and schedule: run ids, enqueue_runs capped as
 a whole, and errors that quote a short escaped prefix of a value.
 

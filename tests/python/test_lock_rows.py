@@ -1,5 +1,5 @@
 """Every lock runrelay serialises on is a row only runrelay's functions can
-lock (docs/security-locks.md): a concurrency key's row, a call_id's row, the
+lock (docs/security.md#locks-no-other-login-can-take): a concurrency key's row, a call_id's row, the
 queue-activity watermark. A login without a runrelay role, or with only the
 producer role, can neither take nor block them; holding what it can (the
 advisory lock ids the engine once used, which any login may take) stalls no
