@@ -487,7 +487,7 @@ def test_the_dashboards_pages_at_a_million_runs(million: str) -> None:
             )
         ]
     settings = DashboardSettings(database_url=million, page_size=50)
-    with TestClient(create_app(settings)) as web:
+    with TestClient(create_app(settings), base_url="http://localhost") as web:
         overview = web.get("/")
         assert overview.status_code == 200, overview.text
         for queue, count in waiting.items():

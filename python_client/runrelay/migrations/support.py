@@ -25,6 +25,7 @@ _DROP_CODE = """
 DO $drop$
 DECLARE
     v_obj record;
+    v_dropped integer;
 BEGIN
     FOR v_obj IN
         SELECT c.oid::regclass AS name
@@ -41,23 +42,41 @@ BEGIN
     LOOP
         EXECUTE format('DROP VIEW %s', v_obj.name);
     END LOOP;
-    FOR v_obj IN
-        SELECT p.oid::regprocedure AS name
-        FROM pg_catalog.pg_proc AS p
-        WHERE p.pronamespace = current_schema()::regnamespace
-          -- A function a table constraint or trigger calls is the
-          -- table's (state).
-          AND NOT EXISTS (
-              SELECT 1
-              FROM pg_catalog.pg_depend AS d
-              WHERE d.classid IN (
-                  'pg_catalog.pg_constraint'::regclass, 'pg_catalog.pg_trigger'::regclass
-              )
-                AND d.refclassid = 'pg_catalog.pg_proc'::regclass
-                AND d.refobjid = p.oid
-          )
+    -- A function with a SQL-standard body depends on the functions it calls
+    -- (_enqueue_valid on _id_valid): each round drops the functions no
+    -- remaining function depends on, until a round drops none. Without the
+    -- rounds the drop order was the catalog's, which differs between
+    -- servers.
     LOOP
-        EXECUTE format('DROP FUNCTION %s', v_obj.name);
+        v_dropped := 0;
+        FOR v_obj IN
+            SELECT p.oid::regprocedure AS name
+            FROM pg_catalog.pg_proc AS p
+            WHERE p.pronamespace = current_schema()::regnamespace
+              -- A function a table constraint or trigger calls is the
+              -- table's (state).
+              AND NOT EXISTS (
+                  SELECT 1
+                  FROM pg_catalog.pg_depend AS d
+                  WHERE d.classid IN (
+                      'pg_catalog.pg_constraint'::regclass, 'pg_catalog.pg_trigger'::regclass
+                  )
+                    AND d.refclassid = 'pg_catalog.pg_proc'::regclass
+                    AND d.refobjid = p.oid
+              )
+              AND NOT EXISTS (
+                  SELECT 1
+                  FROM pg_catalog.pg_depend AS d
+                  WHERE d.classid = 'pg_catalog.pg_proc'::regclass
+                    AND d.refclassid = 'pg_catalog.pg_proc'::regclass
+                    AND d.refobjid = p.oid
+                    AND d.objid <> p.oid
+              )
+        LOOP
+            EXECUTE format('DROP FUNCTION %s', v_obj.name);
+            v_dropped := v_dropped + 1;
+        END LOOP;
+        EXIT WHEN v_dropped = 0;
     END LOOP;
     FOR v_obj IN
         SELECT t.oid::regtype AS name
