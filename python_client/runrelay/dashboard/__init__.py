@@ -87,6 +87,9 @@ def _bind(host: str, port: int) -> tuple[socket.socket, str]:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
+        # Listening already, so the URL printed next accepts connections at
+        # once (they wait in the backlog until the app has started).
+        sock.listen(2048)
     except OSError:
         sock.close()
         raise
