@@ -59,3 +59,8 @@ def configure(level: str = "INFO", fmt: str = "text") -> None:
     root.setLevel(level.upper())
     # Alembic narrates every plugin it loads at INFO; keep it to what matters.
     logging.getLogger("alembic").setLevel(max(root.level, logging.WARNING))
+    # httpx logs every request at INFO, URL included (a webhook URL may carry
+    # credentials or a token in its query string): off unless asked for with
+    # --log-level debug, and even then WebhookSink's URLs are redacted.
+    for name in ("httpx", "httpcore"):
+        logging.getLogger(name).setLevel(max(root.level, logging.WARNING))

@@ -322,12 +322,16 @@ def _sink(args: argparse.Namespace) -> Any:
         raise CommandError("pass exactly one of --webhook URL, --jsonl PATH, --sink mod:fn", 2)
     if args.webhook:
         secret = args.webhook_secret or os.environ.get("RUNRELAY_WEBHOOK_SECRET")
-        return WebhookSink(
-            args.webhook,
-            connect_timeout=args.connect_timeout,
-            read_timeout=args.read_timeout,
-            secret=secret,
-        )
+        try:
+            return WebhookSink(
+                args.webhook,
+                connect_timeout=args.connect_timeout,
+                read_timeout=args.read_timeout,
+                secret=secret,
+                **({} if args.webhook_deadline is None else {"deadline": args.webhook_deadline}),
+            )
+        except ValueError as err:  # the messages never repeat a secret or the URL's
+            raise CommandError(f"--webhook: {err}", EXIT_USAGE) from None
     if args.jsonl:
         return JsonLinesSink(args.jsonl)
     return _load(args.sink)
@@ -872,6 +876,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "default: $RUNRELAY_WEBHOOK_SECRET")  # fmt: skip
     p.add_argument("--connect-timeout", type=float, default=5.0, help="webhook connect timeout")
     p.add_argument("--read-timeout", type=float, default=30.0, help="webhook reply timeout")
+    p.add_argument("--webhook-deadline", type=float, metavar="SECONDS",
+                   help="seconds a webhook request may take in all: connect, send, read;"
+                   " leases are not renewed past it (default: 60)")  # fmt: skip
     p.add_argument("--jsonl", help="append events to this JSON-lines file (fsynced)")
     p.add_argument("--sink", help="module:callable(lane, events) to deliver to")
     p.add_argument("--lanes", default="lifecycle,observability", help="comma-separated lanes")

@@ -113,9 +113,21 @@ class Relay:
         listen_dsn: ListenDsn | None = None,
         max_sleep: float = 5.0,
         metrics: CollectorRegistry | None = None,
+        delivery_deadline: float | None = None,
     ) -> None:
         self.client = client
         self.sink = sink
+        # How long one sink call may keep its batch's leases renewed: given,
+        # else the sink's own request deadline (WebhookSink.deadline), else
+        # no bound. Past it the leases run out and the batch is another
+        # relay's to redeliver, so a consumer that never finishes its reply
+        # cannot hold a lane.
+        deadline = (
+            delivery_deadline if delivery_deadline is not None else getattr(sink, "deadline", None)
+        )
+        if deadline is not None and not (isinstance(deadline, int | float) and deadline > 0):
+            raise ValueError(f"delivery_deadline must be seconds > 0, not {deadline!r}")
+        self.delivery_deadline: float | None = deadline
         self.name = name or _default_name()
         self.lanes = list(lanes)
         self.batch_size = batch_size
@@ -300,9 +312,21 @@ class Relay:
         done = threading.Event()
         ids = [e.event_id for e in events]
 
+        stop_renewing = (
+            None if self.delivery_deadline is None else time.monotonic() + self.delivery_deadline
+        )
+
         def renew() -> None:
             wait = max(0.5, remaining / 2)  # the claim proves the lease covers this long
             while not done.wait(wait):
+                if stop_renewing is not None and time.monotonic() >= stop_renewing:
+                    log.warning(
+                        "delivery of %d event(s) on %s passed its deadline of %gs;"
+                        " its leases are no longer renewed",
+                        len(ids), lane, self.delivery_deadline,
+                    )  # fmt: skip
+                    self._renewed(lane, "deadline")
+                    return
                 try:
                     renewed = self.client.renew_ledger_lease(self.name, ids, self.lease_seconds)
                     self._count("renewals")

@@ -29,6 +29,7 @@ import contextvars
 import hashlib
 import hmac
 import json
+import logging
 import math
 import os
 import threading
@@ -39,6 +40,7 @@ from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+import httpcore
 import httpx
 
 from .types import LedgerEvent
@@ -60,8 +62,16 @@ _RESERVED_HEADERS = frozenset(
     {"idempotency-key", "webhook-id", "webhook-timestamp", "webhook-signature", "content-length"}
 )
 _SECRET_PREFIX = "whsec_"
+_MIN_KEY_BYTES = 16
+# A WebhookSink request's total deadline, seconds (connect, send, read).
+DEFAULT_DEADLINE = 60.0
 _APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
 _ERROR_BODY_CHARS = 200
+# The monotonic instant the WebhookSink request in progress (this thread's)
+# must end by; None outside a request.
+_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "runrelay_request_deadline", default=None
+)
 _TRACE_HEADERS: contextvars.ContextVar[Mapping[str, str] | None] = contextvars.ContextVar(
     "runrelay_trace_headers", default=None
 )
@@ -142,26 +152,58 @@ def batch_key(events: Sequence[LedgerEvent]) -> str:
 
 # -- signing ----------------------------------------------------------------
 def signing_key(secret: str | bytes) -> bytes:
-    """The HMAC key of a secret: `whsec_<base64>` is decoded (the Standard
-    Webhooks form); any other str is used as its UTF-8 bytes, bytes as they are."""
+    """The HMAC key of a secret, as the Standard Webhooks libraries read it:
+    a str is base64, with or without the `whsec_` prefix (and with or
+    without padding); bytes are the key itself. A str that is not base64, or
+    a key shorter than 16 bytes, is refused with ValueError: a secret the
+    reference libraries would read differently, or one short enough to
+    guess, never signs anything."""
     if isinstance(secret, bytes):
         key = secret
     elif isinstance(secret, str):
-        if secret.startswith(_SECRET_PREFIX):
-            encoded = secret[len(_SECRET_PREFIX) :]
-            try:
-                key = base64.b64decode(encoded + "=" * (-len(encoded) % 4), validate=True)
-            except binascii.Error as err:
-                raise ValueError(
-                    f"secret: {_SECRET_PREFIX}… must be followed by base64 ({err})"
-                ) from None
-        else:
-            key = secret.encode("utf-8")
+        encoded = secret[len(_SECRET_PREFIX) :] if secret.startswith(_SECRET_PREFIX) else secret
+        try:
+            key = base64.b64decode(encoded + "=" * (-len(encoded) % 4), validate=True)
+        except (binascii.Error, ValueError):
+            raise ValueError(
+                "secret: a text secret is base64 (whsec_<base64>, as Standard Webhooks"
+                " secrets are); pass the raw key as bytes otherwise"
+            ) from None
     else:
         raise TypeError(f"secret must be str or bytes, not {type(secret).__name__}")
-    if not key:
-        raise ValueError("secret must not be empty")
+    if len(key) < _MIN_KEY_BYTES:
+        raise ValueError(
+            f"secret: the key must be at least {_MIN_KEY_BYTES} bytes (got {len(key)});"
+            ' generate one with: python -c "import base64, os;'
+            " print('whsec_' + base64.b64encode(os.urandom(32)).decode())\""
+        )
     return key
+
+
+def header_value(text: str) -> str:
+    """`text` as an HTTP header value that every client and server accepts:
+    printable ASCII stays as it is, and every other character (non-ASCII,
+    controls, space) and `%` itself are percent-encoded as UTF-8. Reversible
+    with urllib.parse.unquote; an ASCII delivery key without `%` or spaces is
+    sent unchanged."""
+    return "".join(
+        c if "!" <= c <= "~" and c != "%" else "".join(f"%{b:02X}" for b in c.encode())
+        for c in text
+    )
+
+
+def redacted_url(url: str | httpx.URL) -> str:
+    """`url` safe to show in logs and stored errors: a password or user
+    name is replaced by `***`, and so is the query string (tokens live
+    there). The scheme, host, port and path stay."""
+    parsed = url if isinstance(url, httpx.URL) else httpx.URL(url)
+    shown = parsed.copy_with(username=None, password=None, query=None, fragment=None)
+    text = str(shown)
+    if parsed.userinfo:
+        text = text.replace("://", "://***@", 1)
+    if parsed.query:
+        text += "?***"
+    return text
 
 
 def sign(key: bytes, webhook_id: str, timestamp: int, body: bytes) -> str:
@@ -257,6 +299,105 @@ def _seconds(name: str, value: float) -> float:
     return float(value)
 
 
+# -- a total deadline per request ------------------------------------------
+# httpx bounds each wait for the network (connect, each write, each read),
+# not a request as a whole: a consumer that sends one byte of its reply
+# every half second never trips a read timeout and holds the lane forever.
+# The sink's connections therefore read and write through streams that cut
+# every wait at the deadline of the request in progress (_DEADLINE), so the
+# request ends when its deadline passes, whatever the server does.
+def _bounded(timeout: float | None, timed_out: type[Exception]) -> float | None:
+    end = _DEADLINE.get()
+    if end is None:
+        return timeout
+    left = end - time.monotonic()
+    if left <= 0:
+        raise timed_out("the request's total deadline passed")
+    return left if timeout is None else min(timeout, left)
+
+
+class _DeadlineStream(httpcore.NetworkStream):
+    def __init__(self, stream: httpcore.NetworkStream) -> None:
+        self._stream = stream
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._stream.read(max_bytes, _bounded(timeout, httpcore.ReadTimeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._stream.write(buffer, _bounded(timeout, httpcore.WriteTimeout))
+
+    def close(self) -> None:
+        self._stream.close()
+
+    def start_tls(
+        self,
+        ssl_context: Any,
+        server_hostname: str | None = None,
+        timeout: float | None = None,
+    ) -> httpcore.NetworkStream:
+        bounded = _bounded(timeout, httpcore.ConnectTimeout)
+        return _DeadlineStream(self._stream.start_tls(ssl_context, server_hostname, bounded))
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._stream.get_extra_info(info)
+
+
+class _DeadlineBackend(httpcore.NetworkBackend):
+    def __init__(self, backend: httpcore.NetworkBackend) -> None:
+        self._backend = backend
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Any = None,
+    ) -> httpcore.NetworkStream:
+        bounded = _bounded(timeout, httpcore.ConnectTimeout)
+        return _DeadlineStream(
+            self._backend.connect_tcp(host, port, bounded, local_address, socket_options)
+        )
+
+    def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Any = None
+    ) -> httpcore.NetworkStream:
+        bounded = _bounded(timeout, httpcore.ConnectTimeout)
+        return _DeadlineStream(self._backend.connect_unix_socket(path, bounded, socket_options))
+
+    def sleep(self, seconds: float) -> None:
+        self._backend.sleep(seconds)
+
+
+class _RedactUrls(logging.Filter):
+    """Rewrites the URLs in httpx's log records (its per-request INFO line
+    names the full URL) to their redacted form, for whoever turns those
+    lines on: a webhook URL's credentials and query never reach a log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple) and any(isinstance(a, httpx.URL) for a in record.args):
+            record.args = tuple(
+                redacted_url(a) if isinstance(a, httpx.URL) else a for a in record.args
+            )
+        return True
+
+
+_URL_FILTER = _RedactUrls()
+
+
+def _deadline_transport() -> httpx.HTTPTransport:
+    """httpx's own transport, its connections made through _DeadlineBackend."""
+    transport = httpx.HTTPTransport()
+    pool = transport._pool
+    if not isinstance(getattr(pool, "_network_backend", None), httpcore.NetworkBackend):
+        raise RuntimeError(
+            f"httpcore {httpcore.__version__}: its connection pool has no network backend"
+            " to wrap; WebhookSink cannot bound its requests"
+        )
+    pool._network_backend = _DeadlineBackend(pool._network_backend)
+    return transport
+
+
 class WebhookSink:
     """POST each batch as JSON to `url`.
 
@@ -281,9 +422,19 @@ class WebhookSink:
     httpx.Client per sink keeps connections alive between batches; close() it
     (or use the sink as a context manager) when done.
 
+    `deadline` bounds each request as a whole — connecting, sending and
+    reading the reply to its end — however slowly the server trickles bytes:
+    past it the delivery fails as a timeout (retried by the relay's backoff),
+    and a Relay stops renewing the batch's leases at the same moment.
     `connect_timeout` bounds opening a connection, `read_timeout` each wait
-    for the server (sending the body, or the next bytes of the reply). The
-    older `timeout=` sets both.
+    for the server (sending the body, or the next bytes of the reply); both
+    are cut at the deadline. The older `timeout=` sets both.
+
+    Header values are ASCII: `Idempotency-Key` and `webhook-id` carry the
+    batch key percent-encoded where it is not printable ASCII (header_value;
+    urllib.parse.unquote gives it back), and the signature covers exactly
+    the value sent. The URL's user, password and query string never appear
+    in an error, a stored last_error or a log line (redacted_url).
     """
 
     def __init__(
@@ -295,21 +446,26 @@ class WebhookSink:
         headers: dict[str, str] | None = None,
         secret: str | bytes | None = None,
         timeout: float | None = None,
+        deadline: float = DEFAULT_DEADLINE,
     ) -> None:
         if not isinstance(url, str):
             raise TypeError(f"url must be a str, not {type(url).__name__}")
         try:
             parsed = httpx.URL(url)
         except (httpx.InvalidURL, ValueError) as err:
-            raise ValueError(f"url {url!r} is not a valid URL: {err}") from None
+            # Not echoed: a URL that does not parse cannot be redacted.
+            raise ValueError(f"url is not a valid URL: {err}") from None
         if parsed.scheme not in ("http", "https") or not parsed.host:
-            raise ValueError(f"url must be an http:// or https:// URL with a host, not {url!r}")
+            raise ValueError(
+                f"url must be an http:// or https:// URL with a host, not {redacted_url(parsed)!r}"
+            )
         if timeout is not None:
             if (connect_timeout, read_timeout) != (5.0, 30.0):
                 raise ValueError("pass timeout= or connect_timeout=/read_timeout=, not both")
             connect_timeout = read_timeout = timeout
-        self.connect_timeout = _seconds("connect_timeout", connect_timeout)
-        self.read_timeout = _seconds("read_timeout", read_timeout)
+        self.deadline = _seconds("deadline", deadline)
+        self.connect_timeout = min(_seconds("connect_timeout", connect_timeout), self.deadline)
+        self.read_timeout = min(_seconds("read_timeout", read_timeout), self.deadline)
         extra = dict(headers or {})
         for name, value in extra.items():
             if not isinstance(name, str) or not isinstance(value, str):
@@ -318,6 +474,7 @@ class WebhookSink:
                 raise ValueError(f"headers: {name!r} is set by the sink itself")
         self._key = None if secret is None else signing_key(secret)
         self.url = url
+        self.shown_url = redacted_url(parsed)
         self.headers = {"Content-Type": "application/json", **extra}
         self._client: httpx.Client | None = None
         self._lock = threading.Lock()
@@ -327,7 +484,10 @@ class WebhookSink:
     def _http(self) -> httpx.Client:
         with self._lock:
             if self._client is None:
+                if _URL_FILTER not in logging.getLogger("httpx").filters:
+                    logging.getLogger("httpx").addFilter(_URL_FILTER)
                 self._client = httpx.Client(
+                    transport=_deadline_transport(),
                     follow_redirects=False,
                     timeout=httpx.Timeout(
                         connect=self.connect_timeout,
@@ -345,17 +505,30 @@ class WebhookSink:
         if client is not None:
             client.close()
 
+    def __repr__(self) -> str:
+        return f"WebhookSink({self.shown_url!r}, deadline={self.deadline:g})"
+
     def __enter__(self) -> WebhookSink:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _redact(self, err: BaseException) -> str:
+        """An error's text with this sink's URL (and its credentials and
+        query) replaced by the redacted form."""
+        text = str(err)
+        parsed = httpx.URL(self.url)
+        for secret in (self.url, parsed.query.decode(), parsed.password, parsed.username):
+            if secret:
+                text = text.replace(secret, "***")
+        return text
+
     def __call__(self, lane: str, events: Sequence[LedgerEvent]) -> None:
         if not events:
             return
         body = json.dumps(batch_json(lane, events)).encode()
-        key = batch_key(events)
+        key = header_value(batch_key(events))
         headers = dict(self.headers)
         traced = trace_headers()
         if traced:
@@ -368,7 +541,8 @@ class WebhookSink:
             headers["webhook-id"] = key
             headers["webhook-timestamp"] = str(stamp)
             headers["webhook-signature"] = sign(self._key, key, stamp, body)
-        where = f"POST {self.url}"
+        where = f"POST {self.shown_url}"
+        token = _DEADLINE.set(time.monotonic() + self.deadline)
         try:
             with self._http().stream("POST", self.url, content=body, headers=headers) as reply:
                 head = b""
@@ -376,11 +550,16 @@ class WebhookSink:
                     if len(head) < _ERROR_BODY_CHARS:
                         head += chunk[: _ERROR_BODY_CHARS - len(head)]
         except httpx.TimeoutException as err:
-            raise DeliveryError(f"{where}: timed out ({type(err).__name__}: {err})") from err
+            raise DeliveryError(
+                f"{where}: timed out ({type(err).__name__}: {self._redact(err)};"
+                f" deadline {self.deadline:g}s)"
+            ) from None
         except httpx.TransportError as err:
             # Refused, reset, closed before or in the middle of the reply:
             # the consumer may or may not have the batch; redeliver.
-            raise DeliveryError(f"{where}: {type(err).__name__}: {err}") from err
+            raise DeliveryError(f"{where}: {type(err).__name__}: {self._redact(err)}") from None
+        finally:
+            _DEADLINE.reset(token)
         status = reply.status_code
         if 200 <= status < 300:
             return

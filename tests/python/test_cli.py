@@ -26,6 +26,8 @@ ACTIONS = {
     "schedules": ["list", "set", "delete"],
 }
 NOWHERE = "postgresql://runrelay@127.0.0.1:1/nothing?connect_timeout=2"
+WEBHOOK = "https://hook:pa55w0rd@example.com/hooks?token=s3cr3t"
+NO_DB = ("--database-url", NOWHERE)
 
 
 def _cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -136,6 +138,10 @@ def test_a_database_without_the_schema_is_one_line_and_exit_3(db_url: str, args:
         (["relay", "--jsonl", "a", "--sink", "json:loads", "--database-url", NOWHERE], "exactly"),
         (["maintain", "--prune-after", "soon", "--database-url", NOWHERE], "not a duration"),
         (["worker", "json:loads", "--concurrency", "0"], "must be at least 1"),
+        (["relay", "--webhook", WEBHOOK, "--webhook-secret", "c2hvcnQ=", *NO_DB], "16 bytes"),
+        (["relay", "--webhook", WEBHOOK, "--webhook-secret", "s3cr3t text", *NO_DB], "base64"),
+        (["relay", "--webhook", WEBHOOK, "--webhook-deadline", "0", *NO_DB], "deadline"),
+        (["relay", "--webhook", "ftp://u:pa55w0rd@example.com/?token=s3cr3t", *NO_DB], "http"),
     ],
 )
 def test_usage_errors_are_one_line_and_exit_2(args: list[str], message: str) -> None:
@@ -143,6 +149,9 @@ def test_usage_errors_are_one_line_and_exit_2(args: list[str], message: str) -> 
     assert out.returncode == EXIT_USAGE, out.stderr
     assert message in out.stderr
     assert "Traceback" not in out.stderr
+    assert message in out.stderr.strip().splitlines()[-1], out.stderr
+    for secret in ("pa55w0rd", "s3cr3t", "c2hvcnQ="):  # neither the URL's nor the signing secret
+        assert secret not in out.stderr, out.stderr
 
 
 def test_worker_is_fused_unless_no_fused() -> None:

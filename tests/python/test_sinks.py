@@ -38,6 +38,8 @@ from runrelay.sinks import (
     SignatureError,
     WebhookSink,
     batch_json,
+    batch_key,
+    header_value,
     retry_after,
     sign,
     signing_key,
@@ -333,6 +335,52 @@ def test_a_reply_cut_off_mid_body_is_transient() -> None:
     assert not err.permanent
 
 
+def _drip(after_headers: bool) -> Callable[[socket.socket], None]:
+    """A consumer that answers one byte every 0.2 s, for a minute: in its
+    reply's body, or already in its status line and headers. Every read
+    gets a byte long before any read timeout."""
+
+    def behave(conn: socket.socket) -> None:
+        reply = b"HTTP/1.1 200 OK\r\nContent-Length: 300\r\n\r\n"
+        if after_headers:
+            conn.sendall(reply)
+            reply = b"x" * 300
+        for byte in reply:
+            try:
+                conn.sendall(bytes([byte]))
+            except OSError:  # the sink gave up: the test's proof
+                conns_closed.append(True)
+                return
+            time.sleep(0.2)
+
+    conns_closed: list[bool] = []
+    behave.closed = conns_closed  # type: ignore[attr-defined]
+    return behave
+
+
+@pytest.mark.parametrize("after_headers", [True, False], ids=["body", "headers"])
+def test_a_reply_that_trickles_in_ends_at_the_requests_deadline(after_headers: bool) -> None:
+    """Each read gets a byte in time, so only a deadline for the request as
+    a whole ends it: the sink fails the delivery as a timeout and closes the
+    connection while the consumer still had bytes to send."""
+    drip = _drip(after_headers)
+    with raw_server(drip) as (url, bodies), WebhookSink(url, read_timeout=5, deadline=1) as sink:
+        err = _fail(sink)
+        assert not err.permanent and err.status is None
+        assert "timed out" in str(err) and "deadline 1s" in str(err)
+        # The sink returned while the consumer was still dripping: the
+        # consumer's next write fails on the closed connection.
+        sink.close()
+    assert drip.closed == [True]  # type: ignore[attr-defined]
+    assert len(bodies) == 1
+
+
+def test_the_timeouts_are_cut_at_the_deadline() -> None:
+    sink = WebhookSink("https://example.com/hooks", deadline=2)
+    assert (sink.connect_timeout, sink.read_timeout, sink.deadline) == (2.0, 2.0, 2.0)
+    assert WebhookSink("https://example.com/hooks").deadline == 60.0
+
+
 def test_a_refused_connection_is_transient() -> None:
     with socket.create_server(("127.0.0.1", 0)) as s:
         port = s.getsockname()[1]
@@ -451,21 +499,58 @@ def test_verify_signature_accepts_any_matching_v1_entry() -> None:
     assert verify_signature(SECRET, {**headers, "Webhook-Signature": rotated}, body)
 
 
-def test_secrets_whsec_base64_raw_string_and_bytes() -> None:
+def test_secrets_are_base64_with_or_without_whsec_or_raw_bytes() -> None:
     assert signing_key(SECRET) == base64.b64decode("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
-    assert signing_key("whsec_" + base64.b64encode(b"k" * 31).decode().rstrip("=")) == b"k" * 31
-    assert signing_key("not-base64 secret") == b"not-base64 secret"
-    assert signing_key(b"\x00\x01") == b"\x00\x01"
+    unprefixed = base64.b64encode(b"k" * 31).decode().rstrip("=")
+    assert signing_key("whsec_" + unprefixed) == b"k" * 31
+    assert signing_key(unprefixed) == b"k" * 31  # as the reference libraries read it
+    assert signing_key(b"\x00" * 16) == b"\x00" * 16
     body = b"{}"
-    for secret in ("plain secret", b"\xffbytes"):
+    for secret in (unprefixed, b"\xffbytes-of-a-raw-key"):
         assert verify_signature(secret, _signed(secret, body), body)
-    for bad in ("", b"", "whsec_", "whsec_!!notbase64!!"):
+    for bad in ("", b"", "whsec_", "whsec_!!notbase64!!", "not-base64 secret"):
         with pytest.raises(ValueError, match="secret"):
             signing_key(bad)
     with pytest.raises(TypeError):
         signing_key(42)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="tolerance"):
         verify_signature(SECRET, _signed(SECRET, body), body, tolerance=-1)
+
+
+@pytest.mark.parametrize(
+    "secret",
+    [
+        "whsec_" + base64.b64encode(b"\x01" * 15).decode(),
+        base64.b64encode(b"short").decode(),
+        b"x" * 15,
+    ],
+)
+def test_a_key_shorter_than_16_bytes_is_refused(secret: str | bytes) -> None:
+    with pytest.raises(ValueError, match="at least 16 bytes"):
+        signing_key(secret)
+    with pytest.raises(ValueError, match="at least 16 bytes"):
+        WebhookSink("https://example.com/hooks", secret=secret)
+
+
+@pytest.mark.parametrize(
+    "secret",
+    [SECRET, SECRET.removeprefix("whsec_"), base64.b64encode(os.urandom(32)).decode().rstrip("=")],
+)
+def test_signed_deliveries_verify_with_the_standard_webhooks_reference_library(
+    secret: str,
+) -> None:
+    """The consumer's side as the Standard Webhooks reference library does it,
+    for a prefixed secret, an unprefixed one and one without padding, with
+    run ids and delivery keys that are not ASCII."""
+    from standardwebhooks.webhooks import Webhook
+
+    events = _events(run_id="注文-é 1%")
+    with Server() as server, WebhookSink(server.url, secret=secret) as sink:
+        sink("lifecycle", events)
+    [seen] = server.requests
+    headers = {k: v for k, v in seen.headers.items()}
+    assert Webhook(secret).verify(seen.body, headers) == json.loads(seen.body)
+    assert verify_signature(secret, seen.headers, seen.body)
 
 
 # -- bad configuration --------------------------------------------------------
@@ -483,6 +568,9 @@ def test_secrets_whsec_base64_raw_string_and_bytes() -> None:
         ({"headers": {"webhook-signature": "x"}}, "set by the sink"),
         ({"secret": ""}, "secret"),
         ({"secret": "whsec_%%%"}, "secret"),
+        ({"secret": "plain text secret"}, "base64"),
+        ({"deadline": 0}, "deadline"),
+        ({"deadline": float("inf")}, "deadline"),
     ],
 )
 def test_bad_webhook_configuration_is_refused(kwargs: dict[str, Any], message: str) -> None:
@@ -608,3 +696,127 @@ def test_relay_schedules_the_retry_where_retry_after_says(
             assert next_attempt_at == when
     assert relay.drain("lifecycle") == 0  # not due again before then
     assert len(server.requests) == 1
+
+
+# -- what the consumer and the operator see ----------------------------------
+def test_header_values_are_ascii_and_give_back_every_key() -> None:
+    """Keys with non-ASCII characters, spaces, percent signs and line breaks
+    (delivery keys are a producer's choice) go out percent-encoded, and
+    unquote gives back the key."""
+    from urllib.parse import unquote
+
+    events = _events(2, run_id="注文 é%\r\nX-Injected: 1")
+    with Server() as server, WebhookSink(server.url, secret=SECRET) as sink:
+        sink("lifecycle", events)
+    [seen] = server.requests
+    sent = seen.headers["Idempotency-Key"]
+    assert sent.isascii() and "\r" not in sent and "\n" not in sent and " " not in sent
+    assert seen.headers["X-Injected"] is None
+    assert unquote(sent) == f"{events[0].delivery_key}..{events[-1].delivery_key}"
+    assert seen.headers["webhook-id"] == sent
+    assert verify_signature(SECRET, seen.headers, seen.body)
+    assert [e["delivery_key"] for e in json.loads(seen.body)["events"]] == [
+        e.delivery_key for e in events
+    ]
+    plain = _events(1, run_id="order-7")
+    assert header_value(batch_key(plain)) == "order-7:1..order-7:1"  # ASCII keys as they are
+
+
+SECRET_URL = "http://hook-user:pa55w0rd@127.0.0.1:{port}/hook?token=s3cr3t-t0ken"
+
+
+def _no_url_secrets(text: str) -> None:
+    for secret in ("hook-user", "pa55w0rd", "s3cr3t-t0ken"):
+        assert secret not in text, text
+
+
+def test_a_webhook_urls_credentials_and_query_never_reach_errors_or_logs(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        port = s.getsockname()[1]
+    sink = WebhookSink(SECRET_URL.format(port=port), connect_timeout=2)
+    _no_url_secrets(repr(sink))
+    _no_url_secrets(str(_fail(sink)))  # refused: nothing listens there any more
+    with Server() as server:
+        url = SECRET_URL.format(port=server.httpd.server_address[1])
+        with caplog.at_level("DEBUG"), WebhookSink(url) as sink:
+            sink("lifecycle", _events())
+    assert server.requests[0].path == "/hook?token=s3cr3t-t0ken"  # the real URL was used
+    httpx_lines = [r.getMessage() for r in caplog.records if r.name == "httpx"]
+    assert httpx_lines and "127.0.0.1" in httpx_lines[0]
+    for line in httpx_lines:
+        _no_url_secrets(line)
+    with pytest.raises(ValueError) as bad:
+        WebhookSink("ftp://hook-user:pa55w0rd@example.com/?token=s3cr3t-t0ken")
+    _no_url_secrets(str(bad.value))
+
+
+def test_the_cli_turns_httpx_request_lines_off() -> None:
+    import logging
+
+    from runrelay import _logging
+
+    _logging.configure("INFO")
+    try:
+        assert not logging.getLogger("httpx").isEnabledFor(logging.INFO)
+        assert not logging.getLogger("httpcore").isEnabledFor(logging.INFO)
+    finally:
+        _logging.configure("WARNING")
+
+
+def test_a_relays_stored_error_names_the_url_without_its_secrets(
+    db: psycopg.Connection, client: Client
+) -> None:
+    _make_run(client)
+    with Server(_status(503)) as server:
+        url = SECRET_URL.format(port=server.httpd.server_address[1])
+        with WebhookSink(url) as sink:
+            relay = Relay(client, sink, lanes=["lifecycle"], max_sleep=0.05)
+            assert relay.drain("lifecycle") == 0
+    rows = _ledger(db)
+    assert rows and rows[0][4]["status"] == 503
+    for row in rows:
+        if row[4] is not None:
+            _no_url_secrets(json.dumps(row[4]))
+            assert "***" in row[4]["message"]
+
+
+class _SlowSink:
+    """A sink that takes `seconds`, like a consumer that answers slowly."""
+
+    def __init__(self, seconds: float, deadline: float | None = None) -> None:
+        self.seconds = seconds
+        if deadline is not None:
+            self.deadline = deadline
+
+    def __call__(self, lane: str, events: Any) -> None:
+        time.sleep(self.seconds)
+
+
+@pytest.mark.parametrize("how", ["sink", "relay"])
+def test_a_relay_renews_no_lease_past_the_delivery_deadline(
+    db: psycopg.Connection, client: Client, how: str
+) -> None:
+    """With the sink's deadline (WebhookSink.deadline) or the relay's
+    delivery_deadline at 1 s, a 4 s delivery keeps the lease it was claimed
+    with and is never renewed; without one it is renewed."""
+    _make_run(client)
+    if how == "sink":
+        relay = Relay(client, _SlowSink(4, deadline=1), lanes=["lifecycle"], lease_seconds=5)
+    else:
+        relay = Relay(
+            client, _SlowSink(4), lanes=["lifecycle"], lease_seconds=5, delivery_deadline=1
+        )
+    relay.drain("lifecycle")
+    assert relay.stats.get("renewals", 0) == 0, relay.stats
+    unbounded = Relay(client, _SlowSink(4), lanes=["lifecycle"], lease_seconds=5)
+    client.append_events("r0", [{"type": "payment.refunded"}])
+    unbounded.drain("lifecycle")
+    assert unbounded.stats.get("renewals", 0) >= 1, unbounded.stats
+
+
+def test_a_delivery_deadline_must_be_positive(client: Client) -> None:
+    for bad in (0, -1, "5"):
+        with pytest.raises(ValueError, match="delivery_deadline"):
+            Relay(client, _SlowSink(0), delivery_deadline=bad)  # type: ignore[arg-type]
