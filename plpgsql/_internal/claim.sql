@@ -45,9 +45,18 @@ DECLARE
 BEGIN
     -- Two tests, not `p_call_id IS NOT NULL AND EXISTS (...)`: a custom plan
     -- of that folds to false without a call_id, always looks cheaper than the
-    -- generic plan, and was re-planned on every call.
+    -- generic plan, and was re-planned on every call. The look-up is ordered
+    -- by call_id, not an EXISTS: without statistics an EXISTS expects many
+    -- matches and plans a sequential scan that "finds the first at once"
+    -- (and walks the whole table when there is none); ordered, only the
+    -- call_id index gives the first row without a sort.
     IF p_call_id IS NOT NULL THEN
-        IF EXISTS (SELECT 1 FROM attempts AS a WHERE a.call_id = p_call_id) THEN
+        IF (
+            SELECT a.call_id FROM attempts AS a
+            WHERE a.call_id = p_call_id
+            ORDER BY a.call_id
+            LIMIT 1
+        ) IS NOT NULL THEN
             RETURN ARRAY(
                 SELECT (a.run_id, a.attempt, a.lease_token, r.queue, r.payload, r.resume, a.lease_expires_at)::claim_attempts_result
                 FROM attempts AS a
