@@ -740,7 +740,7 @@ def test_a_webhook_urls_credentials_and_query_never_reach_errors_or_logs(
     _no_url_secrets(str(_fail(sink)))  # refused: nothing listens there any more
     with Server() as server:
         url = SECRET_URL.format(port=server.httpd.server_address[1])
-        with caplog.at_level("DEBUG"), WebhookSink(url) as sink:
+        with caplog.at_level("DEBUG", logger="httpx"), WebhookSink(url) as sink:
             sink("lifecycle", _events())
     assert server.requests[0].path == "/hook?token=s3cr3t-t0ken"  # the real URL was used
     httpx_lines = [r.getMessage() for r in caplog.records if r.name == "httpx"]
