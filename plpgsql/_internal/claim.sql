@@ -27,6 +27,9 @@ CREATE FUNCTION _claim(
 RETURNS claim_attempts_result[]
 LANGUAGE plpgsql
 VOLATILE
+-- Every statement here is a key or index-range look-up; a never-analysed
+-- install planned the call_id look-up as a scan of attempts (as _complete).
+SET enable_seqscan = off
 SET search_path FROM CURRENT
 AS $$
 DECLARE
