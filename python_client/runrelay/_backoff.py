@@ -151,43 +151,92 @@ class Backoff:
 STOP_CHECK = 0.5
 
 
-class Listener:
+class _Session:
+    """A LISTEN session's state and decisions, shared by Listener and
+    AsyncListener: when to try to connect again, and what a failure means.
+    The shells own the connection and the waiting."""
+
+    conn: Any
+
+    def __init__(
+        self,
+        dsn: str,
+        channel: str,
+        *,
+        backoff: Backoff | None = None,
+        on_notify: Callable[[str], None] | None = None,
+    ) -> None:
+        self.dsn = dsn
+        self.channel = channel
+        self.backoff = backoff or Backoff(base=0.2, cap=30.0)
+        # Called with each notification's payload, for channels whose
+        # payload says more than "look again" (<schema>_cancel).
+        self.on_notify = on_notify
+        self.conn = None
+        self._retry_at = 0.0
+        # How log lines name this session: the channel, and the server when
+        # it is one of several (MultiListener).
+        self.label = channel
+
+    def _may_connect(self) -> bool:
+        return time.monotonic() >= self._retry_at
+
+    def _unavailable(self, exc: BaseException) -> None:
+        delay = self.backoff.next()
+        self._retry_at = time.monotonic() + delay
+        log.warning(
+            "LISTEN %s unavailable (%s); polling, retrying in %.1fs",
+            self.label,
+            first_line(exc),
+            delay,
+        )
+
+    def _connected(self, conn: Any) -> None:
+        self.conn = conn
+        if self.backoff.failures:
+            log.info("LISTEN %s connection is back", self.label)
+        self.backoff.reset()
+
+    def _dropped(self, exc: BaseException) -> None:
+        """The connection was lost (the shell closed it): reconnect after a
+        backoff."""
+        delay = self.backoff.next()
+        self._retry_at = time.monotonic() + delay
+        log.warning(
+            "LISTEN %s connection lost (%s); reconnecting in %.1fs",
+            self.label,
+            first_line(exc),
+            delay,
+        )
+
+    def _notified(self, payload: str) -> None:
+        if self.on_notify is not None:
+            self.on_notify(payload)
+
+    def _until_retry(self, timeout: float) -> float:
+        """How long a wait after a lost connection sleeps."""
+        return min(timeout, max(0.0, self._retry_at - time.monotonic()))
+
+
+class Listener(_Session):
     """A LISTEN session on one channel that reconnects after losing its
     connection. `wait(timeout, stop)` returns after a notification, the
     timeout, or stop being set — whichever comes first; True when it was a
     notification or the session was just (re)established (a NOTIFY sent
     while none listened is lost: look again for work)."""
 
-    def __init__(self, dsn: str, channel: str, *, backoff: Backoff | None = None) -> None:
-        self.dsn = dsn
-        self.channel = channel
-        self.backoff = backoff or Backoff(base=0.2, cap=30.0)
-        self.conn: psycopg.Connection[Any] | None = None
-        self._retry_at = 0.0
-        # How log lines name this session: the channel, and the server when
-        # it is one of several (MultiListener).
-        self.label = channel
+    conn: psycopg.Connection[Any] | None
 
     def _connect(self) -> bool:
-        if time.monotonic() < self._retry_at:
+        if not self._may_connect():
             return False
         try:
             conn = psycopg.connect(self.dsn, autocommit=True)
             conn.execute(listen_statement(self.channel))
         except psycopg.Error as exc:
-            delay = self.backoff.next()
-            self._retry_at = time.monotonic() + delay
-            log.warning(
-                "LISTEN %s unavailable (%s); polling, retrying in %.1fs",
-                self.label,
-                first_line(exc),
-                delay,
-            )
+            self._unavailable(exc)
             return False
-        self.conn = conn
-        if self.backoff.failures:
-            log.info("LISTEN %s connection is back", self.label)
-        self.backoff.reset()
+        self._connected(conn)
         return True
 
     def wait(self, timeout: float, stop: threading.Event) -> bool:
@@ -204,23 +253,14 @@ class Listener:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
-                for _ in self.conn.notifies(timeout=min(left, STOP_CHECK), stop_after=1):
+                for notify in self.conn.notifies(timeout=min(left, STOP_CHECK), stop_after=1):
+                    self._notified(notify.payload)
                     return True
         except psycopg.Error as exc:
-            self._lost(exc)
-            stop.wait(min(timeout, max(0.0, self._retry_at - time.monotonic())))
+            self.close()
+            self._dropped(exc)
+            stop.wait(self._until_retry(timeout))
         return False
-
-    def _lost(self, exc: BaseException) -> None:
-        self.close()
-        delay = self.backoff.next()
-        self._retry_at = time.monotonic() + delay
-        log.warning(
-            "LISTEN %s connection lost (%s); reconnecting in %.1fs",
-            self.label,
-            first_line(exc),
-            delay,
-        )
 
     def close(self) -> None:
         conn, self.conn = self.conn, None
@@ -229,37 +269,21 @@ class Listener:
                 conn.close()
 
 
-class AsyncListener:
+class AsyncListener(_Session):
     """Listener on a psycopg AsyncConnection, for the asyncio loops."""
 
-    def __init__(self, dsn: str, channel: str, *, backoff: Backoff | None = None) -> None:
-        self.dsn = dsn
-        self.channel = channel
-        self.backoff = backoff or Backoff(base=0.2, cap=30.0)
-        self.conn: psycopg.AsyncConnection[Any] | None = None
-        self._retry_at = 0.0
-        self.label = channel
+    conn: psycopg.AsyncConnection[Any] | None
 
     async def _connect(self) -> bool:
-        if time.monotonic() < self._retry_at:
+        if not self._may_connect():
             return False
         try:
             conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
             await conn.execute(listen_statement(self.channel))
         except psycopg.Error as exc:
-            delay = self.backoff.next()
-            self._retry_at = time.monotonic() + delay
-            log.warning(
-                "LISTEN %s unavailable (%s); polling, retrying in %.1fs",
-                self.label,
-                first_line(exc),
-                delay,
-            )
+            self._unavailable(exc)
             return False
-        self.conn = conn
-        if self.backoff.failures:
-            log.info("LISTEN %s connection is back", self.label)
-        self.backoff.reset()
+        self._connected(conn)
         return True
 
     async def wait(self, timeout: float, stop: asyncio.Event) -> bool:
@@ -285,29 +309,19 @@ class AsyncListener:
             return False
         exc = notified.exception()
         if isinstance(exc, psycopg.Error):
-            await self._lost(exc)
-            await wait_event(stop, min(timeout, max(0.0, self._retry_at - time.monotonic())))
+            await self.close()
+            self._dropped(exc)
+            await wait_event(stop, self._until_retry(timeout))
             return False
         if exc is not None:
             raise exc
         return notified.result()
 
-    @staticmethod
-    async def _one_notify(conn: psycopg.AsyncConnection[Any], timeout: float) -> bool:
-        async for _ in conn.notifies(timeout=timeout, stop_after=1):
+    async def _one_notify(self, conn: psycopg.AsyncConnection[Any], timeout: float) -> bool:
+        async for notify in conn.notifies(timeout=timeout, stop_after=1):
+            self._notified(notify.payload)
             return True
         return False
-
-    async def _lost(self, exc: BaseException) -> None:
-        await self.close()
-        delay = self.backoff.next()
-        self._retry_at = time.monotonic() + delay
-        log.warning(
-            "LISTEN %s connection lost (%s); reconnecting in %.1fs",
-            self.label,
-            first_line(exc),
-            delay,
-        )
 
     async def close(self) -> None:
         conn, self.conn = self.conn, None
@@ -327,8 +341,9 @@ class _Servers:
     from a sequence or a callable asked again every `refresh` seconds."""
 
     def __init__(self, dsns: Sequence[str] | Callable[[], Sequence[str]], channel: str,
-                 refresh: float) -> None:  # fmt: skip
+                 refresh: float, on_notify: Callable[[str], None] | None) -> None:  # fmt: skip
         self.channel = channel
+        self.on_notify = on_notify
         self._source = dsns if callable(dsns) else None
         self._static = None if callable(dsns) else checked_dsns(dsns)
         self._refresh = refresh
@@ -361,7 +376,7 @@ class _Servers:
         )
 
     def _listener(self, cls: type[Any], dsn: str) -> Any:
-        listener = cls(dsn, self.channel)
+        listener = cls(dsn, self.channel, on_notify=self.on_notify)
         listener.label = f"{self.channel} on {server_of(dsn)}"
         return listener
 
@@ -377,8 +392,9 @@ class MultiListener(_Servers):
         channel: str,
         *,
         refresh: float = REFRESH,
+        on_notify: Callable[[str], None] | None = None,
     ) -> None:
-        super().__init__(dsns, channel, refresh)
+        super().__init__(dsns, channel, refresh, on_notify)
         self._woken = threading.Event()
         self._watchers: dict[str, tuple[threading.Thread, threading.Event]] = {}
 
@@ -457,8 +473,9 @@ class AsyncMultiListener(_Servers):
         channel: str,
         *,
         refresh: float = REFRESH,
+        on_notify: Callable[[str], None] | None = None,
     ) -> None:
-        super().__init__(dsns, channel, refresh)
+        super().__init__(dsns, channel, refresh, on_notify)
         self._woken = asyncio.Event()
         self._watchers: dict[str, tuple[asyncio.Task[None], asyncio.Event]] = {}
         self._ending: set[asyncio.Task[None]] = set()
@@ -546,25 +563,27 @@ def check_listen_dsn(listen_dsn: Any) -> None:
     checked_dsns(listen_dsn)
 
 
-def make_listener(listen_dsn: ListenDsn | None, channel: str) -> Listener | MultiListener | None:
+def make_listener(
+    listen_dsn: ListenDsn | None, channel: str, on_notify: Callable[[str], None] | None = None
+) -> Listener | MultiListener | None:
     """The LISTEN session(s) a loop's listen_dsn asks for: none (poll), one
     Listener for one DSN, a MultiListener for several or a callable."""
     if not listen_dsn:
         return None
     if isinstance(listen_dsn, str):
-        return Listener(listen_dsn, channel)
-    return MultiListener(listen_dsn, channel)
+        return Listener(listen_dsn, channel, on_notify=on_notify)
+    return MultiListener(listen_dsn, channel, on_notify=on_notify)
 
 
 def make_async_listener(
-    listen_dsn: ListenDsn | None, channel: str
+    listen_dsn: ListenDsn | None, channel: str, on_notify: Callable[[str], None] | None = None
 ) -> AsyncListener | AsyncMultiListener | None:
     """make_listener for the asyncio loops."""
     if not listen_dsn:
         return None
     if isinstance(listen_dsn, str):
-        return AsyncListener(listen_dsn, channel)
-    return AsyncMultiListener(listen_dsn, channel)
+        return AsyncListener(listen_dsn, channel, on_notify=on_notify)
+    return AsyncMultiListener(listen_dsn, channel, on_notify=on_notify)
 
 
 def server_of(dsn: str) -> str:

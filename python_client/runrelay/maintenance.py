@@ -53,11 +53,11 @@ import asyncio
 import logging
 import signal
 import threading
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ._backoff import CONNECTION_ERRORS, Backoff, first_line, jittered, wait_event
+from ._steps import Call, Pause, Steps, drive, drive_async
 from .errors import PermissionDenied
 from .types import ScheduleDue
 
@@ -72,9 +72,18 @@ SLOT_GRACE = 0.05
 MIN_WAKE = 0.1
 
 
+# What a duty's call answers, as a count of what it did.
+def _count(answer: Any) -> int:
+    return answer if isinstance(answer, int) else len(answer)
+
+
 class _Duties:
-    """What the sync and async loops share: settings, and which duties a
-    PermissionDenied has switched off."""
+    """The maintenance loop, written once: settings, which duties a
+    PermissionDenied has switched off, and the rounds as bodies of steps
+    (runrelay._steps) that Maintenance performs by blocking and
+    AsyncMaintenance by awaiting."""
+
+    _stop: Any  # threading.Event or asyncio.Event: only set() and is_set() here
 
     def __init__(
         self,
@@ -133,10 +142,6 @@ class _Duties:
             extra={"duty": duty},
         )
 
-    def _cutoff(self) -> datetime:
-        assert self.prune_after is not None
-        return datetime.now(UTC) - self.prune_after
-
     def _until_slot(self, delay: float, due: ScheduleDue | None) -> float:
         """The sleep after a round: `delay`, or less when a schedule slot
         comes sooner."""
@@ -144,13 +149,91 @@ class _Duties:
             return delay
         return min(delay, max(MIN_WAKE, due.due_in_ms / 1000 + SLOT_GRACE))
 
-    def _log_round(self, done: dict[str, int]) -> None:
-        level = logging.INFO if any(done.values()) else logging.DEBUG
-        log.log(level, "maintenance round", extra=dict(done))
-
     def _signal_count(self) -> int:
         self._signals += 1
         return self._signals
+
+    # -- the bodies --------------------------------------------------------
+    def _round_steps(self) -> Steps[dict[str, int]]:
+        """One round of every enabled duty -> {"reaped": n, "scheduled": s,
+        "recorded": minutes, "pruned": m}. Connection errors propagate; the
+        loop handles them."""
+        done = {"reaped": 0, "scheduled": 0, "recorded": 0, "pruned": 0}
+        if "reap" not in self.disabled:
+            done["reaped"] = yield from self._chunks_steps(
+                "reap", "reap_expired", {"max_attempts": self.reap_batch}, self.reap_batch
+            )
+        if "schedule" not in self.disabled:
+            done["scheduled"] = yield from self._chunks_steps(
+                "schedule",
+                "enqueue_due_schedules",
+                {"max_runs": self.schedule_batch},
+                self.schedule_batch,
+            )
+        if "activity" not in self.disabled:
+            done["recorded"] = yield from self._chunks_steps(
+                "activity", "record_queue_activity", {}, None
+            )
+        if "prune" not in self.disabled:
+            assert self.prune_after is not None
+            cutoff = datetime.now(UTC) - self.prune_after
+            done["pruned"] = yield from self._chunks_steps(
+                "prune",
+                "prune",
+                {"delivered_before": cutoff, "max_rows": self.prune_batch},
+                self.prune_batch,
+            )
+        level = logging.INFO if any(done.values()) else logging.DEBUG
+        log.log(level, "maintenance round", extra=dict(done))
+        return done
+
+    def _chunks_steps(
+        self, duty: str, method: str, kwargs: dict[str, Any], full: int | None
+    ) -> Steps[int]:
+        """Call a duty again while a call did as much as it was allowed to
+        (`full`; None: a duty that does all its work in one call), at most
+        max_calls times -> how much it did in all."""
+        total = 0
+        try:
+            for _ in range(self.max_calls):
+                n = _count((yield Call(method, kwargs)))
+                total += n
+                if full is None or n < full or self._stop.is_set():
+                    break
+        except PermissionDenied as exc:
+            self._denied(duty, exc)
+        return total
+
+    def _next_slot_steps(self) -> Steps[ScheduleDue | None]:
+        """schedules_next_due_at, or None when the schedule duty is off."""
+        if "schedule" in self.disabled:
+            return None
+        try:
+            due: ScheduleDue = yield Call("schedules_next_due_at", {})
+        except PermissionDenied as exc:
+            self._denied("schedule", exc)
+            return None
+        return due
+
+    def _run_steps(self) -> Steps[None]:
+        """Rounds until stop(); each followed by a jittered interval, or by a
+        backoff after the database failed the round."""
+        backoff = Backoff(base=0.5, cap=max(1.0, self.interval))
+        while not self._stop.is_set():
+            try:
+                yield from self._round_steps()
+                backoff.reset()
+                due = yield from self._next_slot_steps()
+                delay = self._until_slot(jittered(self.interval), due)
+            except CONNECTION_ERRORS as exc:
+                delay = backoff.next()
+                log.warning(
+                    "maintenance round failed (%s); retrying in %.1fs", first_line(exc), delay
+                )
+            if self.disabled.issuperset(DUTIES):
+                log.warning("maintenance has no duty left that this role may run; stopping")
+                return
+            yield Pause(delay)
 
 
 class Maintenance(_Duties):
@@ -181,83 +264,27 @@ class Maintenance(_Duties):
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, handle)
 
+    def _perform(self, step: Any) -> Any:
+        if isinstance(step, Call):
+            return getattr(self.client, step.method)(**step.kwargs)
+        assert isinstance(step, Pause)
+        self._stop.wait(step.seconds)
+        return None
+
     def run_once(self) -> dict[str, int]:
         """One round of every enabled duty -> {"reaped": n, "scheduled": s,
         "recorded": minutes, "pruned": m}. Connection errors propagate; the
         loop in run() handles them."""
-        done = {"reaped": 0, "scheduled": 0, "recorded": 0, "pruned": 0}
-        if "reap" not in self.disabled:
-            done["reaped"] = self._chunks("reap", self._reap, self.reap_batch)
-        if "schedule" not in self.disabled:
-            done["scheduled"] = self._chunks("schedule", self._schedule, self.schedule_batch)
-        if "activity" not in self.disabled:
-            done["recorded"] = self._once("activity", self._activity)
-        if "prune" not in self.disabled:
-            done["pruned"] = self._chunks("prune", self._prune, self.prune_batch)
-        self._log_round(done)
-        return done
-
-    def _reap(self) -> int:
-        return len(self.client.reap_expired(self.reap_batch))
-
-    def _prune(self) -> int:
-        return int(self.client.prune(self._cutoff(), self.prune_batch))
-
-    def _schedule(self) -> int:
-        return len(self.client.enqueue_due_schedules(self.schedule_batch))
-
-    def _activity(self) -> int:
-        return int(self.client.record_queue_activity())
-
-    def _once(self, duty: str, call: Callable[[], int]) -> int:
-        """One call of a duty that does all its work in one call."""
-        try:
-            return call()
-        except PermissionDenied as exc:
-            self._denied(duty, exc)
-        return 0
+        return drive(self._round_steps(), self._perform)
 
     def next_slot(self) -> ScheduleDue | None:
         """schedules_next_due_at, or None when the schedule duty is off."""
-        if "schedule" in self.disabled:
-            return None
-        try:
-            due: ScheduleDue = self.client.schedules_next_due_at()
-        except PermissionDenied as exc:
-            self._denied("schedule", exc)
-            return None
-        return due
-
-    def _chunks(self, duty: str, call: Callable[[], int], full: int) -> int:
-        total = 0
-        try:
-            for _ in range(self.max_calls):
-                n = call()
-                total += n
-                if n < full or self._stop.is_set():
-                    break
-        except PermissionDenied as exc:
-            self._denied(duty, exc)
-        return total
+        return drive(self._next_slot_steps(), self._perform)
 
     def run(self) -> None:
         """Rounds until stop(); each followed by a jittered interval, or by a
         backoff after the database failed the round."""
-        backoff = Backoff(base=0.5, cap=max(1.0, self.interval))
-        while not self._stop.is_set():
-            try:
-                self.run_once()
-                backoff.reset()
-                delay = self._until_slot(jittered(self.interval), self.next_slot())
-            except CONNECTION_ERRORS as exc:
-                delay = backoff.next()
-                log.warning(
-                    "maintenance round failed (%s); retrying in %.1fs", first_line(exc), delay
-                )
-            if self.disabled.issuperset(DUTIES):
-                log.warning("maintenance has no duty left that this role may run; stopping")
-                return
-            self._stop.wait(delay)
+        drive(self._run_steps(), self._perform)
 
 
 class AsyncMaintenance(_Duties):
@@ -284,73 +311,21 @@ class AsyncMaintenance(_Duties):
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, handle, sig)
 
+    async def _perform(self, step: Any) -> Any:
+        if isinstance(step, Call):
+            return await getattr(self.client, step.method)(**step.kwargs)
+        assert isinstance(step, Pause)
+        await wait_event(self._stop, step.seconds)
+        return None
+
     async def run_once(self) -> dict[str, int]:
-        done = {"reaped": 0, "scheduled": 0, "recorded": 0, "pruned": 0}
-        if "reap" not in self.disabled:
-            done["reaped"] = await self._chunks("reap", self._reap, self.reap_batch)
-        if "schedule" not in self.disabled:
-            done["scheduled"] = await self._chunks("schedule", self._schedule, self.schedule_batch)
-        if "activity" not in self.disabled:
-            done["recorded"] = await self._once("activity", self._activity)
-        if "prune" not in self.disabled:
-            done["pruned"] = await self._chunks("prune", self._prune, self.prune_batch)
-        self._log_round(done)
-        return done
-
-    async def _reap(self) -> int:
-        return len(await self.client.reap_expired(self.reap_batch))
-
-    async def _prune(self) -> int:
-        return int(await self.client.prune(self._cutoff(), self.prune_batch))
-
-    async def _schedule(self) -> int:
-        return len(await self.client.enqueue_due_schedules(self.schedule_batch))
-
-    async def _activity(self) -> int:
-        return int(await self.client.record_queue_activity())
-
-    async def _once(self, duty: str, call: Callable[[], Any]) -> int:
-        try:
-            return int(await call())
-        except PermissionDenied as exc:
-            self._denied(duty, exc)
-        return 0
+        """As Maintenance.run_once."""
+        return await drive_async(self._round_steps(), self._perform)
 
     async def next_slot(self) -> ScheduleDue | None:
-        if "schedule" in self.disabled:
-            return None
-        try:
-            due: ScheduleDue = await self.client.schedules_next_due_at()
-        except PermissionDenied as exc:
-            self._denied("schedule", exc)
-            return None
-        return due
-
-    async def _chunks(self, duty: str, call: Callable[[], Any], full: int) -> int:
-        total = 0
-        try:
-            for _ in range(self.max_calls):
-                n = int(await call())
-                total += n
-                if n < full or self._stop.is_set():
-                    break
-        except PermissionDenied as exc:
-            self._denied(duty, exc)
-        return total
+        """As Maintenance.next_slot."""
+        return await drive_async(self._next_slot_steps(), self._perform)
 
     async def run(self) -> None:
-        backoff = Backoff(base=0.5, cap=max(1.0, self.interval))
-        while not self._stop.is_set():
-            try:
-                await self.run_once()
-                backoff.reset()
-                delay = self._until_slot(jittered(self.interval), await self.next_slot())
-            except CONNECTION_ERRORS as exc:
-                delay = backoff.next()
-                log.warning(
-                    "maintenance round failed (%s); retrying in %.1fs", first_line(exc), delay
-                )
-            if self.disabled.issuperset(DUTIES):
-                log.warning("maintenance has no duty left that this role may run; stopping")
-                return
-            await wait_event(self._stop, delay)
+        """As Maintenance.run."""
+        await drive_async(self._run_steps(), self._perform)

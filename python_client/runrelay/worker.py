@@ -108,15 +108,19 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from ._backoff import (
     CONNECTION_ERRORS,
+    AsyncListener,
+    AsyncMultiListener,
     Backoff,
     ListenDsn,
+    Listener,
+    MultiListener,
     channel,
     check_listen_dsn,
     first_line,
@@ -125,7 +129,7 @@ from ._backoff import (
     make_listener,
     wait_event,
 )
-from .client import Client
+from ._steps import Call, Pause, Steps, drive, drive_async
 from .maintenance import AsyncMaintenance, Maintenance
 from .types import (
     ClaimedAttempt,
@@ -603,13 +607,62 @@ class _Recorder:
             self._metrics.write_errors.inc()
 
 
-class Worker(_Signals, _Recorder):
-    """Runs `handler` for claimed runs on up to `concurrency` threads."""
+# -- the steps a worker's body yields, besides Call and Pause -------------------
+@dataclass(frozen=True, slots=True)
+class Handle:
+    """Run the handlers of `jobs`; the result is their outcomes, in order
+    (what each returned, or the exception it raised). Worker runs them one
+    after the other in the current thread, AsyncWorker concurrently."""
+
+    jobs: Sequence[Job]
+
+
+@dataclass(frozen=True, slots=True)
+class Invoke:
+    """Call `fn()` (a Suspend's on_waiting step); AsyncWorker awaits what it
+    returns when that is awaitable."""
+
+    fn: Callable[[], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Spawn:
+    """Run the body `work` beside the current one (a thread, or a task)."""
+
+    work: Steps[None]
+
+
+@dataclass(frozen=True, slots=True)
+class WaitForSlot:
+    """Wait until a handler slot may have come free, stop(), or `seconds`."""
+
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Listen:
+    """Wait for a NOTIFY that runs are ready, stop(), or `seconds`."""
+
+    seconds: float
+
+
+class _Loop(_Signals, _Recorder):
+    """A worker's state and decisions, written once for Worker and AsyncWorker.
+
+    Slots: `concurrency` of them, each held by a job in flight (_inflight)
+    or reserved by a claim in flight (_reserved); a claim asks for at most
+    the slots it reserved, and what it claims takes their place. The bodies
+    below (generators of steps, runrelay._steps) decide every call, retry,
+    write and hand-back; a shell only performs their steps and owns what is
+    its own: threads or tasks, how it waits, and its shutdown's waiting."""
+
+    _stop: Any  # threading.Event or asyncio.Event: only is_set() is used here
+    _listener: Any
 
     def __init__(
         self,
-        client: Client,
-        handler: Handler,
+        client: Any,
+        handler: Callable[[Job], Any],
         *,
         queues: Sequence[str] | None = None,
         concurrency: int = 4,
@@ -626,6 +679,8 @@ class Worker(_Signals, _Recorder):
         metrics: CollectorRegistry | None = None,
     ) -> None:
         super().__init__()
+        self._events()
+        self._listener = None
         self.client = client
         self.handler = handler
         self.queues = list(queues) if queues is not None else None
@@ -640,186 +695,162 @@ class Worker(_Signals, _Recorder):
         self.shutdown_grace = shutdown_grace
         self.fused = fused
         interval = maintenance_interval or default_maintenance_interval(lease_seconds)
-        self.maintenance = (
-            Maintenance(client, interval=interval, prune_after=None) if maintenance else None
-        )
-        self._stop = threading.Event()
-        self._abort = threading.Event()
-        self._beats_done = threading.Event()
+        self.maintenance = self._maintenance(client, interval) if maintenance else None
+        # A reentrant lock: a signal handler (stop()) may run in the main
+        # thread while it holds the lock.
+        self._lock = threading.RLock()
+        # Notified when a slot comes free, a settlement ends, or stop().
+        self._changed = threading.Condition(self._lock)
         self._inflight: dict[tuple[str, int], Job] = {}
-        self._lock = threading.Lock()
+        self._reserved = 0
         # Jobs whose outcome a settle_and_claim call in flight is writing:
         # shutdown does not hand them back, and waits for their calls.
         self._settling: set[tuple[str, int]] = set()
-        self._settled = threading.Condition(self._lock)
-        self._slots = threading.Semaphore(self.concurrency)
         self.stats: dict[str, int] = {}
         self._metrics = worker_metrics(metrics)
         self._tracing = getattr(client, "tracing", None)
 
-    # -- control -----------------------------------------------------------
-    def stop(self) -> None:
-        """Stop claiming; run() returns after the shutdown grace period."""
-        self._stop.set()
+    def _events(self) -> None:
+        """Create the shell's stop and abort events (and what else it waits on)."""
+        raise NotImplementedError
 
-    def _abort_grace(self) -> None:
-        self._stop.set()
-        self._abort.set()
-
-    def install_signal_handlers(self) -> None:
-        """SIGINT/SIGTERM: the first stops claiming (in-flight work gets
-        shutdown_grace), a second hands in-flight runs back at once. Call
-        from the main thread."""
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda signum, _frame: self._on_signal(signal.Signals(signum)))
+    def _maintenance(self, client: Any, interval: float) -> Any:
+        raise NotImplementedError
 
     def _count(self, key: str, n: int = 1) -> None:
         with self._lock:
             self.stats[key] = self.stats.get(key, 0) + n
 
-    # -- main loop ---------------------------------------------------------
-    def run(self, *, until_idle: float | None = None) -> None:
-        """Claim and run work until stop() (or, with until_idle, until nothing
-        was claimable for that many seconds)."""
-        listener = make_listener(self.listen_dsn, channel(self.client.schema, "runs"))
-        beat = threading.Thread(target=self._heartbeats, name=f"{self.name}-hb", daemon=True)
-        beat.start()
-        upkeep: threading.Thread | None = None
-        if self.maintenance is not None:
-            upkeep = threading.Thread(
-                target=self.maintenance.run, name=f"{self.name}-maint", daemon=True
-            )
-            upkeep.start()
+    # -- slots -------------------------------------------------------------
+    def _free(self) -> int:
+        with self._lock:
+            return self.concurrency - len(self._inflight) - self._reserved
+
+    def _reserve(self, most: int) -> int:
+        """Reserve up to `most` free slots for a claim; how many it got."""
+        with self._lock:
+            n = max(0, min(most, self.concurrency - len(self._inflight) - self._reserved))
+            self._reserved += n
+            return n
+
+    def _swap(self, done: Sequence[Job], nxt: Sequence[Job], reserved: int = 0) -> None:
+        """`nxt` enter _inflight as `done` leave it, in one step (shutdown
+        never sees it empty in between), and `reserved` reserved slots are
+        given up: the claimed jobs took the place of as many."""
+        with self._changed:
+            for job in nxt:
+                self._inflight[(job.run_id, job.attempt.attempt)] = job
+            for job in done:
+                self._inflight.pop((job.run_id, job.attempt.attempt), None)
+            self._reserved -= reserved
+            self._changed.notify_all()
+        left(done)
+
+    def _settling_ended(self, keys: Sequence[tuple[str, int]]) -> None:
+        with self._changed:
+            self._settling.difference_update(keys)
+            self._changed.notify_all()
+
+    def _leftovers(self) -> list[Job]:
+        """What a stopping worker hands back: every job in flight but a
+        suspended one (its run waits durably) and a settling one (its
+        outcome is being written)."""
+        with self._lock:
+            return [
+                j
+                for key, j in self._inflight.items()
+                if not j.suspended and key not in self._settling
+            ]
+
+    # -- the main loop -----------------------------------------------------
+    def _loop_steps(self, until_idle: float | None) -> Steps[None]:
+        """Claim into free slots and start work on what was claimed until
+        stop() (or, with until_idle, until nothing was claimable for that
+        many seconds and nothing runs)."""
         idle_since = time.monotonic()
-        try:
-            while not self._stop.is_set():
-                free = self._free_slots()
-                if free == 0:
-                    continue
-                if self._stop.is_set():
-                    # stop() came while this loop waited for a slot: the slot
-                    # may be one a stopping worker's hand-back just freed.
-                    self._release_slots(free)
-                    break
-                claimed = self._claim(free)
-                if claimed:
-                    idle_since = time.monotonic()
-                    self._dispatch(claimed)
-                    continue
-                idle_for = time.monotonic() - idle_since
-                if until_idle is not None and idle_for > until_idle and not self._inflight:
-                    break
-                timeout = jittered(self.poll_interval)
-                if listener is None:
-                    self._stop.wait(timeout)
-                else:
-                    listener.wait(timeout, self._stop)
-        finally:
-            self._stop.set()
-            if self.maintenance is not None:
-                self.maintenance.stop()
-            self._shutdown()
-            self._beats_done.set()
-            beat.join(timeout=5)
-            if upkeep is not None:
-                upkeep.join(timeout=5)
-            if listener is not None:
-                listener.close()
+        while not self._stop.is_set():
+            n = self._reserve(self.batch_size)
+            if n == 0:
+                yield WaitForSlot(self.poll_interval)
+                continue
+            claimed = yield from self._claim_steps(n)
+            if claimed:
+                idle_since = time.monotonic()
+                for work in self._dispatch(claimed):
+                    yield Spawn(work)
+                continue
+            idle_for = time.monotonic() - idle_since
+            if until_idle is not None and idle_for > until_idle and not self._inflight:
+                return
+            yield Listen(jittered(self.poll_interval))
 
-    def _free_slots(self) -> int:
-        """Reserve handler slots: wait briefly for one, then take up to
-        batch_size without waiting. Returns how many were reserved."""
-        if not self._slots.acquire(timeout=0.05):
-            return 0
-        taken = 1
-        while taken < self.batch_size and self._slots.acquire(blocking=False):
-            taken += 1
-        return taken
-
-    def _release_slots(self, n: int) -> None:
-        for _ in range(n):
-            self._slots.release()
-
-    def _claim(self, n: int) -> list[ClaimedAttempt]:
-        """Claim up to n runs (n slots are reserved). After a connection
-        error the claim is ambiguous (it may have committed): it is repeated
-        with the same call_id — an exact replay if it did, a fresh claim if
-        not — with backoff, until it resolves or the worker stops."""
+    def _claim_steps(self, n: int) -> Steps[list[Job]]:
+        """Claim up to n runs into n reserved slots. After a connection error
+        the claim is ambiguous (it may have committed): it is repeated with
+        the same call_id — an exact replay if it did, a fresh claim if not —
+        with backoff, until it resolves or the worker stops."""
         call_id = uuid.uuid4()
         backoff = Backoff(base=0.1, cap=10.0)
         while True:
             try:
-                claimed: list[ClaimedAttempt] = self.client.claim_attempts(
-                    self.name,
-                    self.queues,
-                    max_runs=n,
-                    lease_seconds=self.lease_seconds,
-                    call_id=call_id,
+                claimed: list[ClaimedAttempt] = yield Call(
+                    "claim_attempts",
+                    {
+                        "worker": self.name,
+                        "queues": self.queues,
+                        "max_runs": n,
+                        "lease_seconds": self.lease_seconds,
+                        "call_id": call_id,
+                    },
                 )
             except CONNECTION_ERRORS as exc:
                 self._retried("claim")
                 if self._stop.is_set():
-                    self._release_slots(n)
+                    self._swap([], [], reserved=n)
                     return []
                 delay = backoff.next()
                 log.warning(
                     "claim failed (%s); replaying call %s in %.1fs", first_line(exc), call_id, delay
                 )
-                self._stop.wait(delay)
+                yield Pause(delay)
                 continue
-            self._release_slots(n - len(claimed))
+            jobs = [claimed_job(a, self.lease_seconds) for a in claimed]
             self._claimed(claimed)
-            return claimed
+            self._swap([], jobs, reserved=n)
+            return jobs
 
-    # -- running handlers --------------------------------------------------
-    def _dispatch(self, claimed: list[ClaimedAttempt]) -> None:
-        """One daemon thread per job (per batch with batch_size > 1): a
-        handler that never returns cannot keep the process alive after
-        shutdown handed its run back."""
-        jobs = [claimed_job(a, self.lease_seconds) for a in claimed]
-        with self._lock:
-            for job in jobs:
-                self._inflight[(job.run_id, job.attempt.attempt)] = job
+    def _dispatch(self, jobs: list[Job]) -> list[Steps[None]]:
+        """The bodies that run claimed jobs, each beside the others: one per
+        job, or one per batch with batch_size > 1."""
         if self.fused:
-            self._spawn_work(jobs)
-        elif self.batch_size > 1 and len(jobs) > 1:
-            self._spawn(self._run_batch, jobs)
-        else:
-            for job in jobs:
-                self._spawn(self._run_one, job)
-
-    def _spawn(self, target: Callable[[Any], None], arg: Any) -> None:
-        threading.Thread(target=target, args=(arg,), name=f"{self.name}-run", daemon=True).start()
+            groups = [jobs] if self.batch_size > 1 else [[job] for job in jobs]
+            return [self._work_steps(group) for group in groups]
+        if self.batch_size > 1 and len(jobs) > 1:
+            return [self._batch_steps(jobs)]
+        return [self._one_steps(job) for job in jobs]
 
     # -- the fused path: settle and claim the next in one call ---------------
-    def _spawn_work(self, jobs: list[Job]) -> None:
-        """Threads for jobs in flight (one per job, one per batch with
-        batch_size > 1), each holding one slot per job."""
-        if self.batch_size > 1:
-            self._spawn(self._work, jobs)
-        else:
-            for job in jobs:
-                self._spawn(self._work, [job])
-
-    def _work(self, jobs: list[Job]) -> None:
+    def _work_steps(self, jobs: list[Job]) -> Steps[None]:
         """Run handlers, then write their outcomes and claim the runs for
         the slots they free in one settle_and_claim call; go on with what it
-        claimed, in this thread, until a call claims nothing."""
-        while jobs:
-            outcomes = [self._call_handler(job) for job in jobs]
-            jobs = self._settle(jobs, outcomes)
+        claimed, in this body, until a call claims nothing."""
+        try:
+            while jobs:
+                outcomes = yield Handle(jobs)
+                jobs = yield from self._settle_steps(jobs, outcomes)
+        finally:
+            self._swap(jobs, [])  # cancelled at shutdown: the jobs leave
 
-    def _settle(self, jobs: list[Job], outcomes: list[Any]) -> list[Job]:
-        """Write the jobs' outcomes and claim as many runs as they held
-        slots (none once the worker stops) in one call; returns the claimed
-        jobs this thread runs next. The jobs leave _inflight, and the slots
-        nothing was claimed for are given back."""
-        held = len(jobs)
+    def _settle_steps(self, jobs: list[Job], outcomes: list[Any]) -> Steps[list[Job]]:
+        """Write the jobs' outcomes and claim as many runs as they hold slots
+        (with batch_size > 1, free slots too; none once the worker stops) in
+        one call; returns the claimed jobs this body runs next, and starts
+        the others beside it. The jobs leave _inflight as the claimed enter."""
         fused: list[tuple[Job, Any, str, dict[str, Any]]] = []
         for job, outcome in zip(jobs, outcomes, strict=True):
             if not fusable(outcome):
                 try:
-                    self._write_outcome(job, outcome)
+                    yield from self._outcome_steps(job, outcome)
                 except Exception:
                     log.exception("writing the outcome of run %s failed", job.run_id)
                     self._write_failed()
@@ -827,27 +858,27 @@ class Worker(_Signals, _Recorder):
             method, kwargs = write_for(job, outcome)
             fused.append((job, outcome, method, settle_item(method, kwargs)))
         if not fused:
-            self._finish_all(jobs, held, [])
+            self._swap(jobs, [])
             return []
-        if self._stop.is_set():
-            want = 0
-        else:
-            want = held + self._extra_slots(held)
-            held = want
+        extra = want = 0
+        if not self._stop.is_set():
+            if self.batch_size > 1:
+                extra = self._reserve(self.batch_size - len(jobs))
+            want = len(jobs) + extra
         keys = [(j.run_id, j.attempt.attempt) for j in jobs]
         with self._lock:
             self._settling.update(keys)
         try:
             try:
-                settled, claimed = self._settle_call([item for *_, item in fused], want)
+                settled, claimed = yield from self._settle_call_steps(
+                    [item for *_, item in fused], want
+                )
             finally:
-                with self._settled:
-                    self._settling.difference_update(keys)
-                    self._settled.notify_all()
+                self._settling_ended(keys)
         except Exception:
             log.exception("settling %d runs failed", len(fused))
             self._write_failed()
-            self._finish_all(jobs, held, [])
+            self._swap(jobs, [], reserved=extra)
             return []
         for job, outcome, method, _item in fused:
             written = settled.get((job.run_id, job.attempt.attempt), "missing")
@@ -855,40 +886,21 @@ class Worker(_Signals, _Recorder):
             log_finished(job, written, unexpected(outcome))
         nxt = [claimed_job(a, self.lease_seconds) for a in claimed]
         self._claimed(claimed)
-        self._finish_all(jobs, held - len(nxt), nxt)
+        self._swap(jobs, nxt, reserved=extra)
         if nxt and self._stop.is_set():
             # Claimed as the worker stopped: a stopping worker starts nothing.
-            self._hand_back(nxt)
-            self._finish_all(nxt, len(nxt), [])
+            yield from self._hand_back_steps(nxt)
+            self._swap(nxt, [])
             return []
         if self.batch_size > 1 or len(nxt) <= 1:
             return nxt
         for job in nxt[1:]:
-            self._spawn(self._work, [job])
+            yield Spawn(self._work_steps([job]))
         return nxt[:1]
 
-    def _extra_slots(self, held: int) -> int:
-        """With batch_size > 1, free slots taken (without waiting) to claim
-        a whole batch into."""
-        taken = 0
-        while held + taken < self.batch_size and self._slots.acquire(blocking=False):
-            taken += 1
-        return taken
-
-    def _finish_all(self, done: list[Job], free: int, nxt: list[Job]) -> None:
-        """`done` leave _inflight as `nxt` enter it (in one step, so shutdown
-        never sees it empty in between); `free` slots are given back."""
-        with self._lock:
-            for job in nxt:
-                self._inflight[(job.run_id, job.attempt.attempt)] = job
-            for job in done:
-                self._inflight.pop((job.run_id, job.attempt.attempt), None)
-        left(done)
-        self._release_slots(free)
-
-    def _settle_call(
+    def _settle_call_steps(
         self, items: list[dict[str, Any]], max_runs: int
-    ) -> tuple[dict[tuple[str, int], str], list[ClaimedAttempt]]:
+    ) -> Steps[tuple[dict[tuple[str, int], str], list[ClaimedAttempt]]]:
         """One settle_and_claim call, replayed with the same call_id after a
         connection error (the settlements are fenced writes, the claim is
         named by the call_id: a replay answers what the lost call did), with
@@ -899,13 +911,16 @@ class Worker(_Signals, _Recorder):
         failures = 0
         while True:
             try:
-                reply = self.client.settle_and_claim(
-                    items,
-                    self.name,
-                    self.queues,
-                    max_runs=max_runs,
-                    lease_seconds=self.lease_seconds,
-                    call_id=call_id,
+                reply = yield Call(
+                    "settle_and_claim",
+                    {
+                        "items": items,
+                        "worker": self.name,
+                        "queues": self.queues,
+                        "max_runs": max_runs,
+                        "lease_seconds": self.lease_seconds,
+                        "call_id": call_id,
+                    },
                 )
             except CONNECTION_ERRORS as exc:
                 failures += 1
@@ -919,28 +934,213 @@ class Worker(_Signals, _Recorder):
                     call_id,
                     delay,
                 )
-                time.sleep(delay)
+                yield Pause(delay, interruptible=False)
                 continue
             return settled_and_claimed(reply)
 
-    def _hand_back(self, jobs: list[Job]) -> None:
+    # -- the two-call path ---------------------------------------------------
+    def _one_steps(self, job: Job) -> Steps[None]:
+        try:
+            [outcome] = yield Handle([job])
+            yield from self._outcome_steps(job, outcome)
+        except Exception:
+            log.exception("writing the outcome of run %s failed", job.run_id)
+            self._write_failed()
+        finally:
+            self._swap([job], [])
+
+    def _batch_steps(self, jobs: list[Job]) -> Steps[None]:
+        """The handlers of one claim run; the successful ones are completed
+        with one complete_attempts call, the others written one by one."""
+        try:
+            outcomes = yield Handle(jobs)
+            done: list[tuple[Job, Any]] = []
+            for job, outcome in zip(jobs, outcomes, strict=True):
+                method, kwargs = write_for(job, outcome)
+                if method == "complete_attempt":
+                    done.append((job, kwargs["result"]))
+                    continue
+                yield from self._outcome_steps(job, outcome)
+            if done:
+                items = [(j.attempt, r) for j, r in done]
+                results = yield from self._write_steps("complete_attempts", {"items": items})
+                _log_batch([j for j, _ in done], results, self._wrote)
+        except Exception:
+            log.exception("batch completion failed")
+            self._write_failed()
+        finally:
+            self._swap(jobs, [])
+
+    def _outcome_steps(self, job: Job, outcome: Any) -> Steps[None]:
+        """Write what the handler's outcome calls for; then, for a suspension
+        with an on_waiting step that now waits, run the step and, if it
+        raises, fail the waiting run (Suspend explains the protocol)."""
+        method, kwargs = write_for(job, outcome)
+        written = yield from self._write_steps(method, kwargs)
+        self._wrote(job.attempt.queue, method.split("_")[0], written)
+        failure = unexpected(outcome)
+        suspend = waits_for_step(outcome, written)
+        if suspend is not None and suspend.on_waiting is not None:
+            job.suspended = True
+            try:
+                yield Invoke(suspend.on_waiting)
+            except Exception as exc:
+                method, kwargs = waiting_failure_write(job, exc)
+                written = yield from self._write_steps(method, kwargs)
+                self._wrote(job.attempt.queue, "fail_waiting", written)
+                failure = exc
+        log_finished(job, written, failure)
+
+    def _write_steps(self, method: str, kwargs: dict[str, Any], tries: int = 6) -> Steps[Any]:
+        """A fenced write, repeated after a connection error: a repeated
+        write returns the outcome the first one recorded if it committed."""
+        backoff = Backoff(base=0.1, cap=2.0)
+        for n in range(tries):
+            try:
+                return (yield Call(method, kwargs))
+            except CONNECTION_ERRORS as exc:
+                if n == tries - 1:
+                    raise
+                delay = backoff.next()
+                log.warning("write failed (%s); repeating in %.1fs", first_line(exc), delay)
+                yield Pause(delay, interruptible=False)
+        raise AssertionError("unreachable")
+
+    def _hand_back_steps(self, jobs: list[Job]) -> Steps[None]:
         """Release runs this stopping worker will not run."""
         for job in jobs:
             job.cancelled.set()
             method, kwargs = release_write(job, None, f"{self.name} stopped")
             try:
-                written = self._write(method, kwargs, tries=3)
+                written = yield from self._write_steps(method, kwargs, tries=3)
             except Exception:
                 log.warning("could not hand back run %s", job.run_id, exc_info=True)
                 continue
             self._handed_back(job, written)
             log_finished(job, written)
 
-    def _finish(self, job: Job) -> None:
+    # -- heartbeats --------------------------------------------------------
+    def _beat_steps(self) -> Steps[None]:
+        """One heartbeat round: extend the lease of every job in flight that
+        still runs its handler."""
         with self._lock:
-            self._inflight.pop((job.run_id, job.attempt.attempt), None)
-        left([job])
-        self._slots.release()
+            jobs = list(self._inflight.values())
+        for job in jobs:
+            if job.cancelled.is_set() or job.suspended:
+                continue
+            try:
+                beat = yield Call(
+                    "heartbeat", {**job.attempt.fence, "lease_seconds": self.lease_seconds}
+                )
+            except Exception as exc:
+                log.warning("heartbeat for %s failed (%s)", job.run_id, first_line(exc))
+                self._beat(None)
+                continue
+            self._beat(beat.outcome)
+            if heartbeat_seen(job, beat, self.lease_seconds):
+                self._count(f"heartbeat:{beat.outcome}")
+
+    def _grace_note(self) -> None:
+        with self._lock:
+            inflight = len(self._inflight)
+        if inflight:
+            log.info("waiting up to %.1fs for %d in-flight runs", self.shutdown_grace, inflight)
+
+
+class Worker(_Loop):
+    """Runs `handler` for claimed runs on up to `concurrency` threads: the
+    shell of _Loop that performs its steps by blocking."""
+
+    _listener: Listener | MultiListener | None
+
+    def _events(self) -> None:
+        self._stop = threading.Event()
+        self._abort = threading.Event()
+        self._beats_done = threading.Event()
+
+    def _maintenance(self, client: Any, interval: float) -> Maintenance:
+        return Maintenance(client, interval=interval, prune_after=None)
+
+    # -- control -----------------------------------------------------------
+    def stop(self) -> None:
+        """Stop claiming; run() returns after the shutdown grace period."""
+        self._stop.set()
+        with self._changed:
+            self._changed.notify_all()
+
+    def _abort_grace(self) -> None:
+        self._abort.set()
+        self.stop()
+
+    def install_signal_handlers(self) -> None:
+        """SIGINT/SIGTERM: the first stops claiming (in-flight work gets
+        shutdown_grace), a second hands in-flight runs back at once. Call
+        from the main thread."""
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda signum, _frame: self._on_signal(signal.Signals(signum)))
+
+    def run(self, *, until_idle: float | None = None) -> None:
+        """Claim and run work until stop() (or, with until_idle, until nothing
+        was claimable for that many seconds)."""
+        self._listener = make_listener(self.listen_dsn, channel(self.client.schema, "runs"))
+        beat = threading.Thread(target=self._heartbeats, name=f"{self.name}-hb", daemon=True)
+        beat.start()
+        upkeep: threading.Thread | None = None
+        if self.maintenance is not None:
+            upkeep = threading.Thread(
+                target=self.maintenance.run, name=f"{self.name}-maint", daemon=True
+            )
+            upkeep.start()
+        try:
+            drive(self._loop_steps(until_idle), self._perform)
+        finally:
+            self._stop.set()
+            if self.maintenance is not None:
+                self.maintenance.stop()
+            self._shutdown()
+            self._beats_done.set()
+            beat.join(timeout=5)
+            if upkeep is not None:
+                upkeep.join(timeout=5)
+            if self._listener is not None:
+                self._listener.close()
+
+    # -- performing steps --------------------------------------------------
+    def _perform(self, step: Any) -> Any:
+        if isinstance(step, Call):
+            return getattr(self.client, step.method)(**step.kwargs)
+        if isinstance(step, Handle):
+            return [self._call_handler(job) for job in step.jobs]
+        if isinstance(step, Spawn):
+            # A daemon thread: a handler that never returns cannot keep the
+            # process alive after shutdown handed its run back.
+            threading.Thread(
+                target=drive, args=(step.work, self._perform), name=f"{self.name}-run", daemon=True
+            ).start()
+            return None
+        if isinstance(step, WaitForSlot):
+            self._wait_for_slot(step.seconds)
+            return None
+        if isinstance(step, Listen):
+            if self._listener is None:
+                self._stop.wait(step.seconds)
+            else:
+                self._listener.wait(step.seconds, self._stop)
+            return None
+        if isinstance(step, Pause):
+            if step.interruptible:
+                self._stop.wait(step.seconds)
+            else:
+                time.sleep(step.seconds)
+            return None
+        if isinstance(step, Invoke):
+            return step.fn()
+        raise TypeError(f"not a worker step: {step!r}")
+
+    def _wait_for_slot(self, seconds: float) -> None:
+        with self._changed:
+            if self._free() <= 0 and not self._stop.is_set():
+                self._changed.wait(seconds)
 
     def _call_handler(self, job: Job) -> Any:
         started = time.perf_counter()
@@ -952,125 +1152,29 @@ class Worker(_Signals, _Recorder):
             finally:
                 self._handled(job, started)
 
-    def _write_outcome(self, job: Job, outcome: Any) -> None:
-        """Write what the handler's outcome calls for; then, for a suspension
-        with an on_waiting step that now waits, run the step and, if it
-        raises, fail the waiting run (Suspend explains the protocol)."""
-        method, kwargs = write_for(job, outcome)
-        written = self._write(method, kwargs)
-        self._wrote(job.attempt.queue, method.split("_")[0], written)
-        failure = unexpected(outcome)
-        suspend = waits_for_step(outcome, written)
-        if suspend is not None and suspend.on_waiting is not None:
-            job.suspended = True
-            try:
-                suspend.on_waiting()
-            except Exception as exc:
-                method, kwargs = waiting_failure_write(job, exc)
-                written = self._write(method, kwargs)
-                self._wrote(job.attempt.queue, "fail_waiting", written)
-                failure = exc
-        log_finished(job, written, failure)
-
-    def _run_one(self, job: Job) -> None:
-        try:
-            outcome = self._call_handler(job)
-            self._write_outcome(job, outcome)
-        except Exception:
-            log.exception("writing the outcome of run %s failed", job.run_id)
-            self._write_failed()
-        finally:
-            self._finish(job)
-
-    def _run_batch(self, jobs: list[Job]) -> None:
-        done: list[tuple[Job, Any]] = []
-        try:
-            for job in jobs:
-                outcome = self._call_handler(job)
-                method, kwargs = write_for(job, outcome)
-                if method == "complete_attempt":
-                    done.append((job, kwargs["result"]))
-                    continue
-                self._write_outcome(job, outcome)
-            if done:
-                items = [(j.attempt, r) for j, r in done]
-                results = self._call(lambda: self.client.complete_attempts(items))
-                _log_batch([j for j, _ in done], results, self._wrote)
-        except Exception:
-            log.exception("batch completion failed")
-            self._write_failed()
-        finally:
-            for job in jobs:
-                self._finish(job)
-
-    def _write(self, method: str, kwargs: dict[str, Any], tries: int = 6) -> Any:
-        return self._call(lambda: getattr(self.client, method)(**kwargs), tries)
-
-    def _call(self, call: Callable[[], Any], tries: int = 6) -> Any:
-        """A fenced write, repeated after a connection error: a repeated
-        write returns the outcome the first one recorded if it committed."""
-        backoff = Backoff(base=0.1, cap=2.0)
-        for n in range(tries):
-            try:
-                return call()
-            except CONNECTION_ERRORS as exc:
-                if n == tries - 1:
-                    raise
-                delay = backoff.next()
-                log.warning("write failed (%s); repeating in %.1fs", first_line(exc), delay)
-                time.sleep(delay)
-        raise AssertionError("unreachable")
-
-    # -- heartbeats --------------------------------------------------------
     def _heartbeats(self) -> None:
         # Runs until shutdown is over: in-flight handlers keep their leases
         # during the grace period too.
         while not self._beats_done.wait(self.heartbeat_every):
-            with self._lock:
-                jobs = list(self._inflight.values())
-            for job in jobs:
-                if job.cancelled.is_set() or job.suspended:
-                    continue
-                try:
-                    beat = self.client.heartbeat(
-                        **job.attempt.fence, lease_seconds=self.lease_seconds
-                    )
-                except Exception as exc:
-                    log.warning("heartbeat for %s failed (%s)", job.run_id, first_line(exc))
-                    self._beat(None)
-                    continue
-                self._beat(beat.outcome)
-                if heartbeat_seen(job, beat, self.lease_seconds):
-                    self._count(f"heartbeat:{beat.outcome}")
+            drive(self._beat_steps(), self._perform)
 
     def _shutdown(self) -> None:
         """Let in-flight handlers finish within the grace period (a second
         signal ends it); hand the rest back so another worker runs them."""
         deadline = time.monotonic() + self.shutdown_grace
-        if self._inflight and not self._abort.is_set():
-            log.info(
-                "waiting up to %.1fs for %d in-flight runs",
-                self.shutdown_grace,
-                len(self._inflight),
-            )
-        while self._inflight and not self._abort.is_set():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            self._abort.wait(min(0.05, left))
-        with self._lock:
-            # A suspended job's run waits durably: nothing to hand back; a
-            # settling job's outcome is being written.
-            leftovers = [
-                j
-                for key, j in self._inflight.items()
-                if not j.suspended and key not in self._settling
-            ]
-        self._hand_back(leftovers)
+        if not self._abort.is_set():
+            self._grace_note()
+        with self._changed:
+            while self._inflight and not self._abort.is_set():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._changed.wait(remaining)
+        drive(self._hand_back_steps(self._leftovers()), self._perform)
         # A settle_and_claim call in flight hands back what it claims; wait
         # for it (a stopping worker's call gives up after SETTLE_TRIES).
-        with self._settled:
-            self._settled.wait_for(lambda: not self._settling, timeout=SETTLE_WAIT)
+        with self._changed:
+            self._changed.wait_for(lambda: not self._settling, timeout=SETTLE_WAIT)
 
 
 def _log_batch(
@@ -1087,63 +1191,22 @@ def _log_batch(
             log_finished(job, item.outcome)
 
 
-class AsyncWorker(_Signals, _Recorder):
+class AsyncWorker(_Loop):
     """The asyncio Worker: up to `concurrency` handler tasks on an
-    AsyncClient; the handler is a coroutine function taking a Job. Same
-    outcome mapping, heartbeats, cancellation, batching, LISTEN wake-ups,
-    claim replay, maintenance, signals and shutdown hand-back as Worker."""
+    AsyncClient; the handler is a coroutine function taking a Job. The
+    shell of _Loop that performs its steps by awaiting: the same outcome
+    mapping, heartbeats, cancellation, batching, LISTEN wake-ups, claim
+    replay, maintenance, signals and shutdown hand-back as Worker."""
 
-    def __init__(
-        self,
-        client: Any,
-        handler: Callable[[Job], Awaitable[Any]],
-        *,
-        queues: Sequence[str] | None = None,
-        concurrency: int = 4,
-        name: str | None = None,
-        lease_seconds: int = 30,
-        heartbeat_every: float | None = None,
-        batch_size: int = 1,
-        poll_interval: float = 1.0,
-        listen_dsn: ListenDsn | None = None,
-        shutdown_grace: float = 10.0,
-        maintenance: bool = True,
-        maintenance_interval: float | None = None,
-        fused: bool = True,
-        metrics: CollectorRegistry | None = None,
-    ) -> None:
-        super().__init__()
-        self.client = client
-        self.handler = handler
-        self.queues = list(queues) if queues is not None else None
-        self.concurrency = max(1, concurrency)
-        self.name = name or _default_name()
-        self.lease_seconds = lease_seconds
-        self.heartbeat_every = heartbeat_every or max(1.0, lease_seconds / 3)
-        self.batch_size = max(1, batch_size)
-        self.poll_interval = poll_interval
-        check_listen_dsn(listen_dsn)
-        self.listen_dsn = listen_dsn
-        self.shutdown_grace = shutdown_grace
-        self.fused = fused
-        interval = maintenance_interval or default_maintenance_interval(lease_seconds)
-        self.maintenance = (
-            AsyncMaintenance(client, interval=interval, prune_after=None) if maintenance else None
-        )
+    _listener: AsyncListener | AsyncMultiListener | None
+
+    def _events(self) -> None:
         self._stop = asyncio.Event()
         self._abort = asyncio.Event()
-        self._inflight: dict[tuple[str, int], Job] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        # Slots a claim in flight may fill (the main loop's, or a fused
-        # call's beyond the slots its jobs hold).
-        self._reserved = 0
-        # As Worker._settling; _unsettled is set when it is empty.
-        self._settling: set[tuple[str, int]] = set()
-        self._unsettled = asyncio.Event()
-        self._unsettled.set()
-        self.stats: dict[str, int] = {}
-        self._metrics = worker_metrics(metrics)
-        self._tracing = getattr(client, "tracing", None)
+
+    def _maintenance(self, client: Any, interval: float) -> AsyncMaintenance:
+        return AsyncMaintenance(client, interval=interval, prune_after=None)
 
     def stop(self) -> None:
         """Stop claiming; run() returns after the shutdown grace period."""
@@ -1159,233 +1222,66 @@ class AsyncWorker(_Signals, _Recorder):
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self._on_signal, sig)
 
-    def _count(self, key: str, n: int = 1) -> None:
-        self.stats[key] = self.stats.get(key, 0) + n
-
     async def run(self, *, until_idle: float | None = None) -> None:
         """Claim and run work until stop() (or, with until_idle, until nothing
         was claimable for that many seconds)."""
-        listener = make_async_listener(self.listen_dsn, channel(self.client.schema, "runs"))
-        tasks = self._tasks
+        self._listener = make_async_listener(self.listen_dsn, channel(self.client.schema, "runs"))
         beat = asyncio.create_task(self._heartbeats())
         upkeep = asyncio.create_task(self.maintenance.run()) if self.maintenance else None
-        idle_since = time.monotonic()
         try:
-            while not self._stop.is_set():
-                free = self.concurrency - len(self._inflight) - self._reserved
-                if free <= 0:
-                    await self._wait_any(tasks, self.poll_interval)
-                    continue
-                n = min(free, self.batch_size)
-                self._reserved += n
-                try:
-                    claimed = await self._claim(n)
-                finally:
-                    self._reserved -= n
-                if claimed:
-                    idle_since = time.monotonic()
-                    self._dispatch(claimed, tasks)
-                    continue
-                idle_for = time.monotonic() - idle_since
-                if until_idle is not None and idle_for > until_idle and not self._inflight:
-                    break
-                timeout = jittered(self.poll_interval)
-                if listener is None:
-                    await wait_event(self._stop, timeout)
-                else:
-                    await listener.wait(timeout, self._stop)
+            await drive_async(self._loop_steps(until_idle), self._perform)
         finally:
             self._stop.set()
             if self.maintenance is not None:
                 self.maintenance.stop()
-            await self._shutdown(tasks)
+            await self._shutdown()
             beat.cancel()
             others = [t for t in (beat, upkeep) if t is not None]
             await asyncio.gather(*others, return_exceptions=True)
-            if listener is not None:
-                await listener.close()
+            if self._listener is not None:
+                await self._listener.close()
 
-    async def _wait_any(self, tasks: set[asyncio.Task[None]], timeout: float) -> None:
+    async def _perform(self, step: Any) -> Any:
+        if isinstance(step, Call):
+            return await getattr(self.client, step.method)(**step.kwargs)
+        if isinstance(step, Handle):
+            if len(step.jobs) == 1:
+                return [await self._call_handler(step.jobs[0])]
+            return list(await asyncio.gather(*(self._call_handler(j) for j in step.jobs)))
+        if isinstance(step, Spawn):
+            task = asyncio.create_task(drive_async(step.work, self._perform))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            return None
+        if isinstance(step, WaitForSlot):
+            await self._wait_any(step.seconds)
+            return None
+        if isinstance(step, Listen):
+            if self._listener is None:
+                await wait_event(self._stop, step.seconds)
+            else:
+                await self._listener.wait(step.seconds, self._stop)
+            return None
+        if isinstance(step, Pause):
+            if step.interruptible:
+                await wait_event(self._stop, step.seconds)
+            else:
+                await asyncio.sleep(step.seconds)
+            return None
+        if isinstance(step, Invoke):
+            result = step.fn()
+            return await result if inspect.isawaitable(result) else result
+        raise TypeError(f"not a worker step: {step!r}")
+
+    async def _wait_any(self, timeout: float) -> None:
         """Until a handler task ends, stop() is called, or `timeout`."""
         stopped = asyncio.ensure_future(self._stop.wait())
         try:
             await asyncio.wait(
-                {*tasks, stopped}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                {*self._tasks, stopped}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
             )
         finally:
             stopped.cancel()
-
-    async def _claim(self, n: int) -> list[ClaimedAttempt]:
-        """As Worker._claim: replay with the same call_id after a connection
-        error, with backoff, until it resolves or the worker stops."""
-        call_id = uuid.uuid4()
-        backoff = Backoff(base=0.1, cap=10.0)
-        while True:
-            try:
-                claimed: list[ClaimedAttempt] = await self.client.claim_attempts(
-                    self.name,
-                    self.queues,
-                    max_runs=n,
-                    lease_seconds=self.lease_seconds,
-                    call_id=call_id,
-                )
-            except CONNECTION_ERRORS as exc:
-                self._retried("claim")
-                if self._stop.is_set():
-                    return []
-                delay = backoff.next()
-                log.warning(
-                    "claim failed (%s); replaying call %s in %.1fs", first_line(exc), call_id, delay
-                )
-                await wait_event(self._stop, delay)
-                continue
-            self._claimed(claimed)
-            return claimed
-
-    def _dispatch(self, claimed: list[ClaimedAttempt], tasks: set[asyncio.Task[None]]) -> None:
-        jobs = [claimed_job(a, self.lease_seconds) for a in claimed]
-        for job in jobs:
-            self._inflight[(job.run_id, job.attempt.attempt)] = job
-        if self.fused and self.batch_size > 1:
-            coros = [self._work(jobs)]
-        elif self.fused:
-            coros = [self._work([job]) for job in jobs]
-        elif self.batch_size > 1 and len(jobs) > 1:
-            coros = [self._run_batch(jobs)]
-        else:
-            coros = [self._run_one(job) for job in jobs]
-        for coro in coros:
-            self._start(coro)
-
-    def _start(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    # -- the fused path (as Worker's) -----------------------------------------
-    async def _work(self, jobs: list[Job]) -> None:
-        """As Worker._work; a batch's handlers run concurrently."""
-        try:
-            while jobs:
-                if len(jobs) == 1:
-                    outcomes = [await self._call_handler(jobs[0])]
-                else:
-                    outcomes = list(await asyncio.gather(*(self._call_handler(j) for j in jobs)))
-                jobs = await self._settle(jobs, outcomes)
-        finally:
-            self._drop(jobs)  # a task cancelled at shutdown
-
-    def _drop(self, jobs: list[Job]) -> None:
-        for job in jobs:
-            self._inflight.pop((job.run_id, job.attempt.attempt), None)
-        left(jobs)
-
-    async def _settle(self, jobs: list[Job], outcomes: list[Any]) -> list[Job]:
-        """As Worker._settle: a job's slot is its place in _inflight, and a
-        batch claims into free slots too (reserved while the call is out)."""
-        fused: list[tuple[Job, Any, str, dict[str, Any]]] = []
-        for job, outcome in zip(jobs, outcomes, strict=True):
-            if not fusable(outcome):
-                try:
-                    await self._write_outcome(job, outcome)
-                except Exception:
-                    log.exception("writing the outcome of run %s failed", job.run_id)
-                    self._write_failed()
-                continue
-            method, kwargs = write_for(job, outcome)
-            fused.append((job, outcome, method, settle_item(method, kwargs)))
-        if not fused:
-            self._drop(jobs)
-            return []
-        extra = 0
-        if self._stop.is_set():
-            want = 0
-        else:
-            if self.batch_size > 1:
-                free = self.concurrency - len(self._inflight) - self._reserved
-                extra = max(0, min(free, self.batch_size - len(jobs)))
-            want = len(jobs) + extra
-        keys = [(j.run_id, j.attempt.attempt) for j in jobs]
-        self._reserved += extra
-        self._settling.update(keys)
-        self._unsettled.clear()
-        try:
-            try:
-                settled, claimed = await self._settle_call([item for *_, item in fused], want)
-            finally:
-                self._reserved -= extra
-                self._settling.difference_update(keys)
-                if not self._settling:
-                    self._unsettled.set()
-        except Exception:
-            log.exception("settling %d runs failed", len(fused))
-            self._write_failed()
-            self._drop(jobs)
-            return []
-        for job, outcome, method, _item in fused:
-            written = settled.get((job.run_id, job.attempt.attempt), "missing")
-            self._wrote(job.attempt.queue, method.split("_")[0], written)
-            log_finished(job, written, unexpected(outcome))
-        nxt = [claimed_job(a, self.lease_seconds) for a in claimed]
-        self._claimed(claimed)
-        for job in nxt:
-            self._inflight[(job.run_id, job.attempt.attempt)] = job
-        self._drop(jobs)
-        if nxt and self._stop.is_set():
-            await self._hand_back(nxt)  # a stopping worker starts nothing
-            self._drop(nxt)
-            return []
-        if self.batch_size > 1 or len(nxt) <= 1:
-            return nxt
-        for job in nxt[1:]:
-            self._start(self._work([job]))
-        return nxt[:1]
-
-    async def _settle_call(
-        self, items: list[dict[str, Any]], max_runs: int
-    ) -> tuple[dict[tuple[str, int], str], list[ClaimedAttempt]]:
-        """As Worker._settle_call."""
-        call_id = uuid.uuid4()
-        backoff = Backoff(base=0.1, cap=2.0)
-        failures = 0
-        while True:
-            try:
-                reply = await self.client.settle_and_claim(
-                    items,
-                    self.name,
-                    self.queues,
-                    max_runs=max_runs,
-                    lease_seconds=self.lease_seconds,
-                    call_id=call_id,
-                )
-            except CONNECTION_ERRORS as exc:
-                failures += 1
-                self._retried("settle")
-                if failures >= SETTLE_TRIES and self._stop.is_set():
-                    raise
-                delay = backoff.next()
-                log.warning(
-                    "settle-and-claim failed (%s); replaying call %s in %.1fs",
-                    first_line(exc),
-                    call_id,
-                    delay,
-                )
-                await asyncio.sleep(delay)
-                continue
-            return settled_and_claimed(reply)
-
-    async def _hand_back(self, jobs: list[Job]) -> None:
-        """As Worker._hand_back."""
-        for job in jobs:
-            job.cancelled.set()
-            method, kwargs = release_write(job, None, f"{self.name} stopped")
-            try:
-                written = await self._write(method, kwargs, tries=3)
-            except Exception:
-                log.warning("could not hand back run %s", job.run_id, exc_info=True)
-                continue
-            self._handed_back(job, written)
-            log_finished(job, written)
 
     async def _call_handler(self, job: Job) -> Any:
         started = time.perf_counter()
@@ -1397,129 +1293,36 @@ class AsyncWorker(_Signals, _Recorder):
             finally:
                 self._handled(job, started)
 
-    async def _write_outcome(self, job: Job, outcome: Any) -> None:
-        """As Worker._write_outcome; the on_waiting step may be a coroutine
-        function."""
-        method, kwargs = write_for(job, outcome)
-        written = await self._write(method, kwargs)
-        self._wrote(job.attempt.queue, method.split("_")[0], written)
-        failure = unexpected(outcome)
-        suspend = waits_for_step(outcome, written)
-        if suspend is not None and suspend.on_waiting is not None:
-            job.suspended = True
-            try:
-                step = suspend.on_waiting()
-                if inspect.isawaitable(step):
-                    await step
-            except Exception as exc:
-                method, kwargs = waiting_failure_write(job, exc)
-                written = await self._write(method, kwargs)
-                self._wrote(job.attempt.queue, "fail_waiting", written)
-                failure = exc
-        log_finished(job, written, failure)
-
-    async def _run_one(self, job: Job) -> None:
-        try:
-            outcome = await self._call_handler(job)
-            await self._write_outcome(job, outcome)
-        except Exception:
-            log.exception("writing the outcome of run %s failed", job.run_id)
-            self._write_failed()
-        finally:
-            self._drop([job])
-
-    async def _run_batch(self, jobs: list[Job]) -> None:
-        """Handlers of one claim run concurrently; the successful ones are
-        completed with one complete_attempts call."""
-        try:
-            outcomes = await asyncio.gather(*(self._call_handler(j) for j in jobs))
-            done: list[tuple[Job, Any]] = []
-            for job, outcome in zip(jobs, outcomes, strict=True):
-                method, kwargs = write_for(job, outcome)
-                if method == "complete_attempt":
-                    done.append((job, kwargs["result"]))
-                    continue
-                await self._write_outcome(job, outcome)
-            if done:
-                items = [(j.attempt, r) for j, r in done]
-                results = await self._call(lambda: self.client.complete_attempts(items))
-                _log_batch([j for j, _ in done], results, self._wrote)
-        except Exception:
-            log.exception("batch completion failed")
-            self._write_failed()
-        finally:
-            self._drop(jobs)
-
-    async def _write(self, method: str, kwargs: dict[str, Any], tries: int = 6) -> Any:
-        return await self._call(lambda: getattr(self.client, method)(**kwargs), tries)
-
-    async def _call(self, call: Callable[[], Awaitable[Any]], tries: int = 6) -> Any:
-        backoff = Backoff(base=0.1, cap=2.0)
-        for n in range(tries):
-            try:
-                return await call()
-            except CONNECTION_ERRORS as exc:
-                if n == tries - 1:
-                    raise
-                delay = backoff.next()
-                log.warning("write failed (%s); repeating in %.1fs", first_line(exc), delay)
-                await asyncio.sleep(delay)
-        raise AssertionError("unreachable")
-
     async def _heartbeats(self) -> None:
         while True:
             await asyncio.sleep(self.heartbeat_every)
-            for job in list(self._inflight.values()):
-                if job.cancelled.is_set() or job.suspended:
-                    continue
-                try:
-                    beat = await self.client.heartbeat(
-                        **job.attempt.fence, lease_seconds=self.lease_seconds
-                    )
-                except Exception as exc:
-                    log.warning("heartbeat for %s failed (%s)", job.run_id, first_line(exc))
-                    self._beat(None)
-                    continue
-                self._beat(beat.outcome)
-                if heartbeat_seen(job, beat, self.lease_seconds):
-                    self._count(f"heartbeat:{beat.outcome}")
+            await drive_async(self._beat_steps(), self._perform)
 
-    async def _shutdown(self, tasks: set[asyncio.Task[None]]) -> None:
+    async def _shutdown(self) -> None:
         """Let handler tasks finish within the grace period (a second signal
         ends it); hand the rest back, then cancel their tasks."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.shutdown_grace
-        if self._inflight and not self._abort.is_set():
-            log.info(
-                "waiting up to %.1fs for %d in-flight runs",
-                self.shutdown_grace,
-                len(self._inflight),
-            )
+        if not self._abort.is_set():
+            self._grace_note()
         aborted = asyncio.ensure_future(self._abort.wait())
         try:
-            while tasks and not self._abort.is_set():
-                left = deadline - loop.time()
-                if left <= 0:
+            while self._tasks and not self._abort.is_set():
+                remaining = deadline - loop.time()
+                if remaining <= 0:
                     break
                 await asyncio.wait(
-                    {*tasks, aborted}, timeout=left, return_when=asyncio.FIRST_COMPLETED
+                    {*self._tasks, aborted}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
                 )
         finally:
             aborted.cancel()
-        # A suspended job's run waits durably: nothing to hand back; a
-        # settling job's outcome is being written.
-        await self._hand_back(
-            [
-                j
-                for key, j in self._inflight.items()
-                if not j.suspended and key not in self._settling
-            ]
-        )
+        await drive_async(self._hand_back_steps(self._leftovers()), self._perform)
         # A settle_and_claim call in flight hands back what it claims; wait
         # for it before cancelling the tasks still running handlers.
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._unsettled.wait(), SETTLE_WAIT)
-        pending = list(tasks)
+        settled_by = loop.time() + SETTLE_WAIT
+        while self._settling and loop.time() < settled_by:
+            await asyncio.wait(set(self._tasks), timeout=0.05)
+        pending = list(self._tasks)
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)

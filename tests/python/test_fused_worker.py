@@ -277,11 +277,17 @@ def test_runs_claimed_as_the_worker_stops_are_handed_back_not_run(
             # that wait the one that gets the slot the hand-back frees (the
             # race this test is about), rather than leave it to timing: stop()
             # only once the loop is waiting, and the wait no longer times out.
-            worker._slots = _SlotWait(worker._slots)
-            waiting = worker._slots
+            loop_waits = threading.Event()
+            wait_for_slot = worker._wait_for_slot
+
+            def wait_until_freed(seconds: float) -> None:
+                loop_waits.set()
+                wait_for_slot(10)
+
+            worker._wait_for_slot = wait_until_freed  # type: ignore[method-assign]
 
             def stop_once_waiting() -> None:
-                assert waiting.loop_waits.wait(5), "the main loop never waited for a slot"
+                assert loop_waits.wait(5), "the main loop never waited for a slot"
                 worker.stop()
 
             client.before_settle = stop_once_waiting  # after max_runs 1 was chosen
@@ -302,31 +308,6 @@ def test_runs_claimed_as_the_worker_stops_are_handed_back_not_run(
         " USING (run_id) WHERE run_id = 'second'"
     ).fetchone()
     assert row == ("queued", "released")
-
-
-class _SlotWait:
-    """The threaded Worker's slot semaphore, observed: `loop_waits` is set
-    once the main loop waits for a slot while the handler holds it, and from
-    then on that wait blocks until a slot is released instead of timing out."""
-
-    def __init__(self, slots: threading.Semaphore) -> None:
-        self._slots = slots
-        self.loop_waits = threading.Event()
-
-    def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
-        if (
-            blocking
-            and timeout is not None
-            and threading.current_thread() is threading.main_thread()
-        ):
-            if self._slots.acquire(blocking=False):
-                return True
-            self.loop_waits.set()
-            return self._slots.acquire(timeout=10)
-        return self._slots.acquire(blocking, timeout)
-
-    def release(self, n: int = 1) -> None:
-        self._slots.release(n)
 
 
 @pytest.mark.parametrize("flavor", ["sync", "async"])
