@@ -90,7 +90,22 @@ AS $$
 DECLARE
     v_now timestamptz := _now();
     v_seq bigint;
+    v_held record;
 BEGIN
+    -- A handler still runs the run's running attempt (unless it is the
+    -- caller's own, whose write answers cancelled): tell its worker now, on
+    -- <schema>_cancel, rather than at its next heartbeat. Sent on commit.
+    FOR v_held IN
+        SELECT a.attempt, a.worker FROM attempts AS a
+        WHERE
+            a.run_id = p_run.run_id
+            AND a.status = 'running'
+            AND a.attempt IS DISTINCT FROM p_attempt
+    LOOP
+        PERFORM pg_notify(_channel('cancel'), jsonb_build_object(
+            'run_id', p_run.run_id, 'attempt', v_held.attempt, 'worker', v_held.worker
+        )::text);
+    END LOOP;
     UPDATE attempts AS a
     SET status = 'cancelled',
         finished_at = v_now,

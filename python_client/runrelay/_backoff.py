@@ -75,7 +75,7 @@ REFRESH = 30.0
 # The kinds of NOTIFY channel an install has: a queue has runnable work
 # (runs), a lane has events to deliver (ledger), a run ended (terminal),
 # events were acknowledged (delivered).
-CHANNEL_KINDS = ("runs", "ledger", "terminal", "delivered")
+CHANNEL_KINDS = ("runs", "ledger", "terminal", "delivered", "cancel")
 _BARE_NAME = re.compile(r"[a-z_][a-z0-9_]*")
 
 

@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import contextlib
 import importlib
+import inspect
 import json
 import logging
 import os
@@ -86,6 +87,16 @@ def _prepare_threshold(args: argparse.Namespace) -> int | None:
     return None if getattr(args, "no_prepare", False) else DEFAULT_PREPARE_THRESHOLD
 
 
+def _is_async(handler: Any) -> bool:
+    """Whether a handler (or every task of a registry) is a coroutine
+    function: such a worker runs as an AsyncWorker without --async."""
+    from .tasks import Tasks
+
+    if isinstance(handler, Tasks):
+        return len(handler) > 0 and all(task.is_async for task in handler)
+    return inspect.iscoroutinefunction(handler)
+
+
 def _load(path: str) -> Any:
     """Import 'package.module:attribute', from the working directory too (as
     gunicorn and uvicorn do): `runrelay worker myapp.jobs:handle` run in the
@@ -129,6 +140,16 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1: {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0: {text!r}")
     return value
 
 
@@ -269,6 +290,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
     _stop_before_start()
     url = _require_url(args)
     handler: Callable[..., Any] = _load(args.handler)
+    if not callable(handler):
+        raise CommandError(
+            f"{args.handler} is neither a handler nor a runrelay.Tasks registry", EXIT_USAGE
+        )
     options: dict[str, Any] = {
         "queues": args.queues.split(",") if args.queues else None,
         "concurrency": args.concurrency,
@@ -280,18 +305,28 @@ def cmd_worker(args: argparse.Namespace) -> int:
         "maintenance": args.maintenance,
         "fused": args.fused,
         "metrics": _loop_metrics(args),
+        "timeout": args.timeout,
     }
-    if args.use_async:
+    if args.use_async or _is_async(handler):
         return asyncio.run(_run_async_worker(args, url, handler, options))
     from .worker import Worker
 
     _tracing(args)
     options["listen_dsn"] = _listen_source(args, url, _probe(args, url))
     client = _pooled_client(args, url, args.concurrency + 2, probed=True)
-    worker = Worker(client, handler, **options)
+    worker = _worker_of(Worker, client, handler, options)
     worker.install_signal_handlers()
     worker.run()
     return 0
+
+
+def _worker_of(cls: Any, client: Any, handler: Any, options: dict[str, Any]) -> Any:
+    """The worker, or a usage error naming what its options got wrong (a
+    sync task given to an async worker, a queue list given as a string)."""
+    try:
+        return cls(client, handler, **options)
+    except (TypeError, ValueError) as exc:
+        raise CommandError(str(exc), EXIT_USAGE) from None
 
 
 async def _run_async_worker(
@@ -308,7 +343,7 @@ async def _run_async_worker(
         url, min_size=1, max_size=size, kwargs=_pool_kwargs(args), open=False
     ) as pool:
         client = AsyncClient(pool, schema=args.schema, tracing=_tracing(args))
-        worker = AsyncWorker(client, handler, **options)
+        worker = _worker_of(AsyncWorker, client, handler, options)
         worker.install_signal_handlers()
         await worker.run()
     return 0
@@ -833,7 +868,11 @@ def build_parser() -> argparse.ArgumentParser:
     cli_ops.add_commands(group, leaf)
 
     p = command("worker", "run a Worker loop with a handler", cmd_worker)
-    p.add_argument("handler", help="module:function taking a runrelay.worker.Job")
+    p.add_argument(
+        "handler",
+        help="module:attribute: a runrelay.Tasks registry (claims only its tasks' runs, on its "
+        "tasks' queues), or a function taking a runrelay.worker.Job (claims every run)",
+    )
     p.add_argument("--queues", help="comma-separated queues to claim from (default: every queue)")
     p.add_argument("--concurrency", type=_positive_int, default=4, help="handlers at once")
     p.add_argument("--batch-size", type=_positive_int, default=1, help="runs claimed per call")
@@ -864,6 +903,13 @@ def build_parser() -> argparse.ArgumentParser:
         dest="use_async",
         action="store_true",
         help="run an AsyncWorker; the handler is a coroutine function",
+    )
+    p.add_argument(
+        "--timeout",
+        type=_positive_float,
+        metavar="SECONDS",
+        help="seconds a handler may run before its attempt fails with a timeout error (a "
+        "task's own timeout wins; default: no limit)",
     )
     p.add_argument("--name", help="worker name in attempts (default: host:pid:random)")
     _connection_options(p)

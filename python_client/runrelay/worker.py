@@ -19,12 +19,36 @@ The handler receives a `Job`. What it does decides the write:
 * raises anything else        -> fail_attempt(error={type, message, traceback});
                                  the run retries with backoff until max_attempts.
 
+The handler is a function of a Job, or a `runrelay.Tasks` registry
+(runrelay.tasks): `Worker(client, tasks)` claims only runs of its tasks, on
+its tasks' queues (unless `queues` says otherwise), and calls each run's
+task as `fn(job, **payload)`. A worker given one plain handler claims every
+run of `queues` (every queue when None).
+
 A heartbeat thread extends every in-flight lease every `heartbeat_every`
 seconds; when one answers `cancelled` (or `fence_lost`) the job's `cancelled`
 event is set, and a cooperative handler checks `job.cancelled.is_set()` and
 returns early — its write will answer `cancelled` and change nothing. With
 `batch_size > 1` the worker claims several runs per round trip and completes
 the successful ones with one complete_attempts call.
+
+Cancellation: cancel_run on a run a handler is running notifies the worker
+that holds it (channel <schema>_cancel, JSON {run_id, attempt, worker}) when
+the worker has `listen_dsn`: the job's `cancelled` event is set at once (for
+a sync handler to notice), and an async handler's task is cancelled (its
+attempt's write then answers `cancelled`). Without `listen_dsn`, or if the
+notification is lost, the next heartbeat brings the same news.
+
+Timeouts: a task's `timeout`, else the worker's `timeout` (seconds; None:
+none), bounds each attempt of a handler. An async handler is cancelled at
+the deadline and its attempt fails with the error {"type": "timeout", ...};
+the run retries by its policy. A thread cannot be stopped: at a sync
+handler's deadline (within half a second of it) the worker fails the
+attempt with the same error and sets `job.cancelled`; the thread runs on
+until the handler returns, keeping its slot, and whatever it returns is
+written with the attempt's old fence, which answers fence_lost and changes
+nothing. A handler that never returns holds its slot (and its thread) for
+the life of the process: make long handlers check `job.cancelled`.
 
 Round trips (fused=True, the default): a job's write and the claim of the
 run that takes its slot are one settle_and_claim call — one round trip and
@@ -100,6 +124,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import json
 import logging
 import os
 import signal
@@ -131,6 +156,7 @@ from ._backoff import (
 )
 from ._steps import Call, Pause, Steps, drive, drive_async
 from .maintenance import AsyncMaintenance, Maintenance
+from .tasks import Tasks
 from .types import (
     ClaimedAttempt,
     CompletedItem,
@@ -255,6 +281,20 @@ class Snooze(Exception):
         self.reason = reason
 
 
+class HandlerTimeout(Exception):
+    """A handler's outcome when it ran past its timeout: the attempt fails
+    with a `timeout` error and retries by the run's policy."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"the handler ran past its timeout of {seconds:g}s")
+        self.seconds = seconds
+
+
+class RunCancelled(Exception):
+    """An async handler's outcome when its run was cancelled while it ran
+    (the worker cancelled the handler's task); the write answers cancelled."""
+
+
 @dataclass
 class Job:
     """What a handler gets: the claimed attempt and a cancellation flag."""
@@ -271,6 +311,13 @@ class Job:
     # The attempt's span, from its handler's start until its outcome is
     # written, when the worker's client traces (runrelay.tracing).
     span: RunSpan | None = field(default=None, repr=False, compare=False)
+    # A sync handler's deadline (this host's monotonic clock), and whether
+    # the worker failed the attempt at it: the handler runs on, its write
+    # is fenced off.
+    deadline: float | None = None
+    timed_out: bool = False
+    # Cancels an async handler's task (set while it runs).
+    interrupt: Callable[[], Any] | None = field(default=None, repr=False, compare=False)
 
     def saw_lease(self, expires_at: datetime, lease_seconds: int, at: float) -> None:
         """Take a reading of the database clock from a lease the server just
@@ -348,11 +395,25 @@ def release_write(
     return "release_attempt", {**job.attempt.fence, "run_at": run_at, "reason": text[:2000]}
 
 
+def timeout_error(seconds: float) -> dict[str, Any]:
+    """The attempt error of a handler that ran past its timeout."""
+    return {
+        "type": "timeout",
+        "message": f"the handler ran past its timeout of {seconds:g}s",
+        "timeout_seconds": seconds,
+    }
+
+
 def write_for(job: Job, outcome: Any) -> tuple[str, dict[str, Any]]:
     """The one write a handler's outcome calls for: (client method, kwargs).
     `outcome` is what the handler returned, or the exception it raised. Shared
     by Worker and AsyncWorker so both map outcomes identically."""
     fence = job.attempt.fence
+    if isinstance(outcome, HandlerTimeout):
+        return "fail_attempt", {**fence, "error": timeout_error(outcome.seconds)}
+    if isinstance(outcome, RunCancelled):
+        error = {"type": "cancelled", "message": "the run was cancelled while its handler ran"}
+        return "fail_attempt", {**fence, "error": error}
     if isinstance(outcome, Suspend):
         return "suspend_attempt", {
             **fence,
@@ -444,7 +505,9 @@ def waiting_failure_write(job: Job, exc: BaseException) -> tuple[str, dict[str, 
 def unexpected(outcome: Any) -> BaseException | None:
     """The handler's exception when it is a failure (not one of the control
     exceptions Suspend, Retry, Snooze), else None."""
-    if isinstance(outcome, Exception) and not isinstance(outcome, Suspend | Retry | Snooze):
+    if isinstance(outcome, Exception) and not isinstance(
+        outcome, Suspend | Retry | Snooze | RunCancelled
+    ):
         return outcome
     return None
 
@@ -640,6 +703,14 @@ class WaitForSlot:
 
 
 @dataclass(frozen=True, slots=True)
+class Watch:
+    """Wait `seconds` between heartbeat rounds, taking cancel notifications
+    (and, in Worker, waking early when a handler with a deadline starts)."""
+
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
 class Listen:
     """Wait for a NOTIFY that runs are ready, stop(), or `seconds`."""
 
@@ -677,8 +748,23 @@ class _Loop(_Signals, _Recorder):
         maintenance_interval: float | None = None,
         fused: bool = True,
         metrics: CollectorRegistry | None = None,
+        timeout: float | None = None,
     ) -> None:
         super().__init__()
+        if isinstance(queues, str):
+            raise TypeError(
+                f"queues is a list of queue names, not a string: write queues=[{queues!r}]"
+            )
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        self.tasks = handler if isinstance(handler, Tasks) else None
+        if self.tasks is not None:
+            if not len(self.tasks):
+                raise ValueError("the Tasks registry has no task to run")
+            self._check_tasks(self.tasks)
+            if queues is None:
+                queues = self.tasks.queues
+        self.timeout = timeout
         self._events()
         self._listener = None
         self.client = client
@@ -716,6 +802,25 @@ class _Loop(_Signals, _Recorder):
 
     def _maintenance(self, client: Any, interval: float) -> Any:
         raise NotImplementedError
+
+    def _check_tasks(self, tasks: Tasks) -> None:
+        """Refuse tasks this shell cannot run."""
+        raise NotImplementedError
+
+    def _timeout_of(self, job: Job) -> float | None:
+        """The seconds `job`'s handler may run: its task's timeout, else the
+        worker's (None: no limit)."""
+        if self.tasks is not None and job.attempt.task in self.tasks:
+            limit = self.tasks[job.attempt.task].timeout
+            if limit is not None:
+                return limit
+        return self.timeout
+
+    def _claim_filter(self) -> dict[str, Any]:
+        """The claim's queues, and its tasks when the worker runs a registry."""
+        if self.tasks is None:
+            return {"queues": self.queues}
+        return {"queues": self.queues, "tasks": self.tasks.names}
 
     def _count(self, key: str, n: int = 1) -> None:
         with self._lock:
@@ -759,7 +864,7 @@ class _Loop(_Signals, _Recorder):
             return [
                 j
                 for key, j in self._inflight.items()
-                if not j.suspended and key not in self._settling
+                if not j.suspended and not j.timed_out and key not in self._settling
             ]
 
     # -- the main loop -----------------------------------------------------
@@ -797,7 +902,7 @@ class _Loop(_Signals, _Recorder):
                     "claim_attempts",
                     {
                         "worker": self.name,
-                        "queues": self.queues,
+                        **self._claim_filter(),
                         "max_runs": n,
                         "lease_seconds": self.lease_seconds,
                         "call_id": call_id,
@@ -916,7 +1021,7 @@ class _Loop(_Signals, _Recorder):
                     {
                         "items": items,
                         "worker": self.name,
-                        "queues": self.queues,
+                        **self._claim_filter(),
                         "max_runs": max_runs,
                         "lease_seconds": self.lease_seconds,
                         "call_id": call_id,
@@ -1019,14 +1124,87 @@ class _Loop(_Signals, _Recorder):
             self._handed_back(job, written)
             log_finished(job, written)
 
-    # -- heartbeats --------------------------------------------------------
+    # -- heartbeats, deadlines and cancel notifications ---------------------
+    def _watch_steps(self) -> Steps[None]:
+        """Heartbeat every heartbeat_every seconds until the shell ends the
+        watch; between rounds, fail the attempts of sync handlers past their
+        deadline. Cancel notifications arrive while it waits (Watch)."""
+        next_beat = time.monotonic() + self.heartbeat_every
+        while not self._watch_over():
+            with self._lock:
+                deadlines = [
+                    j.deadline
+                    for j in self._inflight.values()
+                    if j.deadline is not None and not j.timed_out
+                ]
+            wake = min([next_beat, *deadlines])
+            yield Watch(max(0.0, wake - time.monotonic()))
+            yield from self._expire_steps()
+            if time.monotonic() >= next_beat and not self._watch_over():
+                yield from self._beat_steps()
+                next_beat = time.monotonic() + self.heartbeat_every
+
+    def _watch_over(self) -> bool:
+        raise NotImplementedError
+
+    def _expire_steps(self) -> Steps[None]:
+        """Fail the attempt of each sync handler past its deadline with a
+        timeout error (the run retries by its policy). The handler cannot be
+        stopped: its `cancelled` event is set, and its late write answers
+        fence_lost and changes nothing."""
+        now = time.monotonic()
+        with self._lock:
+            overdue = [
+                j
+                for j in self._inflight.values()
+                if j.deadline is not None and j.deadline <= now and not j.timed_out
+            ]
+        for job in overdue:
+            job.timed_out = True
+            job.cancelled.set()
+            limit = self._timeout_of(job) or 0.0
+            kwargs = {**job.attempt.fence, "error": timeout_error(limit)}
+            try:
+                written = yield from self._write_steps("fail_attempt", kwargs, tries=3)
+            except Exception:
+                log.warning("could not fail timed-out run %s", job.run_id, exc_info=True)
+                continue
+            self._wrote(job.attempt.queue, "timeout", written)
+            log.warning(
+                "run %s: handler ran past its timeout of %gs; attempt failed (%s)",
+                job.run_id,
+                limit,
+                written,
+                extra={"run_id": job.run_id, "attempt": job.attempt.attempt},
+            )
+
+    def _cancel_notified(self, payload: str) -> None:
+        """A <schema>_cancel notification: if it names an attempt this worker
+        runs, set its job's `cancelled` and interrupt its handler."""
+        try:
+            note = json.loads(payload)
+            key = (str(note["run_id"]), int(note["attempt"]))
+            worker = note.get("worker")
+        except (ValueError, KeyError, TypeError):
+            return
+        if worker != self.name:
+            return
+        with self._lock:
+            job = self._inflight.get(key)
+        if job is None or job.cancelled.is_set():
+            return
+        job.cancelled.set()
+        self._count("cancel_notified")
+        if job.interrupt is not None:
+            job.interrupt()
+
     def _beat_steps(self) -> Steps[None]:
         """One heartbeat round: extend the lease of every job in flight that
         still runs its handler."""
         with self._lock:
             jobs = list(self._inflight.values())
         for job in jobs:
-            if job.cancelled.is_set() or job.suspended:
+            if job.cancelled.is_set() or job.suspended or job.timed_out:
                 continue
             try:
                 beat = yield Call(
@@ -1057,6 +1235,20 @@ class Worker(_Loop):
         self._stop = threading.Event()
         self._abort = threading.Event()
         self._beats_done = threading.Event()
+        # Set when a handler with a deadline starts, or the watch must end:
+        # the watch recomputes when it next wakes.
+        self._rewatch = threading.Event()
+        self._cancels: Listener | MultiListener | None = None
+
+    def _check_tasks(self, tasks: Tasks) -> None:
+        for task in tasks:
+            if task.is_async:
+                raise TypeError(
+                    f"task {task.name!r} is a coroutine function: run it with AsyncWorker"
+                )
+
+    def _watch_over(self) -> bool:
+        return self._beats_done.is_set()
 
     def _maintenance(self, client: Any, interval: float) -> Maintenance:
         return Maintenance(client, interval=interval, prune_after=None)
@@ -1083,7 +1275,7 @@ class Worker(_Loop):
         """Claim and run work until stop() (or, with until_idle, until nothing
         was claimable for that many seconds)."""
         self._listener = make_listener(self.listen_dsn, channel(self.client.schema, "runs"))
-        beat = threading.Thread(target=self._heartbeats, name=f"{self.name}-hb", daemon=True)
+        beat = threading.Thread(target=self._watch, name=f"{self.name}-hb", daemon=True)
         beat.start()
         upkeep: threading.Thread | None = None
         if self.maintenance is not None:
@@ -1099,6 +1291,7 @@ class Worker(_Loop):
                 self.maintenance.stop()
             self._shutdown()
             self._beats_done.set()
+            self._rewatch.set()
             beat.join(timeout=5)
             if upkeep is not None:
                 upkeep.join(timeout=5)
@@ -1127,6 +1320,13 @@ class Worker(_Loop):
             else:
                 self._listener.wait(step.seconds, self._stop)
             return None
+        if isinstance(step, Watch):
+            if self._cancels is None:
+                self._rewatch.wait(step.seconds)
+            else:
+                self._cancels.wait(step.seconds, self._rewatch)
+            self._rewatch.clear()
+            return None
         if isinstance(step, Pause):
             if step.interruptible:
                 self._stop.wait(step.seconds)
@@ -1144,6 +1344,10 @@ class Worker(_Loop):
 
     def _call_handler(self, job: Job) -> Any:
         started = time.perf_counter()
+        limit = self._timeout_of(job)
+        if limit is not None:
+            job.deadline = time.monotonic() + limit
+            self._rewatch.set()
         with self._handler_span(job):
             try:
                 return self.handler(job)
@@ -1152,11 +1356,17 @@ class Worker(_Loop):
             finally:
                 self._handled(job, started)
 
-    def _heartbeats(self) -> None:
+    def _watch(self) -> None:
         # Runs until shutdown is over: in-flight handlers keep their leases
         # during the grace period too.
-        while not self._beats_done.wait(self.heartbeat_every):
-            drive(self._beat_steps(), self._perform)
+        self._cancels = make_listener(
+            self.listen_dsn, channel(self.client.schema, "cancel"), self._cancel_notified
+        )
+        try:
+            drive(self._watch_steps(), self._perform)
+        finally:
+            if self._cancels is not None:
+                self._cancels.close()
 
     def _shutdown(self) -> None:
         """Let in-flight handlers finish within the grace period (a second
@@ -1204,6 +1414,18 @@ class AsyncWorker(_Loop):
         self._stop = asyncio.Event()
         self._abort = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._watch_done = asyncio.Event()
+        self._cancels: AsyncListener | AsyncMultiListener | None = None
+
+    def _check_tasks(self, tasks: Tasks) -> None:
+        for task in tasks:
+            if not task.is_async:
+                raise TypeError(
+                    f"task {task.name!r} is not a coroutine function: run it with Worker"
+                )
+
+    def _watch_over(self) -> bool:
+        return self._watch_done.is_set()
 
     def _maintenance(self, client: Any, interval: float) -> AsyncMaintenance:
         return AsyncMaintenance(client, interval=interval, prune_after=None)
@@ -1226,7 +1448,7 @@ class AsyncWorker(_Loop):
         """Claim and run work until stop() (or, with until_idle, until nothing
         was claimable for that many seconds)."""
         self._listener = make_async_listener(self.listen_dsn, channel(self.client.schema, "runs"))
-        beat = asyncio.create_task(self._heartbeats())
+        beat = asyncio.create_task(self._watch())
         upkeep = asyncio.create_task(self.maintenance.run()) if self.maintenance else None
         try:
             await drive_async(self._loop_steps(until_idle), self._perform)
@@ -1235,6 +1457,9 @@ class AsyncWorker(_Loop):
             if self.maintenance is not None:
                 self.maintenance.stop()
             await self._shutdown()
+            self._watch_done.set()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(beat), 5)
             beat.cancel()
             others = [t for t in (beat, upkeep) if t is not None]
             await asyncio.gather(*others, return_exceptions=True)
@@ -1262,6 +1487,12 @@ class AsyncWorker(_Loop):
             else:
                 await self._listener.wait(step.seconds, self._stop)
             return None
+        if isinstance(step, Watch):
+            if self._cancels is None:
+                await wait_event(self._watch_done, step.seconds)
+            else:
+                await self._cancels.wait(step.seconds, self._watch_done)
+            return None
         if isinstance(step, Pause):
             if step.interruptible:
                 await wait_event(self._stop, step.seconds)
@@ -1284,19 +1515,45 @@ class AsyncWorker(_Loop):
             stopped.cancel()
 
     async def _call_handler(self, job: Job) -> Any:
+        """The handler's outcome. It runs as a task of its own, so that a
+        cancel notification cancels it alone (RunCancelled) and a timeout
+        cancels it at the deadline (HandlerTimeout)."""
         started = time.perf_counter()
+        limit = self._timeout_of(job)
         with self._handler_span(job):
             try:
-                return await self.handler(job)
+                handler = asyncio.ensure_future(self.handler(job))
+            except Exception as exc:
+                self._handled(job, started)
+                return exc
+            job.interrupt = handler.cancel
+            try:
+                done, _ = await asyncio.wait({handler}, timeout=limit)
+                if not done:
+                    handler.cancel()
+                    await asyncio.gather(handler, return_exceptions=True)
+                    return HandlerTimeout(limit or 0.0)
+                if handler.cancelled():
+                    return RunCancelled()
+                return handler.result()
+            except asyncio.CancelledError:
+                handler.cancel()  # the worker's own task: shutdown
+                raise
             except Exception as exc:
                 return exc
             finally:
+                job.interrupt = None
                 self._handled(job, started)
 
-    async def _heartbeats(self) -> None:
-        while True:
-            await asyncio.sleep(self.heartbeat_every)
-            await drive_async(self._beat_steps(), self._perform)
+    async def _watch(self) -> None:
+        self._cancels = make_async_listener(
+            self.listen_dsn, channel(self.client.schema, "cancel"), self._cancel_notified
+        )
+        try:
+            await drive_async(self._watch_steps(), self._perform)
+        finally:
+            if self._cancels is not None:
+                await self._cancels.close()
 
     async def _shutdown(self) -> None:
         """Let handler tasks finish within the grace period (a second signal

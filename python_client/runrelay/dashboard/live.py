@@ -28,7 +28,11 @@ from collections.abc import AsyncIterator
 
 import psycopg
 
-from .._backoff import CHANNEL_KINDS, channel, listen_statement
+from .._backoff import channel, listen_statement
+
+# The channels that say a page changed (not <schema>_cancel: a cancel that
+# ends a run also notifies <schema>_terminal).
+PAGE_KINDS = ("runs", "ledger", "terminal", "delivered")
 
 log = logging.getLogger("runrelay.dashboard")
 
@@ -43,7 +47,7 @@ class Notifications:
 
     def __init__(self, database_url: str, schema: str = "runrelay") -> None:
         self._url = database_url
-        self.channels = tuple(channel(schema, kind) for kind in CHANNEL_KINDS)
+        self.channels = tuple(channel(schema, kind) for kind in PAGE_KINDS)
         self._subscribers: set[asyncio.Queue[str]] = set()
         self.listening = False
 
