@@ -114,6 +114,7 @@ BEGIN
     WHERE a.run_id = p_run.run_id AND a.status IN ('running', 'waiting');
     UPDATE runs AS r
     SET status = 'cancelled',
+        cancel_reason = p_reason,
         finished_at = v_now,
         updated_at = v_now,
         wait = NULL,

@@ -2,7 +2,9 @@
 -- run (series_start: the attempts after it are the current attempt series,
 -- see retry_run; trace_context: the W3C trace context it was enqueued
 -- with, see run_trace_context), and whether a cancellation is pending (a
--- cancel marker no writer has applied yet, with its reason).
+-- cancel marker no writer has applied yet). cancel_reason is the pending
+-- marker's reason, or, once a cancellation ended the run, the reason it was
+-- cancelled for.
 --
 -- No row when the run does not exist. Reads only: one primary-key probe of
 -- runs and one of cancellations, no lock, no write.
@@ -47,7 +49,7 @@ BEGIN
         r.run_id, r.queue, r.status, r.priority, r.concurrency_key, r.key_held, r.payload,
         r.payload_retention, r.run_at, r.max_attempts, r.attempt_count, r.series_start, r.wait, r.wake_at, r.resume,
         r.result, r.error, r.created_at, r.updated_at, r.finished_at, r.trace_context,
-        c.run_id IS NOT NULL, c.reason
+        c.run_id IS NOT NULL, coalesce(c.reason, r.cancel_reason)
     FROM runs AS r
     LEFT JOIN cancellations AS c ON r.run_id = c.run_id
     WHERE r.run_id = get_run.run_id;

@@ -113,6 +113,7 @@ BEGIN
         run_at = v_run_at,
         finished_at = NULL,
         resume = NULL,
+        cancel_reason = NULL,
         max_attempts = v_max_attempts,
         series_start = r.attempt_count,
         key_held = v_held,

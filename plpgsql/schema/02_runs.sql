@@ -140,6 +140,10 @@ CREATE TABLE runs (
     -- the workers and relays of a tracing client (run_trace_context); null
     -- when the producer traced nothing. Written once, at the insert.
     trace_context jsonb,
+    -- Why the run was cancelled (cancel_run's reason), once a cancellation
+    -- ended it: the marker that carried the reason is gone by then, and an
+    -- operator reading the run asks why. Cleared when retry_run revives it.
+    cancel_reason text,
     -- Every row rule of a run, one per name; see _runs_rules above.
     CONSTRAINT runs_rules CHECK (
         _runs_rules(

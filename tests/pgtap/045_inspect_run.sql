@@ -4,7 +4,7 @@
 -- order with their delivery state per lane, a page at a time; no row for
 -- an unknown run; 22023 for bad input.
 BEGIN;
-SELECT plan(29);
+SELECT plan(31);
 
 -- A run that failed once (retry scheduled), then was claimed again.
 SELECT tests.start_run('i1');
@@ -26,6 +26,13 @@ SELECT results_eq(
     $$SELECT status, cancel_requested, cancel_reason FROM runrelay.get_run('i1')$$,
     $$VALUES ('running', TRUE, 'operator said so')$$,
     'get_run: a pending cancellation and its reason'
+);
+SELECT runrelay.enqueue_run('c1');
+SELECT is(runrelay.cancel_run('c1', 'duplicate order'), 'cancelled', 'cancel_run: a queued run is cancelled at once');
+SELECT results_eq(
+    $$SELECT status, cancel_requested, cancel_reason FROM runrelay.get_run('c1')$$,
+    $$VALUES ('cancelled', FALSE, 'duplicate order')$$,
+    'get_run: a cancelled run keeps the reason it was cancelled for, after its marker is gone'
 );
 SELECT tests.start_waiting('i2', '{"kind": "event", "name": "go", "timeout_at": "2100-01-01T00:00:00Z"}');
 SELECT results_eq(

@@ -192,6 +192,9 @@ def test_runs_cancel_answers_each_outcome_with_its_exit_code(
         "outcome": "cancelled",
     }
     assert run_row(db, "r1")["status"] == "cancelled"
+    # The reason outlives the marker that carried it: runs show says why.
+    assert as_json(cli, "runs", "show", "r1")["run"]["cancel_reason"] == "duplicate order"
+    assert "duplicate order" in cli("runs", "show", "r1")[1]
     assert cli("runs", "cancel", "r1")[:2] == (1, "r1: already_terminal\n")
     assert cli("runs", "cancel", "nope")[:2] == (4, "nope: not_found\n")
 

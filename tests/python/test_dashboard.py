@@ -806,6 +806,7 @@ def test_cancel_is_applied_once_even_when_the_form_is_sent_twice(
 
     fields = tab.submit(tab.page.locator("button[data-action=cancel]"))
     assert tab.dialogs == ["Cancel run wait-c?"]
+    expect(tab.page.locator(".run-head .badge-bad")).to_contain_text("cancelled: cancelled by ")
     assert tab.path() == "/run?id=wait-c"
     assert tab.flash() == "Cancel wait-c: cancelled"
     assert _status(db, "wait-c") == "cancelled"

@@ -2,6 +2,10 @@
 -- delimited by a header and an end line, so that sections written
 -- separately merge side by side.
 
+-- ==== cancel reason ========================================================
+ALTER TABLE runs DROP COLUMN cancel_reason;
+-- ==== end: cancel reason ===================================================
+
 -- ==== purge lock order =====================================================
 -- Nothing of its own to undo: the "purging runs" section puts back 0008's
 -- body of _runs_deleted, which this section's upgrade replaced again.

@@ -351,3 +351,9 @@ BEGIN
 END;
 $$;
 -- ==== end: purge lock order ================================================
+
+-- ==== cancel reason ========================================================
+-- A cancelled run keeps the reason it was cancelled for (the marker that
+-- carried it is deleted when the cancellation applies).
+ALTER TABLE runs ADD COLUMN cancel_reason text;
+-- ==== end: cancel reason ===================================================
