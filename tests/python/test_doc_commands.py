@@ -1,7 +1,10 @@
 """Every command the README and docs/ show is executed, so none can rot.
 
 Commands are the lines of ```bash blocks (and `ExecStart=` lines of ```ini
-blocks: a systemd unit's command). Each documented file's commands run in
+blocks: a systemd unit's command). A ```python block whose first line is a
+comment naming a file of the example application (`# myapp/tasks.py`) is
+that file: it is written before the document's commands run, so the code a
+tutorial tells users to save is the code its commands run. Each documented file's commands run in
 order against a database of their own, migrated to head, holding a few runs:
 
 * `runrelay ...` runs from the wheel installed in a fresh venv (fixture
@@ -131,6 +134,18 @@ def fenced_blocks(path: Path) -> Iterator[tuple[str, int, list[str]]]:
                 language = None
         elif language is not None:
             body.append(line)
+
+
+APP_FILE = re.compile(r"^# (myapp/\w+\.py)$")
+
+
+def app_files_of(path: Path) -> dict[str, str]:
+    """The example application's files a document shows: path -> text."""
+    files = {}
+    for language, _, body in fenced_blocks(path):
+        if language == "python" and body and (match := APP_FILE.match(body[0].strip())):
+            files[match.group(1)] = "\n".join(body) + "\n"
+    return files
 
 
 def commands_of(path: Path) -> list[Command]:
@@ -286,6 +301,8 @@ def test_documented_commands_run(
         (home / "myapp").mkdir(parents=True)
         (home / "myapp" / "__init__.py").write_text("")
         (home / "myapp" / "jobs.py").write_text(MYAPP)
+        for name, text in app_files_of(document).items():
+            (home / name).write_text(text)
         user_env = installed.env(DATABASE_URL=url)
         dev_env = {
             **os.environ,
