@@ -1578,7 +1578,7 @@ class AsyncWorker(_Loop):
         # for it before cancelling the tasks still running handlers.
         settled_by = loop.time() + SETTLE_WAIT
         while self._settling and loop.time() < settled_by:
-            await asyncio.wait(set(self._tasks), timeout=0.05)
+            await asyncio.sleep(0.02)
         pending = list(self._tasks)
         for task in pending:
             task.cancel()
