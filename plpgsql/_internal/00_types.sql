@@ -60,6 +60,9 @@ CREATE TYPE enqueue_runs_result AS (
 );
 
 -- A claimed attempt: what claim_attempts returns, and _claim (in an array).
+-- task is the run's task (null: untyped). steps is the run's recorded steps
+-- (step name -> result; null when there are none); no function records
+-- steps yet, so it is always null until a steps store fills it in _claim.
 CREATE TYPE claim_attempts_result AS (
     run_id text,
     attempt integer,
@@ -67,5 +70,7 @@ CREATE TYPE claim_attempts_result AS (
     queue text,
     payload jsonb,
     resume jsonb,
-    lease_expires_at timestamptz
+    lease_expires_at timestamptz,
+    task text,
+    steps jsonb
 );

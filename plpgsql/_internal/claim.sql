@@ -1,6 +1,7 @@
 -- _claim(): the claim behind claim_attempts and settle_and_claim, after
--- their validation: p_queues as _check_queues returns it, p_lease as _lease
--- returns it. Returns the claimed attempts in claim order (an array, not a
+-- their validation: p_queues as _check_queues returns it, p_tasks as
+-- _check_tasks does (null: runs of any task, and untyped ones; else only
+-- runs of those tasks), p_lease as _lease returns it. Returns the claimed attempts in claim order (an array, not a
 -- set: the callers return them in their own row shapes).
 --
 -- Runnable (_runnable, _internal/runnable.sql): status queued, run_at due,
@@ -22,7 +23,7 @@
 -- and opens nothing; if the first call rolled back there is nothing to find
 -- and the call claims afresh.
 CREATE FUNCTION _claim(
-    p_worker text, p_queues text[], p_max_runs integer, p_lease interval, p_call_id uuid
+    p_worker text, p_queues text[], p_tasks text[], p_max_runs integer, p_lease interval, p_call_id uuid
 )
 RETURNS claim_attempts_result[]
 LANGUAGE plpgsql
@@ -61,7 +62,10 @@ BEGIN
             LIMIT 1
         ) IS NOT NULL THEN
             RETURN ARRAY(
-                SELECT (a.run_id, a.attempt, a.lease_token, r.queue, r.payload, r.resume, a.lease_expires_at)::claim_attempts_result
+                SELECT (
+                    a.run_id, a.attempt, a.lease_token, r.queue, r.payload, r.resume, a.lease_expires_at, r.task,
+                    NULL::jsonb
+                )::claim_attempts_result
                 FROM attempts AS a
                 INNER JOIN runs AS r ON a.run_id = r.run_id
                 WHERE a.call_id = p_call_id AND a.worker = p_worker
@@ -99,7 +103,7 @@ BEGIN
     END IF;
 
     SELECT array_agg(c.run_id ORDER BY c.ord) INTO v_run_ids
-    FROM _claim_candidates(v_queues, p_max_runs, v_now) WITH ORDINALITY AS c (run_id, ord);
+    FROM _claim_candidates(v_queues, p_tasks, p_max_runs, v_now) WITH ORDINALITY AS c (run_id, ord);
     IF v_run_ids IS NULL THEN
         RETURN '{}'::claim_attempts_result[];
     END IF;
@@ -155,7 +159,8 @@ BEGIN
             ledger_seq = r.ledger_seq + 1
         FROM fresh AS f
         WHERE r.run_id = f.run_id
-        RETURNING r.run_id, r.attempt_count AS attempt, r.ledger_seq AS seq, r.queue, r.payload, r.resume, f.ord
+        RETURNING
+            r.run_id, r.attempt_count AS attempt, r.ledger_seq AS seq, r.queue, r.payload, r.resume, r.task, f.ord
     ),
     opened AS (
         INSERT INTO attempts AS a (
@@ -170,7 +175,10 @@ BEGIN
     )
     SELECT
         array_agg(
-            (s.run_id, s.attempt, o.lease_token, s.queue, s.payload, s.resume, v_granted + p_lease)::claim_attempts_result
+            (
+                s.run_id, s.attempt, o.lease_token, s.queue, s.payload, s.resume, v_granted + p_lease, s.task,
+                NULL::jsonb
+            )::claim_attempts_result
             ORDER BY s.ord
         ),
         array_agg(s.run_id ORDER BY s.ord),
@@ -185,5 +193,5 @@ BEGIN
 END;
 $$;
 
-COMMENT ON FUNCTION _claim(text, text[], integer, interval, uuid) IS
+COMMENT ON FUNCTION _claim(text, text[], text[], integer, interval, uuid) IS
 'Claims up to p_max_runs runnable runs and opens their attempts (callers validated the input); in claim order.';

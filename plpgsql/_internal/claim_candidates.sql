@@ -5,14 +5,71 @@
 -- every runnable run of those queues). The rows are locked FOR UPDATE SKIP
 -- LOCKED; a few more than p_limit may be locked until commit when several
 -- queues are given.
-CREATE FUNCTION _claim_candidates(p_queues text[], p_limit integer, p_now timestamptz)
+--
+-- With a task list (p_tasks), only runs of those tasks: each (queue, task)
+-- pair's best are read from its own range of runs_claim_task_idx and merged,
+-- O(queues x tasks x limit), however many runs of other tasks (or untyped
+-- runs) wait in the same queues. Without a queue list, the queues holding
+-- runnable runs of each task are found first by a skip scan of the same
+-- index (one probe per such queue), then read as pairs.
+CREATE FUNCTION _claim_candidates(p_queues text[], p_tasks text[], p_limit integer, p_now timestamptz)
 RETURNS TABLE (run_id text)
 LANGUAGE plpgsql
 VOLATILE
 SET search_path FROM CURRENT
 AS $$
+DECLARE
+    v_pairs text[][];
 BEGIN
-    IF p_queues IS NULL THEN
+    IF p_tasks IS NOT NULL THEN
+        IF p_queues IS NOT NULL THEN
+            v_pairs := ARRAY(
+                SELECT ARRAY[q.name, t.name]
+                FROM unnest(p_queues) AS q (name) CROSS JOIN unnest(p_tasks) AS t (name)
+            );
+        ELSE
+            v_pairs := ARRAY(
+                WITH RECURSIVE found (task, queue) AS (
+                    SELECT t.name, (
+                        SELECT r.queue FROM runs AS r
+                        WHERE r.task = t.name AND r.status = 'queued' AND NOT r.key_held
+                        ORDER BY r.task, r.queue
+                        LIMIT 1
+                    )
+                    FROM unnest(p_tasks) AS t (name)
+                    UNION ALL
+                    SELECT f.task, (
+                        SELECT r.queue FROM runs AS r
+                        WHERE r.task = f.task AND r.queue > f.queue AND r.status = 'queued' AND NOT r.key_held
+                        ORDER BY r.task, r.queue
+                        LIMIT 1
+                    )
+                    FROM found AS f
+                    WHERE f.queue IS NOT NULL
+                )
+                SELECT ARRAY[f.queue, f.task] FROM found AS f WHERE f.queue IS NOT NULL
+            );
+        END IF;
+        IF cardinality(v_pairs) = 0 THEN
+            RETURN;
+        END IF;
+        RETURN QUERY
+        SELECT c.run_id
+        FROM generate_subscripts(v_pairs, 1) AS p (i)
+        CROSS JOIN LATERAL (
+            SELECT r.run_id, r.priority, r.run_at
+            FROM runs AS r
+            WHERE
+                r.task = v_pairs[p.i][2]
+                AND r.queue = v_pairs[p.i][1]
+                AND _runnable(r.status, r.key_held, r.run_at, p_now)
+            ORDER BY r.priority DESC, r.run_at
+            LIMIT p_limit
+            FOR UPDATE SKIP LOCKED
+        ) AS c
+        ORDER BY c.priority DESC, c.run_at
+        LIMIT p_limit;
+    ELSIF p_queues IS NULL THEN
         RETURN QUERY
         SELECT r.run_id
         FROM runs AS r
@@ -50,8 +107,8 @@ BEGIN
 END;
 $$;
 
-COMMENT ON FUNCTION _claim_candidates(text[], integer, timestamptz) IS
-'Locks up to p_limit runnable runs, best first, SKIP LOCKED, by index ranges per queue.';
+COMMENT ON FUNCTION _claim_candidates(text[], text[], integer, timestamptz) IS
+'Locks up to p_limit runnable runs (of the given tasks, if any), best first, SKIP LOCKED, by index ranges per queue.';
 
 -- _wake_due(): wake up to p_limit waits whose time has come (a due sleep, or
 -- an event/detached_runner wait past its timeout), SKIP LOCKED. Runs with a

@@ -5,12 +5,13 @@
 -- Element i of the arrays is item i, validated by _check_enqueue, run_at
 -- already defaulted. Each item is decided as enqueue_run decides it, and the
 -- items in array order as sequential enqueue_run calls would decide them:
---   * a run_id that names an existing run: the same queue and payload answer
---     the run (its status, created = false); another queue or payload raises
---     22023 (_enqueue_conflict) and the whole call changes nothing;
+--   * a run_id that names an existing run: the same queue, task and payload
+--     answer the run (its status, created = false); another queue, task or
+--     payload raises 22023 (_enqueue_conflict) and the whole call changes
+--     nothing;
 --   * a run_id repeated in the array: its first item decides; a later item
---     is its replay (created = false), or 22023 if its queue or payload
---     differs from the first's;
+--     is its replay (created = false), or 22023 if its queue, task or
+--     payload differs from the first's;
 --   * every other item creates its run, emitting run.queued at seq 1, with
 --     its trace context (already checked; null for none).
 -- Concurrency keys: the new runs of a key take increasing key positions in
@@ -36,6 +37,7 @@ CREATE FUNCTION _enqueue(
     p_payload_retentions text[],
     p_keys text[],
     p_trace_contexts jsonb[],
+    p_tasks text[],
     p_batch boolean
 )
 RETURNS SETOF enqueue_runs_result
@@ -76,10 +78,19 @@ BEGIN
             y.status,
             y.is_new,
             -- The item a later one with the same run_id replays is the first.
-            (y.status IS NOT NULL AND (y.queue IS DISTINCT FROM p_queues[y.i] OR y.payload IS DISTINCT FROM p_payloads[y.i]))
+            (
+                y.status IS NOT NULL AND (
+                    y.queue IS DISTINCT FROM p_queues[y.i] OR y.payload IS DISTINCT FROM p_payloads[y.i]
+                    OR y.task IS DISTINCT FROM p_tasks[y.i]
+                )
+            )
             OR (
                 y.status IS NULL AND y.i <> y.first_i
-                AND (p_queues[y.first_i] IS DISTINCT FROM p_queues[y.i] OR p_payloads[y.first_i] IS DISTINCT FROM p_payloads[y.i])
+                AND (
+                    p_queues[y.first_i] IS DISTINCT FROM p_queues[y.i]
+                    OR p_payloads[y.first_i] IS DISTINCT FROM p_payloads[y.i]
+                    OR p_tasks[y.first_i] IS DISTINCT FROM p_tasks[y.i]
+                )
             ) AS conflict,
             y.is_new AND y.i = min(y.i) FILTER (WHERE y.is_new) OVER (PARTITION BY p_keys[y.i]) AS key_first
         FROM (
@@ -89,6 +100,7 @@ BEGIN
                 e.status,
                 e.queue,
                 e.payload,
+                e.task,
                 e.status IS NULL AND f.i = f.first_i AS is_new
             FROM (
                 -- generate_subscripts: the same row estimate in custom and
@@ -97,7 +109,7 @@ BEGIN
                 FROM generate_subscripts(p_run_ids, 1) AS g (i)
             ) AS f
             LEFT JOIN LATERAL (
-                SELECT r.status, r.queue, r.payload
+                SELECT r.status, r.queue, r.payload, r.task
                 FROM runs AS r
                 WHERE r.run_id = p_run_ids[f.i]
                 LIMIT 1
@@ -126,7 +138,7 @@ BEGIN
             INSERT INTO runs AS r (
                 run_id, queue, status, priority, concurrency_key, key_position, key_held,
                 payload, run_at, max_attempts, payload_retention, created_at, updated_at, ledger_seq,
-                trace_context
+                trace_context, task
             )
             SELECT
                 p_run_ids[n.i], p_queues[n.i], 'queued', p_priorities[n.i], p_keys[n.i], n.key_position,
@@ -140,7 +152,7 @@ BEGIN
                     )
                 ),
                 p_payloads[n.i], p_run_ats[n.i], p_max_attempts[n.i], p_payload_retentions[n.i],
-                v_now, v_now, 1, p_trace_contexts[n.i]
+                v_now, v_now, 1, p_trace_contexts[n.i], p_tasks[n.i]
             FROM (
                 -- Key positions in array order (a volatile output column is
                 -- computed after the ORDER BY, and keeps this query apart).
@@ -179,7 +191,8 @@ BEGIN
                 ORDER BY g.i
             LOOP
                 SELECT r.* INTO v_run FROM runs AS r WHERE r.run_id = p_run_ids[v_lost];
-                IF v_run.queue IS DISTINCT FROM p_queues[v_lost] OR v_run.payload IS DISTINCT FROM p_payloads[v_lost] THEN
+                IF v_run.queue IS DISTINCT FROM p_queues[v_lost] OR v_run.payload IS DISTINCT FROM p_payloads[v_lost]
+                    OR v_run.task IS DISTINCT FROM p_tasks[v_lost] THEN
                     PERFORM _enqueue_conflict(
                         CASE WHEN p_batch THEN format('items[%s].run_id', v_lost - 1) ELSE 'run_id' END,
                         p_run_ids[v_lost]);
@@ -209,6 +222,6 @@ END;
 $$;
 
 COMMENT ON FUNCTION _enqueue(
-    text[], text[], jsonb[], timestamptz[], integer[], integer[], text[], text[], jsonb[], boolean
+    text[], text[], jsonb[], timestamptz[], integer[], integer[], text[], text[], jsonb[], text[], boolean
 ) IS
 'Enqueues validated runs set-based, each decided as enqueue_run decides it, in array order.';

@@ -315,34 +315,63 @@ COMMENT ON FUNCTION _check_reason(text, text) IS
 
 -- A claim's queue list (claim_attempts, settle_and_claim): null for every
 -- queue, else 1 to 100 queue names; returns them without duplicates.
-CREATE FUNCTION _check_queues(p_queues text[])
+CREATE FUNCTION _check_names(p_parameter text, p_names text[], p_noun text)
 RETURNS text[]
 LANGUAGE plpgsql
 VOLATILE
 SET search_path FROM CURRENT
 AS $$
 DECLARE
-    v_queue text;
-    v_queues text[];
+    v_name text;
+    v_names text[];
 BEGIN
-    IF p_queues IS NULL THEN
+    IF p_names IS NULL THEN
         RETURN NULL;
     END IF;
-    IF cardinality(p_queues) NOT BETWEEN 1 AND 100 OR array_ndims(p_queues) > 1 THEN
-        PERFORM _invalid('queues',
-            'must be a one-dimensional array of 1 to 100 queue names, or null for every queue',
-            'Pass null to claim from every queue, or a non-empty array of queue names.');
+    IF cardinality(p_names) NOT BETWEEN 1 AND 100 OR array_ndims(p_names) > 1 THEN
+        PERFORM _invalid(p_parameter,
+            format('must be a one-dimensional array of 1 to 100 %s names, or null for every %s', p_noun, p_noun),
+            format('Pass null to claim from every %s, or a non-empty array of %s names.', p_noun, p_noun));
     END IF;
-    FOREACH v_queue IN ARRAY p_queues LOOP
-        PERFORM _check_id('queues', v_queue);
+    FOREACH v_name IN ARRAY p_names LOOP
+        PERFORM _check_id(p_parameter, v_name);
     END LOOP;
-    SELECT array_agg(DISTINCT q.name) INTO v_queues FROM unnest(p_queues) AS q (name);
-    RETURN v_queues;
+    SELECT array_agg(DISTINCT q.name) INTO v_names FROM unnest(p_names) AS q (name);
+    RETURN v_names;
+END;
+$$;
+
+COMMENT ON FUNCTION _check_names(text, text[], text) IS
+'Validates a claim''s list of queue or task names (null, or 1 to 100 names) and returns it without duplicates.';
+
+-- A claim's queue list, and its task list (claim_attempts, settle_and_claim).
+CREATE FUNCTION _check_queues(p_queues text[])
+RETURNS text[]
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    RETURN _check_names('queues', p_queues, 'queue');
 END;
 $$;
 
 COMMENT ON FUNCTION _check_queues(text[]) IS
 'Validates a claim''s queue list (null, or 1 to 100 queue names) and returns it without duplicates.';
+
+CREATE FUNCTION _check_tasks(p_tasks text[])
+RETURNS text[]
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    RETURN _check_names('tasks', p_tasks, 'task');
+END;
+$$;
+
+COMMENT ON FUNCTION _check_tasks(text[]) IS
+'Validates a claim''s task list (null, or 1 to 100 task names) and returns it without duplicates.';
 
 -- A run status filter (list_runs): null for every status, else one of the
 -- six statuses of a run.
@@ -469,13 +498,14 @@ RETURN (
     jsonb_typeof(p_item) IS DISTINCT FROM 'object'
     OR (p_item - ARRAY[
         'run_id', 'queue', 'payload', 'run_at', 'priority', 'max_attempts', 'payload_retention', 'concurrency_key',
-        'trace_context'
+        'task', 'trace_context'
     ]) <> '{}'::jsonb
     OR jsonb_typeof(p_item -> 'run_id') NOT IN ('string', 'null')
     OR jsonb_typeof(p_item -> 'queue') NOT IN ('string', 'null')
     OR jsonb_typeof(p_item -> 'run_at') NOT IN ('string', 'null')
     OR jsonb_typeof(p_item -> 'payload_retention') NOT IN ('string', 'null')
     OR jsonb_typeof(p_item -> 'concurrency_key') NOT IN ('string', 'null')
+    OR jsonb_typeof(p_item -> 'task') NOT IN ('string', 'null')
     OR (
         jsonb_typeof(p_item -> 'priority') = 'number'
         AND (p_item ->> 'priority') !~ '^-?[0-9]{1,9}$'
@@ -541,7 +571,7 @@ $$;
 COMMENT ON FUNCTION _check_enqueue(text, text, text, jsonb, timestamptz, integer, integer, text, text) IS
 'Validates the arguments of one enqueue (enqueue_run, or an item of enqueue_runs), naming the parameter.';
 
--- An enqueue of an existing run_id with another queue or payload.
+-- An enqueue of an existing run_id with another queue, payload or task.
 CREATE FUNCTION _enqueue_conflict(p_parameter text, p_run_id text)
 RETURNS void
 LANGUAGE plpgsql
@@ -550,8 +580,8 @@ SET search_path FROM CURRENT
 AS $$
 BEGIN
     PERFORM _invalid(p_parameter,
-        format('run %s already exists with a different queue or payload', _quote(p_run_id)),
-        'Repeat an enqueue with the same queue and payload, or choose a new run_id.');
+        format('run %s already exists with a different queue or payload (or task)', _quote(p_run_id)),
+        'Repeat an enqueue with the same queue, task and payload, or choose a new run_id.');
 END;
 $$;
 

@@ -142,6 +142,8 @@ BEGIN
             -- No trace context: a slot's run starts its own trace (no
             -- producer traced it; the maintainer only noticed it was due).
             array_fill(NULL::jsonb, ARRAY[cardinality(v_new)]),
+            -- Untyped: a schedule names a queue, not a task.
+            array_fill(NULL::text, ARRAY[cardinality(v_new)]),
             FALSE
         ) AS e;
     END IF;

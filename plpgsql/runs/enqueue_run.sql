@@ -1,8 +1,10 @@
 -- enqueue_run(): create a run, or return the existing one.
 --
--- Idempotent on run_id: the same run_id with the same queue and payload
--- returns the existing run with created = false; a different queue or payload
--- raises 22023. Concurrent enqueues of one run_id resolve through the primary
+-- Idempotent on run_id: the same run_id with the same queue, task and
+-- payload returns the existing run with created = false; a different queue,
+-- task or payload raises 22023. task names the task that handles the run
+-- (1 to 200 characters, the rules of a queue name; null: untyped), which a
+-- claim's tasks filter matches. Concurrent enqueues of one run_id resolve through the primary
 -- key (ON CONFLICT waits for the other transaction), so exactly one creates.
 -- Identifiers follow _id_valid; a run_id starting schedule: raises 22023
 -- (reserved for the runs of schedules, _run_id_reserved).
@@ -31,7 +33,8 @@ CREATE FUNCTION enqueue_run(
     priority integer DEFAULT 0,
     max_attempts integer DEFAULT 3,
     payload_retention text DEFAULT 'keep',
-    concurrency_key text DEFAULT NULL
+    concurrency_key text DEFAULT NULL,
+    task text DEFAULT NULL
 )
 RETURNS SETOF enqueue_run_result
 LANGUAGE plpgsql
@@ -51,6 +54,7 @@ BEGIN
     PERFORM _require_read_committed();
     PERFORM _check_enqueue('', enqueue_run.run_id, enqueue_run.queue, enqueue_run.payload, enqueue_run.run_at,
         enqueue_run.priority, enqueue_run.max_attempts, enqueue_run.payload_retention, enqueue_run.concurrency_key);
+    PERFORM _check_id('task', enqueue_run.task, TRUE);
     -- One current_setting() when the producer traces nothing.
     IF current_setting('runrelay.trace_context', TRUE) <> '' THEN
         v_trace_context := _setting_trace_context();
@@ -74,14 +78,15 @@ BEGIN
         END IF;
         INSERT INTO runs AS r (
             run_id, queue, status, priority, concurrency_key, key_position, key_held,
-            payload, run_at, max_attempts, payload_retention, created_at, updated_at, ledger_seq, trace_context
+            payload, run_at, max_attempts, payload_retention, created_at, updated_at, ledger_seq, trace_context,
+            task
         )
         VALUES (
             enqueue_run.run_id, enqueue_run.queue, 'queued', enqueue_run.priority,
             enqueue_run.concurrency_key,
             CASE WHEN enqueue_run.concurrency_key IS NOT NULL THEN nextval('runs_key_position_seq') END,
             v_held, enqueue_run.payload, v_run_at, enqueue_run.max_attempts,
-            enqueue_run.payload_retention, v_now, v_now, 1, v_trace_context
+            enqueue_run.payload_retention, v_now, v_now, 1, v_trace_context, enqueue_run.task
         )
         ON CONFLICT ON CONSTRAINT runs_pkey DO NOTHING
         RETURNING r.run_id INTO v_inserted;
@@ -103,7 +108,8 @@ BEGIN
     END IF;
 
     IF v_existing.queue IS DISTINCT FROM enqueue_run.queue
-        OR v_existing.payload IS DISTINCT FROM enqueue_run.payload THEN
+        OR v_existing.payload IS DISTINCT FROM enqueue_run.payload
+        OR v_existing.task IS DISTINCT FROM enqueue_run.task THEN
         PERFORM _enqueue_conflict('run_id', enqueue_run.run_id);
     END IF;
     RETURN QUERY SELECT v_existing.run_id, v_existing.status, FALSE;
@@ -111,5 +117,5 @@ BEGIN
 END;
 $$;
 
-COMMENT ON FUNCTION enqueue_run(text, text, jsonb, timestamptz, integer, integer, text, text) IS
-'Creates a run (emitting run.queued), or returns the existing run with the same run_id, queue and payload.';
+COMMENT ON FUNCTION enqueue_run(text, text, jsonb, timestamptz, integer, integer, text, text, text) IS
+'Creates a run (emitting run.queued), or returns the existing run with the same run_id, queue, task and payload.';

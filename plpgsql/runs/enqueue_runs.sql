@@ -2,7 +2,7 @@
 --
 -- items: an array of 1 to 10000 objects whose keys are enqueue_run's
 -- parameters, {run_id, queue?, payload?, run_at?, priority?, max_attempts?,
--- payload_retention?, concurrency_key?}, with enqueue_run's defaults for a
+-- payload_retention?, concurrency_key?, task?}, with enqueue_run's defaults for a
 -- missing key; a key set to JSON null is that parameter passed as NULL
 -- (enqueue_run's rules then apply: run_at null is now, concurrency_key null
 -- is no key, anything else null is invalid). One result row per item, in
@@ -17,7 +17,7 @@
 -- Each item is decided as enqueue_run decides it and the items as
 -- sequential enqueue_run calls in item order would be (_enqueue): idempotent
 -- on run_id; a run_id repeated in the array is a repeat of its first item
--- (created = false), or 22023 if its queue or payload differs; the new runs
+-- (created = false), or 22023 if its queue, task or payload differs; the new runs
 -- of one concurrency key are serial in item order. Any invalid item, or an
 -- item that names an existing run with another queue or payload, raises
 -- 22023 naming items[i].<parameter> (i counts from 0) and the call changes
@@ -40,10 +40,11 @@ AS $$
 DECLARE
     v_caller_lock_timeout text := _bound_lock_wait();
     v_hint constant text := 'Pass an array of 1 to 10000 objects with enqueue_run''s parameters as keys: '
-        'run_id, queue, payload, run_at, priority, max_attempts, payload_retention, concurrency_key '
+        'run_id, queue, payload, run_at, priority, max_attempts, payload_retention, concurrency_key, task '
         '(and trace_context, a W3C trace context object).';
     v_parameters constant text[] := ARRAY[
-        'run_id', 'queue', 'payload', 'run_at', 'priority', 'max_attempts', 'payload_retention', 'concurrency_key'
+        'run_id', 'queue', 'payload', 'run_at', 'priority', 'max_attempts', 'payload_retention', 'concurrency_key',
+        'task'
     ];
     v_count integer;
     v_item jsonb;
@@ -59,6 +60,7 @@ DECLARE
     v_max_attempts integer;
     v_retention text;
     v_key text;
+    v_task text;
     v_trace_context jsonb;
     v_default_trace_context jsonb;
     v_run_ids text[] := '{}'::text[];
@@ -70,6 +72,7 @@ DECLARE
     v_retentions text[] := '{}'::text[];
     v_keys text[] := '{}'::text[];
     v_trace_contexts jsonb[] := '{}'::jsonb[];
+    v_tasks text[] := '{}'::text[];
     v_now timestamptz;
     v_valid boolean;
     v_max_payload_bytes integer := (SELECT s.max_payload_bytes FROM settings AS s);
@@ -106,6 +109,7 @@ BEGIN
                     v_max_payload_bytes
                 )
                 AND _trace_context_valid(i.trace_context)
+                AND (i.task IS NULL OR _id_valid(i.task))
             ),
             array_agg(i.run_id ORDER BY i.n),
             array_agg(i.queue ORDER BY i.n),
@@ -115,10 +119,11 @@ BEGIN
             array_agg(i.max_attempts ORDER BY i.n),
             array_agg(i.retention ORDER BY i.n),
             array_agg(i.concurrency_key ORDER BY i.n),
-            array_agg(i.trace_context ORDER BY i.n)
+            array_agg(i.trace_context ORDER BY i.n),
+            array_agg(i.task ORDER BY i.n)
         INTO
             v_valid, v_run_ids, v_queues, v_payloads, v_run_ats, v_priorities, v_max_attempts_all, v_retentions, v_keys,
-            v_trace_contexts
+            v_trace_contexts, v_tasks
         FROM (
             SELECT
                 e.n,
@@ -134,6 +139,7 @@ BEGIN
                 CASE WHEN e.value ? 'max_attempts' THEN (e.value ->> 'max_attempts')::integer ELSE 3 END AS max_attempts,
                 CASE WHEN e.value ? 'payload_retention' THEN e.value ->> 'payload_retention' ELSE 'keep' END AS retention,
                 e.value ->> 'concurrency_key' AS concurrency_key,
+                e.value ->> 'task' AS task,
                 CASE
                     WHEN e.value ? 'trace_context' THEN nullif(e.value -> 'trace_context', 'null')
                     ELSE v_default_trace_context
@@ -155,6 +161,7 @@ BEGIN
         v_retentions := '{}'::text[];
         v_keys := '{}'::text[];
         v_trace_contexts := '{}'::jsonb[];
+        v_tasks := '{}'::text[];
         BEGIN
             FOR v_item, v_index IN
                 SELECT e.value, e.n - 1
@@ -193,7 +200,7 @@ BEGIN
                     END IF;
                     -- What is left: a parameter whose type is a string.
                     SELECT min(p.name) INTO v_name
-                    FROM unnest(ARRAY['run_id', 'queue', 'run_at', 'payload_retention', 'concurrency_key']) AS p (name)
+                    FROM unnest(ARRAY['run_id', 'queue', 'run_at', 'payload_retention', 'concurrency_key', 'task']) AS p (name)
                     WHERE jsonb_typeof(v_item -> p.name) NOT IN ('string', 'null');
                     PERFORM _invalid(v_at || '.' || v_name,
                         format('must be a JSON string (got %s)', jsonb_typeof(v_item -> v_name)), v_hint);
@@ -210,8 +217,10 @@ BEGIN
                 v_max_attempts := CASE WHEN v_item ? 'max_attempts' THEN (v_item ->> 'max_attempts')::integer ELSE 3 END;
                 v_retention := CASE WHEN v_item ? 'payload_retention' THEN v_item ->> 'payload_retention' ELSE 'keep' END;
                 v_key := v_item ->> 'concurrency_key';
+                v_task := v_item ->> 'task';
                 PERFORM _check_enqueue(v_at || '.', v_run_id, v_queue, v_payload, v_run_at, v_priority,
                     v_max_attempts, v_retention, v_key);
+                PERFORM _check_id(v_at || '.task', v_task, TRUE);
                 v_trace_context := CASE
                     WHEN v_item ? 'trace_context' THEN nullif(v_item -> 'trace_context', 'null')
                     ELSE v_default_trace_context
@@ -227,6 +236,7 @@ BEGIN
                 v_retentions := v_retentions || v_retention;
                 v_keys := v_keys || v_key;
                 v_trace_contexts := v_trace_contexts || v_trace_context;
+                v_tasks := v_tasks || v_task;
             END LOOP;
         EXCEPTION
             WHEN data_exception THEN
@@ -242,7 +252,7 @@ BEGIN
     RETURN QUERY
     SELECT * FROM _enqueue(
         v_run_ids, v_queues, v_payloads, v_run_ats, v_priorities, v_max_attempts_all, v_retentions, v_keys,
-        v_trace_contexts, TRUE
+        v_trace_contexts, v_tasks, TRUE
     );
     PERFORM _restore_lock_wait(v_caller_lock_timeout);
 END;

@@ -20,7 +20,7 @@
 -- complete_attempts run (complete.sql); every other item by fail_attempt,
 -- suspend_attempt or release_attempt, one at a time in run_id COLLATE "C"
 -- order. The claim is then exactly claim_attempts(worker, queues, max_runs,
--- lease_seconds, call_id), by the routine claim_attempts runs, _claim
+-- lease_seconds, call_id, tasks), by the routine claim_attempts runs, _claim
 -- (claim.sql); max_runs 0 settles only.
 --
 -- Result: one 'settled' row per item, in item order (run_id, attempt,
@@ -56,7 +56,9 @@ CREATE TYPE settle_and_claim_result AS (
     queue text,
     payload jsonb,
     resume jsonb,
-    lease_expires_at timestamptz
+    lease_expires_at timestamptz,
+    task text,
+    steps jsonb
 );
 
 CREATE FUNCTION settle_and_claim(
@@ -65,7 +67,8 @@ CREATE FUNCTION settle_and_claim(
     queues text[] DEFAULT NULL,
     max_runs integer DEFAULT 1,
     lease_seconds integer DEFAULT 30,
-    call_id uuid DEFAULT NULL
+    call_id uuid DEFAULT NULL,
+    tasks text[] DEFAULT NULL
 )
 RETURNS SETOF settle_and_claim_result
 LANGUAGE plpgsql
@@ -87,6 +90,7 @@ DECLARE
     v_ops text[] := '{}'::text[];
     v_outcomes text[] := '{}'::text[];
     v_queues text[];
+    v_tasks text[];
     v_checked boolean := FALSE;
     v_positions integer[];
     v_ids text[];
@@ -107,6 +111,7 @@ BEGIN
     PERFORM _check_id('worker', settle_and_claim.worker);
     PERFORM _check_int('max_runs', settle_and_claim.max_runs, 0, 1000);
     v_queues := _check_queues(settle_and_claim.queues);
+    v_tasks := _check_tasks(settle_and_claim.tasks);
     PERFORM _check_json('items', settle_and_claim.items, 'array');
     IF jsonb_array_length(settle_and_claim.items) > 1000 THEN
         PERFORM _invalid('items', format('has %s items; at most 1000', jsonb_array_length(settle_and_claim.items)), v_hint);
@@ -272,7 +277,7 @@ BEGIN
     RETURN QUERY
     SELECT
         'settled'::text, v_run_ids[s.i], v_attempts[s.i], v_outcomes[s.i],
-        NULL::uuid, NULL::text, NULL::jsonb, NULL::jsonb, NULL::timestamptz
+        NULL::uuid, NULL::text, NULL::jsonb, NULL::jsonb, NULL::timestamptz, NULL::text, NULL::jsonb
     FROM generate_subscripts(v_run_ids, 1) AS s (i)
     ORDER BY s.i;
 
@@ -280,16 +285,18 @@ BEGIN
         RETURN QUERY
         SELECT
             'claimed'::text, c.run_id, c.attempt, NULL::text,
-            c.lease_token, c.queue, c.payload, c.resume, c.lease_expires_at
+            c.lease_token, c.queue, c.payload, c.resume, c.lease_expires_at, c.task, c.steps
         FROM unnest(_claim(
-            settle_and_claim.worker, v_queues, settle_and_claim.max_runs,
+            settle_and_claim.worker, v_queues, v_tasks, settle_and_claim.max_runs,
             _lease(settle_and_claim.lease_seconds), settle_and_claim.call_id
-        )) WITH ORDINALITY AS c (run_id, attempt, lease_token, queue, payload, resume, lease_expires_at, ord)
+        )) WITH ORDINALITY AS c (
+            run_id, attempt, lease_token, queue, payload, resume, lease_expires_at, task, steps, ord
+        )
         ORDER BY c.ord;
     END IF;
     PERFORM _restore_lock_wait(v_caller_lock_timeout);
 END;
 $$;
 
-COMMENT ON FUNCTION settle_and_claim(jsonb, text, text[], integer, integer, uuid) IS
+COMMENT ON FUNCTION settle_and_claim(jsonb, text, text[], integer, integer, uuid, text[]) IS
 'Settles attempts (complete, fail, suspend, release; each as its own function decides) and claims the next runs, in one transaction.';

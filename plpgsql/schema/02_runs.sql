@@ -144,6 +144,10 @@ CREATE TABLE runs (
     -- ended it: the marker that carried the reason is gone by then, and an
     -- operator reading the run asks why. Cleared when retry_run revives it.
     cancel_reason text,
+    -- The named task that handles the run (enqueue_run's task; null: an
+    -- untyped run, any worker's handler takes it). A claim's `tasks` filter
+    -- takes only runs of those tasks, through runs_claim_task_idx.
+    task text,
     -- Every row rule of a run, one per name; see _runs_rules above.
     CONSTRAINT runs_rules CHECK (
         _runs_rules(
@@ -169,6 +173,13 @@ WHERE status = 'queued' AND NOT key_held;
 
 CREATE INDEX runs_claim_any_idx ON runs (priority DESC, run_at)
 WHERE status = 'queued' AND NOT key_held;
+
+-- The runnable backlog of each (task, queue), best first: a claim with a
+-- tasks filter reads one range per (queue, task) pair and merges them, so
+-- runs of other tasks waiting in the same queue cost it nothing. Untyped
+-- runs (task null) are not in it and pay nothing for it.
+CREATE INDEX runs_claim_task_idx ON runs (task, queue, priority DESC, run_at)
+WHERE status = 'queued' AND NOT key_held AND task IS NOT NULL;
 
 -- Waits that end by themselves (a due sleep, a timeout), woken by claims.
 CREATE INDEX runs_wake_idx ON runs (queue, wake_at)

@@ -14,6 +14,7 @@ from .errors import (
     WrongIsolation,
 )
 from .schedules import schedule_slot
+from .tasks import Task, Tasks
 from .types import (
     AppendedEvent,
     AttemptStatus,
@@ -127,6 +128,8 @@ __all__ = [
     "SignalOutcome",
     "StatementTimeout",
     "SuspendOutcome",
+    "Task",
+    "Tasks",
     "WaitingFailureOutcome",
     "WrongIsolation",
     "schedule_slot",

@@ -98,6 +98,7 @@ OPERATIONS: dict[str, Operation] = {
                 ("max_attempts", "integer"),
                 ("payload_retention", "text"),
                 ("concurrency_key", "text"),
+                ("task", "text"),
             ),
             _one(t.EnqueueResult, status=t.RunStatus),
         ),
@@ -131,6 +132,7 @@ OPERATIONS: dict[str, Operation] = {
                 ("max_runs", "integer"),
                 ("lease_seconds", "integer"),
                 ("call_id", "uuid"),
+                ("tasks", "text[]"),
             ),
             _each(t.ClaimedAttempt),
         ),
@@ -143,6 +145,7 @@ OPERATIONS: dict[str, Operation] = {
                 ("max_runs", "integer"),
                 ("lease_seconds", "integer"),
                 ("call_id", "uuid"),
+                ("tasks", "text[]"),
             ),
             _each(t.SettleAndClaimRow, kind=t.SettleKind, outcome=t.SettleOutcome),
         ),
@@ -559,6 +562,8 @@ def enqueue_items(items: Sequence[t.EnqueueItem | Mapping[str, Any]]) -> list[di
                 "concurrency_key": item.concurrency_key,
             }
         )
+        if item.task is not None:
+            out[-1]["task"] = item.task
         if item.trace_context is not None:
             out[-1]["trace_context"] = dict(item.trace_context)
     return out

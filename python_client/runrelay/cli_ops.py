@@ -860,7 +860,10 @@ def add_commands(
     _json(p)
 
     p = leaf(
-        runs, "cancel", "cancel a run (a running handler is told at once: its worker listens)", cmd_runs_cancel
+        runs,
+        "cancel",
+        "cancel a run (a running handler is told at once: its worker listens)",
+        cmd_runs_cancel,
     )
     p.add_argument("run_id")
     p.add_argument("--reason", help="recorded with the cancellation")

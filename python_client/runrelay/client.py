@@ -245,6 +245,18 @@ def _queries(schema: str, tracing: Tracing | None) -> dict[str, Any]:
     return queries
 
 
+def _names(parameter: str, names: Sequence[str] | None) -> list[str] | None:
+    """A claim's list of queue or task names. A lone string is refused: it
+    is a sequence of letters, and would claim from one-letter queues."""
+    if names is None:
+        return None
+    if isinstance(names, str):
+        raise TypeError(
+            f"{parameter} is a list of names, not a string: write {parameter}=[{names!r}]"
+        )
+    return list(names)
+
+
 def _shard_of(shards: ShardMap | None, run_id: Any) -> int | None:
     """The shard that owns a per-run call's run, for a sharded client's
     ShardUnavailable (computed only once a call has failed)."""
@@ -343,10 +355,12 @@ class _Methods:
         max_attempts: int = 3,
         payload_retention: str = "keep",
         concurrency_key: str | None = None,
+        task: str | None = None,
         *,
         conn: Any = None,
     ) -> _Call[EnqueueResult]:
-        """Create a run (or return the identical existing one) -> EnqueueResult."""
+        """Create a run (or return the identical existing one) -> EnqueueResult.
+        `task` names the task that handles it (runrelay.Tasks; None: untyped)."""
         return _Call(
             "enqueue_run",
             {
@@ -358,6 +372,7 @@ class _Methods:
                 "max_attempts": max_attempts,
                 "payload_retention": payload_retention,
                 "concurrency_key": concurrency_key,
+                "task": task,
             },
             conn,
         )
@@ -430,16 +445,19 @@ class _Methods:
         max_runs: int = 1,
         lease_seconds: int = 30,
         call_id: uuid.UUID | None = None,
+        tasks: Sequence[str] | None = None,
         *,
         conn: Any = None,
     ) -> _Call[list[ClaimedAttempt]]:
-        """Claim runnable runs -> list[ClaimedAttempt]."""
+        """Claim runnable runs -> list[ClaimedAttempt]; with `tasks`, only
+        runs of those tasks."""
         values = {
             "worker": worker,
-            "queues": None if queues is None else list(queues),
+            "queues": _names("queues", queues),
             "max_runs": max_runs,
             "lease_seconds": lease_seconds,
             "call_id": call_id,
+            "tasks": _names("tasks", tasks),
         }
         return _Call("claim_attempts", values, conn)
 
@@ -452,6 +470,7 @@ class _Methods:
         max_runs: int = 1,
         lease_seconds: int = 30,
         call_id: uuid.UUID | None = None,
+        tasks: Sequence[str] | None = None,
         *,
         conn: Any = None,
     ) -> _Call[list[SettleAndClaimRow]]:
@@ -465,10 +484,11 @@ class _Methods:
         values = {
             "items": _core.settle_items(items),
             "worker": worker,
-            "queues": None if queues is None else list(queues),
+            "queues": _names("queues", queues),
             "max_runs": max_runs,
             "lease_seconds": lease_seconds,
             "call_id": call_id,
+            "tasks": _names("tasks", tasks),
         }
         return _Call("settle_and_claim", values, conn)
 

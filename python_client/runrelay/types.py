@@ -207,6 +207,8 @@ class EnqueueItem:
     max_attempts: int = 3
     payload_retention: str = "keep"
     concurrency_key: str | None = None
+    # The named task that handles the run (runrelay.Tasks); None: untyped.
+    task: str | None = None
     # The W3C trace context its run keeps ({"traceparent", "tracestate"?});
     # None: a tracing client's own, or none (docs/operations.md, "Tracing").
     trace_context: dict[str, str] | None = None
@@ -235,6 +237,10 @@ class ClaimedAttempt:
     payload: JSON
     resume: JSON
     lease_expires_at: datetime
+    # The run's task (None: untyped), and its recorded steps (step name ->
+    # result; None when there are none).
+    task: str | None = None
+    steps: JSON = None
     # The run's trace context, read by a tracing client's claim; else None.
     trace_context: JSON = None
 
@@ -272,6 +278,8 @@ class SettleAndClaimRow:
     payload: JSON
     resume: JSON
     lease_expires_at: datetime | None
+    task: str | None = None
+    steps: JSON = None
     # A claimed run's trace context, read by a tracing client; else None.
     trace_context: JSON = None
 
@@ -290,7 +298,9 @@ class SettleAndClaimRow:
             self.payload,
             self.resume,
             self.lease_expires_at,
-            self.trace_context,
+            task=self.task,
+            steps=self.steps,
+            trace_context=self.trace_context,
         )
 
 

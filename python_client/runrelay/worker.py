@@ -810,8 +810,9 @@ class _Loop(_Signals, _Recorder):
     def _timeout_of(self, job: Job) -> float | None:
         """The seconds `job`'s handler may run: its task's timeout, else the
         worker's (None: no limit)."""
-        if self.tasks is not None and job.attempt.task in self.tasks:
-            limit = self.tasks[job.attempt.task].timeout
+        task = job.attempt.task
+        if self.tasks is not None and task is not None and task in self.tasks:
+            limit = self.tasks[task].timeout
             if limit is not None:
                 return limit
         return self.timeout

@@ -8,10 +8,10 @@ SELECT plan(149);
 
 CREATE TEMP TABLE api (name text, args text[], grantee text) ON COMMIT DROP;
 INSERT INTO api VALUES
-('enqueue_run', ARRAY['text', 'text', 'jsonb', 'timestamptz', 'integer', 'integer', 'text', 'text'], 'runrelay_producer'),
+('enqueue_run', ARRAY['text', 'text', 'jsonb', 'timestamptz', 'integer', 'integer', 'text', 'text', 'text'], 'runrelay_producer'),
 ('signal_run', ARRAY['text', 'text', 'jsonb', 'uuid'], 'runrelay_producer'),
 ('cancel_run', ARRAY['text', 'text', 'uuid'], 'runrelay_producer'),
-('claim_attempts', ARRAY['text', 'text[]', 'integer', 'integer', 'uuid'], 'runrelay_worker'),
+('claim_attempts', ARRAY['text', 'text[]', 'integer', 'integer', 'uuid', 'text[]'], 'runrelay_worker'),
 ('heartbeat', ARRAY['text', 'integer', 'uuid', 'integer'], 'runrelay_worker'),
 ('complete_attempt', ARRAY['text', 'integer', 'uuid', 'jsonb', 'jsonb'], 'runrelay_worker'),
 ('complete_attempts', ARRAY['jsonb'], 'runrelay_worker'),

@@ -190,7 +190,7 @@ SELECT results_eq(
 );
 SELECT throws_ok(
     $$SELECT * FROM runrelay.enqueue_runs('[{"run_id": "d2", "payload": {"a": 1}}, {"run_id": "d2", "payload": {"a": 2}}]')$$,
-    '22023', 'runrelay: invalid items[1].run_id: run "d2" already exists with a different queue or payload',
+    '22023', 'runrelay: invalid items[1].run_id: run "d2" already exists with a different queue or payload (or task)',
     'a run_id repeated with another payload raises as the second enqueue_run would'
 );
 SELECT throws_ok(
@@ -213,7 +213,7 @@ SELECT
     (SELECT last_value FROM runrelay.runs_key_position_seq) AS positions;
 SELECT throws_ok(
     $$SELECT * FROM runrelay.enqueue_runs('[{"run_id": "c1", "concurrency_key": "ck"}, {"run_id": "B1", "queue": "bq"}]')$$,
-    '22023', 'runrelay: invalid items[1].run_id: run "B1" already exists with a different queue or payload',
+    '22023', 'runrelay: invalid items[1].run_id: run "B1" already exists with a different queue or payload (or task)',
     'an item naming an existing run with another payload raises the error enqueue_run raises, with the item index'
 );
 

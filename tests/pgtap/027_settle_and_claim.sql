@@ -200,7 +200,7 @@ SELECT is(
     'the replayed claim opened nothing'
 );
 SELECT results_eq(
-    $$SELECT c.run_id, c.attempt, c.lease_token, c.queue, c.payload, c.resume, c.lease_expires_at
+    $$SELECT c.run_id, c.attempt, c.lease_token, c.queue, c.payload, c.resume, c.lease_expires_at, c.task, c.steps
       FROM claim_first AS c$$,
     $$SELECT c.* FROM claim_call, runrelay.claim_attempts('w1', ARRAY['only_claim'], 2, 30, claim_call.id) AS c$$,
     'the claimed rows are claim_attempts'' rows for the same call_id'

@@ -339,3 +339,36 @@ def test_claims_do_not_pay_for_another_queues_due_waits(
     assert db.execute(
         "SELECT count(*) FROM runrelay.runs WHERE queue = 'x' AND status = 'queued'"
     ).fetchone() == (1000,)
+
+
+def test_a_tasks_filtered_claim_seeks_its_tasks_range_past_100k_runs_of_other_tasks(
+    db: psycopg.Connection, plans: Callable[[], list[str]]
+) -> None:
+    """Runs of other tasks (and untyped runs) waiting in the same queues cost
+    a filtered claim nothing: it reads each (queue, task) range of
+    runs_claim_task_idx, never the queue-wide claim indexes, with or without
+    a queue list (without one, a skip scan finds the task's queues)."""
+    db.execute("SET auto_explain.log_min_duration = -1")
+    db.execute(
+        """
+        INSERT INTO runrelay.runs (run_id, queue, status, priority, payload, run_at,
+                                   max_attempts, created_at, updated_at, task)
+        SELECT 'bulk-' || i, 'q' || (i % 4), 'queued', i % 3, '{}',
+               now() - make_interval(secs => i), 3, now(), now(),
+               CASE WHEN i % 5 = 0 THEN NULL WHEN i <= 400 THEN 'mine' ELSE 'other' END
+        FROM generate_series(1, 100000) AS i
+        """
+    )
+    db.execute("ANALYZE runrelay.runs")
+    db.execute("SET auto_explain.log_min_duration = 0")
+    plans()
+    for queues in (None, ["q1"], ["q1", "q2"]):
+        for _ in range(7):  # past plpgsql's switch to a generic plan
+            rows = call(db, "claim_attempts", worker="w", queues=queues, max_runs=2, tasks=["mine"])
+            assert len(rows) == 2
+            assert {r["task"] for r in rows} == {"mine"}
+            captured = "\n".join(plans())
+            assert "Seq Scan on runs" not in captured, captured
+            assert "runs_claim_task_idx" in captured, captured
+            assert "runs_claim_any_idx" not in captured, captured
+            assert "runs_claim_queue_idx" not in captured, captured

@@ -195,7 +195,7 @@ def _allowed_calls() -> dict[str, tuple[dict[str, Any], Callable[[list[tuple[Any
         "claim_attempts": ({"worker": "w", "queues": ["sec-empty"]}, empty),
         "settle_and_claim": (
             {"items": [fenced], "worker": "w", "queues": ["sec-empty"]},
-            lambda rows: rows == [("settled", "sec-seed", 1, "fence_lost", *[None] * 5)],
+            lambda rows: rows == [("settled", "sec-seed", 1, "fence_lost", *[None] * 7)],
         ),
         "heartbeat": (fenced, lambda rows: rows == [("fence_lost", None)]),
         "complete_attempt": (fenced, first_is("fence_lost")),

@@ -274,11 +274,13 @@ def test_runrelay_worker_runs_a_registry_named_on_the_command_line(
         text=True,
     )
     try:
-        _wait_for(lambda: _runs(db)["greet-1"][2] == "completed", timeout=30)
+        _wait_for(lambda: _runs(db)["greet-1"][2] == "completed" or proc.poll() is not None,
+                  timeout=30)  # fmt: skip
     finally:
         proc.terminate()
         _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
+    assert _runs(db)["greet-1"][2] == "completed", err
     assert _runs(db)["not-mine"][2] == "queued"
     bad = subprocess.run(
         [RUNRELAY, "worker", "app.jobs:tasks", "--timeout", "0"],

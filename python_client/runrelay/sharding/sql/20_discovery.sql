@@ -27,7 +27,7 @@ BEGIN
             SELECT coalesce(array_agg(c), '{}') INTO v_rows
             FROM @proxy@.on_claim_attempts(
                 v_part, claim_attempts.worker, claim_attempts.queues, v_left,
-                claim_attempts.lease_seconds, claim_attempts.call_id
+                claim_attempts.lease_seconds, claim_attempts.call_id, claim_attempts.tasks
             ) AS c;
         EXCEPTION WHEN internal_error THEN
             IF NOT @proxy@.is_shard_down(SQLSTATE, SQLERRM) THEN RAISE; END IF;

@@ -153,7 +153,8 @@ BEGIN
         -- Malformed: the shard of partition 0 rejects it with its own error.
         RETURN QUERY SELECT * FROM @proxy@.on_settle_and_claim(
             0, settle_and_claim.items, settle_and_claim.worker, settle_and_claim.queues,
-            settle_and_claim.max_runs, settle_and_claim.lease_seconds, settle_and_claim.call_id
+            settle_and_claim.max_runs, settle_and_claim.lease_seconds, settle_and_claim.call_id,
+            settle_and_claim.tasks
         );
         RETURN;
     END IF;
@@ -177,7 +178,7 @@ BEGIN
             SELECT coalesce(array_agg(r), '{}') INTO v_rows
             FROM @proxy@.on_settle_and_claim(
                 v_part, v_items, settle_and_claim.worker, settle_and_claim.queues,
-                v_left, settle_and_claim.lease_seconds, settle_and_claim.call_id
+                v_left, settle_and_claim.lease_seconds, settle_and_claim.call_id, settle_and_claim.tasks
             ) AS r;
         EXCEPTION WHEN internal_error THEN
             IF NOT @proxy@.is_shard_down(SQLSTATE, SQLERRM) THEN RAISE; END IF;

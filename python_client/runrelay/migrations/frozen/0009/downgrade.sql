@@ -2,6 +2,11 @@
 -- delimited by a header and an end line, so that sections written
 -- separately merge side by side.
 
+-- ==== tasks ================================================================
+DROP INDEX runs_claim_task_idx;
+ALTER TABLE runs DROP COLUMN task;
+-- ==== end: tasks ===========================================================
+
 -- ==== cancel reason ========================================================
 ALTER TABLE runs DROP COLUMN cancel_reason;
 -- ==== end: cancel reason ===================================================

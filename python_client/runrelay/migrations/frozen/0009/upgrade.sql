@@ -357,3 +357,11 @@ $$;
 -- carried it is deleted when the cancellation applies).
 ALTER TABLE runs ADD COLUMN cancel_reason text;
 -- ==== end: cancel reason ===================================================
+
+-- ==== tasks ================================================================
+-- A run may name the task that handles it; a claim's tasks filter reads the
+-- runnable runs of each (task, queue) from their own index range.
+ALTER TABLE runs ADD COLUMN task text;
+CREATE INDEX runs_claim_task_idx ON runs (task, queue, priority DESC, run_at)
+WHERE status = 'queued' AND NOT key_held AND task IS NOT NULL;
+-- ==== end: tasks ===========================================================
