@@ -31,7 +31,8 @@ CREATE TYPE run_detail AS (
     finished_at timestamptz,
     trace_context jsonb,
     cancel_requested boolean,
-    cancel_reason text
+    cancel_reason text,
+    task text
 );
 
 CREATE FUNCTION get_run(run_id text)
@@ -49,7 +50,7 @@ BEGIN
         r.run_id, r.queue, r.status, r.priority, r.concurrency_key, r.key_held, r.payload,
         r.payload_retention, r.run_at, r.max_attempts, r.attempt_count, r.series_start, r.wait, r.wake_at, r.resume,
         r.result, r.error, r.created_at, r.updated_at, r.finished_at, r.trace_context,
-        c.run_id IS NOT NULL, coalesce(c.reason, r.cancel_reason)
+        c.run_id IS NOT NULL, coalesce(c.reason, r.cancel_reason), r.task
     FROM runs AS r
     LEFT JOIN cancellations AS c ON r.run_id = c.run_id
     WHERE r.run_id = get_run.run_id;

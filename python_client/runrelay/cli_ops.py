@@ -443,8 +443,9 @@ def cmd_runs_enqueue(args: argparse.Namespace) -> int:
             max_attempts=args.max_attempts,
             payload_retention=args.payload_retention,
             concurrency_key=args.key,
+            task=args.task,
         )
-    word = "enqueued" if result.created else "exists (same queue and payload)"
+    word = "enqueued" if result.created else "exists (same queue, task and payload)"
     say(args, plain(result), f"{result.run_id}: {word}, {result.status}")
     return EXIT_OK
 
@@ -851,6 +852,7 @@ def add_commands(
     p.add_argument("--priority", type=int, default=0, help="higher runs first")
     p.add_argument("--max-attempts", type=int, default=3, help="attempts before it fails")
     p.add_argument("--key", help="concurrency key: runs sharing it run one at a time, in order")
+    p.add_argument("--task", help="the named task that handles it (a worker of that task claims it)")
     p.add_argument(
         "--payload-retention",
         choices=("keep", "drop_on_delivery"),

@@ -396,6 +396,8 @@ class RunDetail:
     trace_context: JSON
     cancel_requested: bool
     cancel_reason: str | None
+    # The named task that handles the run (None: untyped).
+    task: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

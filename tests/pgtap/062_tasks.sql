@@ -4,7 +4,7 @@
 -- with or without a queue list, and return task and steps; a bad task or
 -- tasks list is 22023 and changes nothing.
 BEGIN;
-SELECT plan(29);
+SELECT plan(30);
 
 -- Enqueue.
 SELECT is(
@@ -12,6 +12,7 @@ SELECT is(
     TRUE, 'enqueue_run: a run of a task'
 );
 SELECT is((SELECT task FROM runrelay.runs WHERE run_id = 'm1'), 'send_email', 'enqueue_run: runs.task is set');
+SELECT is((SELECT task FROM runrelay.get_run('m1')), 'send_email', 'get_run: the run''s task');
 SELECT is(
     (SELECT created FROM runrelay.enqueue_run(run_id => 'm1', queue => 'mail', task => 'send_email')),
     FALSE, 'enqueue_run: the same run again is a replay'

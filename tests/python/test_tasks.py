@@ -263,7 +263,16 @@ def test_runrelay_worker_runs_a_registry_named_on_the_command_line(
             """
         )
     )
-    client.enqueue_run("greet-1", queue="hello", payload={"name": "ada"}, task="greet")
+    enqueued = subprocess.run(
+        [RUNRELAY, "runs", "enqueue", "greet-1", "--queue", "hello", "--task", "greet",
+         "--payload", '{"name": "ada"}'],
+        env={"DATABASE_URL": db_url, "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert enqueued.returncode == 0, enqueued.stderr
+    assert _runs(db)["greet-1"] == ("hello", "greet", "queued")
     client.enqueue_run("not-mine", queue="hello", payload={"name": "bob"})
     proc = subprocess.Popen(
         [RUNRELAY, "worker", "app.jobs:tasks", "--poll-interval", "0.1"],
