@@ -1049,10 +1049,14 @@ class Client(_Methods):
 
     @contextmanager
     def connection(self) -> Iterator[psycopg.Connection[Any]]:
-        """A connection for one call: the pool's, the one given, or our own."""
+        """A connection for one call: the pool's, the one given, or our own.
+        One call at a time on a single connection (given or our own): a
+        worker's threads share the client, and a call is a pipeline that
+        another call on the same connection would break."""
         source = self._source
         if isinstance(source, psycopg.Connection):
-            yield source
+            with self._lock:
+                yield source
         elif isinstance(source, str):
             with self._lock:
                 if self._own is None or self._own.closed:
@@ -1236,7 +1240,9 @@ class AsyncClient(_Methods):
         async def _conn() -> Any:
             source = self._source
             if isinstance(source, psycopg.AsyncConnection):
-                yield source
+                # One call at a time, as Client.connection.
+                async with self._lock:
+                    yield source
             elif isinstance(source, str):
                 async with self._lock:
                     if self._own is None or self._own.closed:

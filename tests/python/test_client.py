@@ -1509,3 +1509,28 @@ def test_every_method_returns_its_declared_type(
     assert empty == set(), "a list result was only ever checked empty"
     for optional in ("read_runner_terminal", "ledger_next_due_at", "get_run", "run_trace_context"):
         assert None in seen[optional] and any(v is not None for v in seen[optional]), optional
+
+
+def test_calls_sharing_one_given_connection_take_turns(db: psycopg.Connection, db_url: str) -> None:
+    """A client made on one connection is shared by a worker's threads or
+    tasks; each call is a pipeline, and two interleaved on one connection
+    broke it (PIPELINE_SYNC, or a hang). Calls on a given connection take
+    turns."""
+
+    async def tasks() -> list[Any]:
+        async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+            client = AsyncClient(conn)
+            calls = (client.enqueue_run(f"a{i}", payload={"i": i}) for i in range(40))
+            return await asyncio.wait_for(asyncio.gather(*calls), 60)
+
+    assert len(asyncio.run(tasks())) == 40
+    conn = psycopg.connect(db_url, autocommit=True)
+    pool = ThreadPoolExecutor(8)
+    try:
+        client = Client(conn)
+        futures = [pool.submit(client.enqueue_run, f"s{i}", payload={"i": i}) for i in range(40)]
+        assert len([f.result(timeout=60) for f in futures]) == 40
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+        conn.close()
+    assert db.execute("SELECT count(*) FROM runrelay.runs").fetchone() == (80,)
