@@ -63,6 +63,7 @@ BEGIN
             ('retry_run', 'admin'),
             ('list_blocked_heads', 'admin'),
             ('requeue_blocked_heads', 'admin'),
+            ('skip_ledger_events', 'admin'),
             ('pause_queue', 'admin'),
             ('resume_queue', 'admin'),
             ('list_paused_queues', 'admin'),

@@ -126,6 +126,15 @@ CREATE TABLE ledger_events (
     -- kept apart so that a replayed claim can report it again.
     acked_locally boolean NOT NULL DEFAULT FALSE,
     local_ack_call_id uuid,
+    -- An operator ended this failed head without delivering it
+    -- (skip_ledger_events): when, why, which role, and the call. A skipped
+    -- event is done like a delivered one (delivered_at/delivered_by are set
+    -- with it, so the lane's delivered prefix and prune treat it alike); the
+    -- ledger view reads its state as skipped.
+    skipped_at timestamptz,
+    skip_reason text,
+    skipped_by text,
+    skip_call_id uuid,
     CONSTRAINT ledger_delivery_key_unique UNIQUE (delivery_key),
     -- Every row rule of an event, one per name; see _ledger_events_rules above.
     CONSTRAINT ledger_events_rules CHECK (

@@ -30,6 +30,7 @@ CREATE TABLE calls (
         (function_name = 'signal_run' AND outcome IN ('resumed', 'stored', 'terminal'))
         OR (function_name = 'cancel_run' AND outcome IN ('cancelled', 'cancel_requested'))
         OR (function_name = 'retry_run' AND outcome = 'retried')
+        OR (function_name = 'skip_ledger_events' AND outcome = 'skipped')
     ),
     CONSTRAINT calls_arguments_digest CHECK (octet_length(arguments_digest) = 32)
 );

@@ -5,6 +5,9 @@
 -- watermark: ledger_lanes.lease_owner, lease_expires_at and leased_through,
 -- the batch in batch_id, batch_started_at and batch_through), so that
 -- leasing a batch writes one lane row and no event row. An event reads as
+--   skipped    once an operator ended it, failed, without delivery
+--              (skip_ledger_events: skipped_at, with skip_reason and
+--              skipped_by),
 --   delivered  once acknowledged (delivered_at),
 --   failed     when blocked until requeued (failed_at),
 --   leased     while it lies inside its lane's lease (seq <= leased_through:
@@ -28,6 +31,7 @@ SELECT
     e.transport_only,
     e.created_at,
     CASE
+        WHEN e.skipped_at IS NOT NULL THEN 'skipped'
         WHEN e.delivered_at IS NOT NULL THEN 'delivered'
         WHEN e.failed_at IS NOT NULL THEN 'failed'
         WHEN e.seq <= ll.leased_through THEN 'leased'
@@ -60,7 +64,9 @@ SELECT
             THEN ll.lease_call_id
         ELSE e.call_id
     END AS call_id,
-    e.acked_locally
+    e.acked_locally,
+    e.skip_reason,
+    e.skipped_by
 FROM ledger_events AS e
 LEFT JOIN ledger_lanes AS ll ON e.run_id = ll.run_id AND e.lane = ll.lane;
 

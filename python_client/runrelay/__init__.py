@@ -64,6 +64,8 @@ from .types import (
     SettleKind,
     SettleOutcome,
     SignalOutcome,
+    SkipOutcome,
+    SkippedEvent,
     SuspendOutcome,
     WaitingFailureOutcome,
 )
@@ -126,6 +128,8 @@ __all__ = [
     "SettleOutcome",
     "ShardUnavailable",
     "SignalOutcome",
+    "SkipOutcome",
+    "SkippedEvent",
     "StatementTimeout",
     "SuspendOutcome",
     "Task",

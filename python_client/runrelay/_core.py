@@ -331,6 +331,11 @@ OPERATIONS: dict[str, Operation] = {
             _each(t.RequeuedLane, lane=t.Lane),
         ),
         Operation(
+            "skip_ledger_events",
+            (("run_id", "text"), ("lane", "text"), ("reason", "text"), ("call_id", "uuid")),
+            _each(t.SkippedEvent, outcome=t.SkipOutcome),
+        ),
+        Operation(
             "pause_queue",
             (("queue", "text"), ("reason", "text"), ("requested_by", "text")),
             _enum(t.PauseOutcome),

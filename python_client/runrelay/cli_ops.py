@@ -585,6 +585,20 @@ def cmd_ledger_requeue(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_ledger_skip(args: argparse.Namespace) -> int:
+    """Give up a lane's blocked head: it ends as skipped and the lane goes on
+    with its successors. Exit 1 when the lane was not blocked."""
+    with client(args) as c:
+        [row] = c.skip_ledger_events(args.run_id, args.lane, args.reason, call_id=args.call_id)
+    where = f"{args.run_id} {args.lane}"
+    if row.outcome == "skipped":
+        text = f"{where}: event {row.event_id} (seq {row.seq}) skipped; the lane goes on"
+    else:
+        text = f"{where}: not blocked, nothing skipped"
+    say(args, plain(row), text)
+    return EXIT_OK if row.outcome == "skipped" else EXIT_REFUSED
+
+
 # -- queues ---------------------------------------------------------------------
 def queue_rows(c: Any) -> list[dict[str, Any]]:
     """One row a queue: runs by status, the oldest runnable age, waits, and
@@ -852,7 +866,9 @@ def add_commands(
     p.add_argument("--priority", type=int, default=0, help="higher runs first")
     p.add_argument("--max-attempts", type=int, default=3, help="attempts before it fails")
     p.add_argument("--key", help="concurrency key: runs sharing it run one at a time, in order")
-    p.add_argument("--task", help="the named task that handles it (a worker of that task claims it)")
+    p.add_argument(
+        "--task", help="the named task that handles it (a worker of that task claims it)"
+    )
     p.add_argument(
         "--payload-retention",
         choices=("keep", "drop_on_delivery"),
@@ -930,6 +946,15 @@ def add_commands(
     p.add_argument("--run-id", help="every blocked lane of this run")
     p.add_argument("--all", action="store_true", help="every blocked lane")
     p.add_argument("--lane", choices=LANES, help="with --run-id or --all: only this lane")
+    _json(p)
+
+    p = leaf(ledger, "skip",
+             "give up a lane's blocked head (a failed event): skipped, its successors delivered",
+             cmd_ledger_skip)  # fmt: skip
+    p.add_argument("run_id")
+    p.add_argument("lane", choices=LANES)
+    p.add_argument("--reason", required=True, help="why, kept on the event")
+    p.add_argument("--call-id", type=uuid.UUID, help="a uuid naming this call: a repeat does nothing")
     _json(p)
 
     queues = group("queues", "queues: counts, pause and resume")

@@ -72,6 +72,7 @@ from .types import (
     ScheduleOutcome,
     SettleAndClaimRow,
     SignalOutcome,
+    SkippedEvent,
     SuspendOutcome,
     WaitingFailureOutcome,
 )
@@ -885,6 +886,23 @@ class _Methods:
             "max_lanes": max_lanes,
         }
         return _Call("requeue_blocked_heads", values, conn)
+
+    @_operation
+    def skip_ledger_events(
+        self,
+        run_id: str,
+        lane: str,
+        reason: str | None,
+        call_id: uuid.UUID | None = None,
+        *,
+        conn: Any = None,
+    ) -> _Call[list[SkippedEvent]]:
+        """End a lane's blocked head (a failed event) as skipped, so that the
+        lane delivers its successors -> [SkippedEvent] (SKIPPED, or
+        NOT_BLOCKED: nothing changed). Repeat with the same call_id after a
+        lost reply."""
+        values = {"run_id": run_id, "lane": str(lane), "reason": reason, "call_id": call_id}
+        return _Call("skip_ledger_events", values, conn)
 
     @_operation
     def pause_queue(

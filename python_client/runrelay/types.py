@@ -456,6 +456,22 @@ class BlockedHead:
     last_error: JSON
 
 
+class SkipOutcome(enum.StrEnum):
+    SKIPPED = "skipped"
+    NOT_BLOCKED = "not_blocked"
+
+
+@dataclass(frozen=True, slots=True)
+class SkippedEvent:
+    """skip_ledger_events' answer: the head it skipped (SKIPPED), or the
+    lane's head that was not failed (NOT_BLOCKED; None fields for an empty
+    lane)."""
+
+    event_id: int | None
+    seq: int | None
+    outcome: SkipOutcome
+
+
 @dataclass(frozen=True, slots=True)
 class RequeuedLane:
     """One row of requeue_blocked_heads: a lane and how many events it requeued."""

@@ -302,6 +302,32 @@ def test_ledger_blocked_lists_failed_heads_and_requeue_unblocks_them(
     assert states == [("pending",)]
 
 
+def test_ledger_skip_gives_up_a_blocked_head_and_the_lane_goes_on(
+    cli: Cli, client: Client, db: psycopg.Connection
+) -> None:
+    head = _blocked(client, "skip-1")
+    client.append_events("skip-1", [{"type": "order.next"}])
+    code, out, _ = cli("ledger", "skip", "skip-1", "lifecycle", "--reason", "consumer gone")
+    assert code == 0 and f"event {head}" in out and "skipped" in out
+    row = db.execute(
+        "SELECT state, skip_reason FROM runrelay.ledger WHERE event_id = %s", (head,)
+    ).fetchone()
+    assert row == ("skipped", "consumer gone")
+    # The lane delivers what came after the skipped head.
+    (nxt,) = client.claim_ledger("relay-1", run_id="skip-1")
+    assert (
+        nxt.seq
+        > db.execute("SELECT seq FROM runrelay.ledger WHERE event_id = %s", (head,)).fetchone()[0]
+    )
+    # Not blocked any more: exit 1, nothing changed.
+    before = table_checksum(db)
+    code, out, _ = cli("ledger", "skip", "skip-1", "lifecycle", "--reason", "again", "--json")
+    assert code == 1 and json.loads(out)["outcome"] == "not_blocked"
+    assert table_checksum(db) == before
+    code, _, err = cli("ledger", "skip", "skip-1", "sideways", "--reason", "x")
+    assert code == 2 and "sideways" in err
+
+
 def test_ledger_show_lists_a_runs_events_by_lane(cli: Cli, client: Client) -> None:
     client.enqueue_run("r")
     client.append_events("r", [{"type": "log", "lane": "observability"}, {"type": "charge"}])

@@ -87,6 +87,7 @@ GRANTS: dict[str, frozenset[str]] = {
             "retry_run",
             "list_blocked_heads",
             "requeue_blocked_heads",
+            "skip_ledger_events",
             "pause_queue",
             "resume_queue",
             "list_paused_queues",
@@ -232,6 +233,10 @@ def _allowed_calls() -> dict[str, tuple[dict[str, Any], Callable[[list[tuple[Any
         "retry_run": ({"run_id": "sec-absent"}, first_is("not_found")),
         "list_blocked_heads": ({"run_id": "sec-absent"}, empty),
         "requeue_blocked_heads": ({"run_id": "sec-absent"}, empty),
+        "skip_ledger_events": (
+            {"run_id": "sec-absent", "lane": "lifecycle", "reason": "r"},
+            lambda rows: rows == [(None, None, "not_blocked")],
+        ),
         # Pausing writes (a paused_queues row); the matrix calls the functions
         # in name order, so resume_queue then finds it paused.
         "pause_queue": ({"queue": "sec-paused"}, first_is("paused")),

@@ -54,6 +54,7 @@ ROUTED = (
     "run_ledger_events",
     "run_trace_context",
     "signal_run",
+    "skip_ledger_events",
     "suspend_attempt",
 )
 # Written in sql/*.sql (their signatures are filled in from the shard).

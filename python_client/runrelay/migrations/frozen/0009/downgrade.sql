@@ -2,6 +2,23 @@
 -- delimited by a header and an end line, so that sections written
 -- separately merge side by side.
 
+-- ==== skipped events =======================================================
+DELETE FROM calls AS c
+WHERE c.function_name = 'skip_ledger_events';
+ALTER TABLE calls
+DROP CONSTRAINT calls_outcome,
+ADD CONSTRAINT calls_outcome CHECK (
+    (function_name = 'signal_run' AND outcome IN ('resumed', 'stored', 'terminal'))
+    OR (function_name = 'cancel_run' AND outcome IN ('cancelled', 'cancel_requested'))
+    OR (function_name = 'retry_run' AND outcome = 'retried')
+);
+ALTER TABLE ledger_events
+DROP COLUMN skipped_at,
+DROP COLUMN skip_reason,
+DROP COLUMN skipped_by,
+DROP COLUMN skip_call_id;
+-- ==== end: skipped events ==================================================
+
 -- ==== tasks ================================================================
 DROP INDEX runs_claim_task_idx;
 ALTER TABLE runs DROP COLUMN task;

@@ -365,3 +365,21 @@ ALTER TABLE runs ADD COLUMN task text;
 CREATE INDEX runs_claim_task_idx ON runs (task, queue, priority DESC, run_at)
 WHERE status = 'queued' AND NOT key_held AND task IS NOT NULL;
 -- ==== end: tasks ===========================================================
+
+-- ==== skipped events =======================================================
+-- An operator can end a permanently failed head as skipped, so its lane
+-- delivers its successors (skip_ledger_events); the event keeps why and who.
+ALTER TABLE ledger_events
+ADD COLUMN skipped_at timestamptz,
+ADD COLUMN skip_reason text,
+ADD COLUMN skipped_by text,
+ADD COLUMN skip_call_id uuid;
+ALTER TABLE calls
+DROP CONSTRAINT calls_outcome,
+ADD CONSTRAINT calls_outcome CHECK (
+    (function_name = 'signal_run' AND outcome IN ('resumed', 'stored', 'terminal'))
+    OR (function_name = 'cancel_run' AND outcome IN ('cancelled', 'cancel_requested'))
+    OR (function_name = 'retry_run' AND outcome = 'retried')
+    OR (function_name = 'skip_ledger_events' AND outcome = 'skipped')
+);
+-- ==== end: skipped events ==================================================
