@@ -111,7 +111,7 @@ def test_enqueue_on_a_connection_commits_and_rolls_back_with_the_callers_transac
     tasks, _ = _registry()
     charge = tasks["charge"]
     with psycopg.connect(db_url) as conn:  # not autocommit: one transaction
-        conn.execute("CREATE TABLE orders (id text)")
+        conn.execute("CREATE TEMP TABLE orders (id text)")
         conn.commit()
         conn.execute("INSERT INTO orders VALUES ('o-1')")
         charge.enqueue(conn, run_id="charge-o-1", cents=100)
