@@ -70,7 +70,7 @@ def errors_markdown() -> str:
         GENERATED.format(source="from runrelay.errors.ERRORS"),
         "",
         "runrelay functions signal errors by SQLSTATE, never by prose to parse"
-        " (SPEC §6). A call that raises changes nothing; races are not errors but"
+        " (this page). A call that raises changes nothing; races are not errors but"
         " outcomes (`fence_lost`, `cancelled`, …). Bad input names the offending"
         " parameter in the error's COLUMN field and says what is allowed in its HINT.",
         "",
@@ -284,8 +284,8 @@ def sql_api_markdown(conn: psycopg.Connection[Any], schema: str = "runrelay") ->
         " not exceptions; bad input raises a SQLSTATE and changes nothing (see"
         " [errors.md](errors.md)). Functions are grouped by the role that may call"
         f" them (`{schema}_producer`, `{schema}_worker`, `{schema}_relay`,"
-        f" `{schema}_admin`); the full semantics are SPEC §3, the locking and"
-        " replay behaviour of each function is the header of its file in `plpgsql/`.",
+        f" `{schema}_admin`); each function's outcomes are listed below, and its locking"
+        " and replay behaviour is the header of its file in `plpgsql/`.",
         "",
         "## Quick start (psql)",
         "",

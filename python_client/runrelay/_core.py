@@ -51,8 +51,20 @@ class Operation:
             value = values[name]
             if sqltype == "jsonb" and value is not None:
                 value = Jsonb(value)
+            elif sqltype == "timestamptz":
+                aware(name, value)
             out[name] = value
         return out
+
+
+def aware(name: str, value: Any) -> None:
+    """Refuse a naive datetime: the server would read it in its own time
+    zone, which is rarely the caller's, and run it hours early or late."""
+    if isinstance(value, datetime) and value.tzinfo is None:
+        raise ValueError(
+            f"{name} must be a timezone-aware datetime, got naive {value.isoformat()}: "
+            f"use datetime.now(UTC) or attach a tzinfo"
+        )
 
 
 def _scalar(rows: list[Row]) -> Any:
@@ -547,6 +559,11 @@ def settle_items(items: Sequence[Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _aware_iso(run_at: datetime) -> str:
+    aware("run_at", run_at)
+    return run_at.isoformat()
+
+
 def enqueue_items(items: Sequence[t.EnqueueItem | Mapping[str, Any]]) -> list[dict[str, Any]]:
     """enqueue_runs items from EnqueueItem objects or mappings of enqueue_run's
     keyword arguments, every argument sent as enqueue_run sends it (payload
@@ -560,7 +577,7 @@ def enqueue_items(items: Sequence[t.EnqueueItem | Mapping[str, Any]]) -> list[di
                 "run_id": item.run_id,
                 "queue": item.queue,
                 "payload": {} if item.payload is None else item.payload,
-                "run_at": None if item.run_at is None else item.run_at.isoformat(),
+                "run_at": None if item.run_at is None else _aware_iso(item.run_at),
                 "priority": item.priority,
                 "max_attempts": item.max_attempts,
                 "payload_retention": item.payload_retention,

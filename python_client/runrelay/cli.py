@@ -807,7 +807,10 @@ def _metrics_options(parser: argparse.ArgumentParser) -> None:
         "runrelay[metrics] extra; default: not served)",
     )
     group.add_argument(
-        "--metrics-host", default="0.0.0.0", help="address --metrics-port listens on"
+        "--metrics-host",
+        default="127.0.0.1",
+        help="address --metrics-port listens on (127.0.0.1; 0.0.0.0 for a Prometheus on "
+        "another host)",
     )
 
 

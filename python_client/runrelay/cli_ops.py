@@ -954,7 +954,7 @@ def add_commands(
     p.add_argument("run_id")
     p.add_argument("lane", choices=LANES)
     p.add_argument("--reason", required=True, help="why, kept on the event")
-    p.add_argument("--call-id", type=uuid.UUID, help="a uuid naming this call: a repeat does nothing")
+    p.add_argument("--call-id", type=uuid.UUID, help="a uuid naming this call (a repeat: nothing)")
     _json(p)
 
     queues = group("queues", "queues: counts, pause and resume")

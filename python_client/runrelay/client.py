@@ -292,6 +292,12 @@ class _Call(Generic[T]):
         self.values = values
         self.conn = conn
 
+    @classmethod
+    def known(cls, answer: T) -> _Call[T]:
+        """A call whose answer is known without asking the server (no round
+        trip): enqueue_runs of no items is no runs."""
+        return cls("", {"answer": answer}, None)
+
 
 class _operation(Generic[P, T]):
     """Makes a `_Methods` body returning `_Call[T]` an API method.
@@ -333,6 +339,8 @@ class _operation(Generic[P, T]):
     ) -> Coroutine[Any, Any, T]: ...
     def __call__(self, client: _Methods, /, *args: P.args, **kwargs: P.kwargs) -> Any:
         call = self._body(client, *args, **kwargs)
+        if not call.function:
+            return client._answered(call.values["answer"])
         return client._call(call.function, call.values, call.conn)
 
 
@@ -343,6 +351,10 @@ class _Methods:
 
     def _call(self, function: str, values: dict[str, Any], conn: Any) -> Any:
         raise NotImplementedError
+
+    def _answered(self, answer: Any) -> Any:
+        """A known answer, as `_call` returns one (a coroutine on AsyncClient)."""
+        return answer
 
     # §3.1 producers --------------------------------------------------------
     @_operation
@@ -384,7 +396,10 @@ class _Methods:
     ) -> _Call[list[EnqueueResult]]:
         """Enqueue many runs in one round trip -> list[EnqueueResult], one per
         item in order. Items are `EnqueueItem`s or mappings of enqueue_run's
-        keyword arguments; each is decided as enqueue_run would decide it."""
+        keyword arguments; each is decided as enqueue_run would decide it.
+        No items: no runs, and no round trip."""
+        if not items:
+            return _Call.known([])
         return _Call("enqueue_runs", {"items": _core.enqueue_items(items)}, conn)
 
     @_operation
@@ -1313,6 +1328,12 @@ class AsyncClient(_Methods):
         except psycopg.Error as error:
             _raise_typed(error, _shard_of(self.shards, run_id))
             raise
+
+    def _answered(self, answer: Any) -> Coroutine[Any, Any, Any]:
+        async def known() -> Any:
+            return answer
+
+        return known()
 
     def _call(self, function: str, values: dict[str, Any], conn: Any) -> Coroutine[Any, Any, Any]:
         async def run() -> Any:

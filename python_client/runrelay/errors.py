@@ -1,6 +1,6 @@
-"""Typed exceptions for the SQLSTATEs of SPEC §6 (and the few others a caller
-handles). The table ERRORS is the one list: docs/errors.md is generated from
-it and a test keeps the two equal.
+"""Typed exceptions for the SQLSTATEs runrelay's functions raise (and the
+few others a caller handles). The table ERRORS is the one list:
+docs/errors.md is generated from it and a test keeps the two equal.
 
 Every exception keeps the server's message, hint and detail, the parameter it
 names (PostgreSQL's COLUMN field, which runrelay sets to the offending
@@ -77,7 +77,7 @@ class StatementTimeout(RunrelayError):
 
 
 class PermissionDenied(RunrelayError):
-    """The role may not call this function (see the roles of SPEC §5)."""
+    """The role may not call this function (see the roles in docs/security.md)."""
 
     sqlstate = "42501"
 

@@ -61,7 +61,7 @@ DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 # Every state an event can read as in the `ledger` view; each is exported
 # for every lane, zero when no event is in it, so a series never vanishes.
 LEDGER_STATES = ("pending", "leased", "delivered", "failed")
-# The wait kinds of SPEC (a waiting run's wait.kind); each is exported for
+# The wait kinds (a waiting run's wait.kind); each is exported for
 # every queue, zero when no run waits that way.
 WAIT_KINDS = ("sleep", "event", "detached_runner")
 

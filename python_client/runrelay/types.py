@@ -1,6 +1,6 @@
 """Typed results of the runrelay SQL API: frozen dataclasses and outcome enums.
 
-Field names are the SQL result column names; enum values are the SPEC's
+Field names are the SQL result column names; enum values are the SQL API's
 outcome strings, so `outcome == "completed"` and `outcome is
 CompleteOutcome.COMPLETED` both hold.
 """

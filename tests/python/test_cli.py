@@ -21,7 +21,7 @@ COMMANDS = [
 # The actions of each command group.
 ACTIONS = {
     "runs": ["list", "show", "enqueue", "cancel", "signal", "retry", "purge"],
-    "ledger": ["blocked", "show", "requeue"],
+    "ledger": ["blocked", "show", "requeue", "skip"],
     "queues": ["list", "pause", "resume"],
     "schedules": ["list", "set", "delete"],
 }

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -18,7 +19,8 @@ from devtools import docs as _docs
 import runrelay
 from runrelay import _core, errors
 
-DOCS = Path(__file__).resolve().parents[2] / "docs"
+REPO = Path(__file__).resolve().parents[2]
+DOCS = REPO / "docs"
 STALE = "is stale: run `make docs` (python -m devtools.docs) and commit the result"
 
 
@@ -154,3 +156,18 @@ def test_python_client_md_examples_match_the_client() -> None:
                         )
                 calls += 1
     assert calls >= 4
+
+
+def test_the_docs_stand_alone_without_the_specification() -> None:
+    """Users have the README, docs/ and the package, not the internal
+    specification they were written from: none of them refers to it."""
+    shipped = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    shipped += sorted((REPO / "python_client" / "runrelay").rglob("*.py"))
+    shipped += sorted((REPO / "python_client" / "runrelay").rglob("*.html"))
+    found = [
+        f"{path.relative_to(REPO)}:{number}: {line.strip()}"
+        for path in shipped
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"\bSPEC\b|SPEC\.md", line)
+    ]
+    assert found == []

@@ -45,6 +45,9 @@ def test_the_wheel_ships_the_migrations_and_no_dev_tooling(installed: Installed)
         "runrelay/dashboard/static/dashboard.css",
     ):
         assert required in names
+    # The license travels with the package it licenses.
+    assert any(n.endswith(".dist-info/licenses/LICENSE") or n.endswith(".dist-info/LICENSE")
+               for n in names), sorted(n for n in names if "dist-info" in n)  # fmt: skip
     frozen = "runrelay/migrations/frozen/"
     revisions = {n.split("/")[3] for n in names if n.startswith(frozen) and n.count("/") == 4}
     versions = {n for n in names if n.startswith("runrelay/migrations/versions/0")}
