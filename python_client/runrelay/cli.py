@@ -381,7 +381,9 @@ def cmd_relay(args: argparse.Namespace) -> int:
     _tracing(args)
     listen = _listen_source(args, url, _probe(args, url))
     relay = Relay(
-        _pooled_client(args, url, 3, probed=True),
+        # A connection per delivery slot, and two for the renewals and the
+        # idle slots' look at the next due time.
+        _pooled_client(args, url, args.concurrency + 2, probed=True),
         sink,
         name=args.name,
         lanes=args.lanes.split(","),
@@ -389,6 +391,7 @@ def cmd_relay(args: argparse.Namespace) -> int:
         lease_seconds=args.lease_seconds,
         listen_dsn=listen,
         metrics=_loop_metrics(args),
+        concurrency=args.concurrency,
     )
     relay.install_signal_handlers()
     relay.run()
@@ -932,6 +935,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sink", help="module:callable(lane, events) to deliver to")
     p.add_argument("--lanes", default="lifecycle,observability", help="comma-separated lanes")
     p.add_argument("--batch-size", type=_positive_int, default=100, help="events per delivery")
+    p.add_argument(
+        "--concurrency",
+        type=_positive_int,
+        default=16,
+        help="run lanes in flight at once, one batch each (each lane stays in order); about "
+        "the batches per second wanted times the consumer's seconds per batch",
+    )
     p.add_argument("--lease-seconds", type=int, default=30, help="lease per claim (5-300)")
     p.add_argument("--name", help="relay name in leases (default: relay-host:pid:random)")
     _connection_options(p)

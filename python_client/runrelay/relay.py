@@ -3,6 +3,21 @@
     relay = Relay(client, WebhookSink("https://example.com/hooks"), batch_size=100)
     relay.run()
 
+Concurrency: `concurrency` delivery slots (threads, default 16), each
+running the pass below on its own, so several run lanes are in flight at
+once: a consumer that answers in 200 ms gets up to 16 batches every 200 ms
+from one relay instead of one. Each run lane stays strictly ordered: a lane
+is leased to one claim at a time (the engine's lane lease), so two slots,
+like two relays, never hold the same lane, and a lane's next batch is
+claimed only when its previous one was acknowledged. A slow or failing
+consumer on one lane holds only the slot delivering it; the other slots go
+on. Sizing: slots = the batches per second wanted times the consumer's seconds per
+batch (each slot delivers one batch at a time); each slot uses one database
+connection while it calls, so give the client a pool of at least
+concurrency + 2 (runrelay relay does). The sink is called from several
+threads at once (WebhookSink and JsonLinesSink are safe to share; a sink of
+your own must be too, or run with concurrency=1).
+
 Each pass per lane: discover a run with a due head (claim_ledger with
 batch => true, so a batch is frozen at its first claim), deliver the batch to
 the sink, then ack_ledger(..., claim_next=batch_size) to acknowledge it and
@@ -114,7 +129,11 @@ class Relay:
         max_sleep: float = 5.0,
         metrics: CollectorRegistry | None = None,
         delivery_deadline: float | None = None,
+        concurrency: int = 16,
     ) -> None:
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise ValueError(f"concurrency must be an integer >= 1, not {concurrency!r}")
+        self.concurrency = concurrency
         self.client = client
         self.sink = sink
         # How long one sink call may keep its batch's leases renewed: given,
@@ -139,13 +158,19 @@ class Relay:
         self.stats: dict[str, int] = {}
         self._lock = threading.Lock()
         self._signals = 0
-        self._holding: list[int] = []
+        # The events each slot's sink call holds (by thread): handed back
+        # when a second signal interrupts delivery.
+        self._holding: dict[int, list[int]] = {}
+        # Idle slots wait here; a NOTIFY (or stop()) wakes them all.
+        self._wake = threading.Condition()
         self._metrics = relay_metrics(metrics)
         self._tracing: Tracing | None = getattr(client, "tracing", None)
 
     def stop(self) -> None:
-        """Finish the delivery in progress, hand back what is claimed, return."""
+        """Finish the deliveries in progress, hand back what is claimed, return."""
         self._stop.set()
+        with self._wake:
+            self._wake.notify_all()
 
     def install_signal_handlers(self) -> None:
         """SIGINT/SIGTERM: the first stops after the delivery in progress; a
@@ -172,42 +197,83 @@ class Relay:
 
     # -- loop --------------------------------------------------------------
     def run(self, *, until_idle: float | None = None) -> None:
-        """Deliver until stop() (or, with until_idle, until idle that long)."""
+        """Deliver until stop() (or, with until_idle, until every slot was
+        idle that long). The slots are threads; this one listens for
+        NOTIFYs and wakes idle slots."""
         listener = make_listener(self.listen_dsn, channel(self.client.schema, "ledger"))
-        idle_since = time.monotonic()
-        backoff = Backoff(base=0.2, cap=30.0)
+        slots = [
+            threading.Thread(
+                target=self._slot, args=(until_idle,), name=f"{self.name}-slot{i}", daemon=True
+            )
+            for i in range(self.concurrency)
+        ]
+        for slot in slots:
+            slot.start()
         try:
-            while not self._stop.is_set():
-                try:
-                    settled = sum(self.drain(lane) for lane in self.lanes)
-                    if not settled:
-                        idle = time.monotonic() - idle_since
-                        if until_idle is not None and idle > until_idle:
-                            return
-                        self._sleep(listener)
-                except CONNECTION_ERRORS as exc:
-                    delay = backoff.next()
-                    self._count("pass_errors")
-                    if self._metrics is not None:
-                        self._metrics.pass_errors.inc()
-                    log.warning("relay pass failed (%s); retrying in %.1fs",
-                                first_line(exc), delay)  # fmt: skip
-                    self._stop.wait(delay)
-                    continue
-                backoff.reset()
-                if settled:
-                    idle_since = time.monotonic()
+            while any(s.is_alive() for s in slots):
+                woken = self._listen(listener)
+                if woken:
+                    with self._wake:
+                        self._wake.notify_all()
+            for slot in slots:
+                slot.join()
         except KeyboardInterrupt:
+            self._stop.set()
             self._hand_back()
             raise
         finally:
+            self._stop.set()
             if listener is not None:
                 listener.close()
+
+    def _listen(self, listener: Listener | MultiListener | None) -> bool:
+        """Wait (at most max_sleep, or a moment without LISTEN) for a NOTIFY;
+        True if one came."""
+        if listener is None:
+            self._stop.wait(min(self.max_sleep, 0.5))
+            return False
+        return listener.wait(self.max_sleep, self._stop)
+
+    def _slot(self, until_idle: float | None) -> None:
+        """One delivery slot: passes over the lanes until stop() (or idle
+        for until_idle); between empty passes it sleeps until the next due
+        event, a NOTIFY, or max_sleep."""
+        idle_since = time.monotonic()
+        backoff = Backoff(base=0.2, cap=30.0)
+        while not self._stop.is_set():
+            try:
+                settled = sum(self.drain(lane) for lane in self.lanes)
+                if not settled:
+                    idle = time.monotonic() - idle_since
+                    if until_idle is not None and idle > until_idle:
+                        return
+                    self._sleep()
+            except CONNECTION_ERRORS as exc:
+                delay = backoff.next()
+                self._count("pass_errors")
+                if self._metrics is not None:
+                    self._metrics.pass_errors.inc()
+                log.warning("relay pass failed (%s); retrying in %.1fs",
+                            first_line(exc), delay)  # fmt: skip
+                self._stop.wait(delay)
+                continue
+            except Exception:
+                # A slot must not die of a surprise (its lanes would wait for
+                # their leases to lapse): log it, back off, go on.
+                delay = backoff.next()
+                log.exception("relay pass failed; retrying in %.1fs", delay)
+                self._stop.wait(delay)
+                continue
+            backoff.reset()
+            if settled:
+                idle_since = time.monotonic()
 
     def _hand_back(self) -> None:
         """After an interrupted delivery: release its leases so another relay
         delivers the batch now rather than after lease_seconds."""
-        held, self._holding = self._holding, []
+        with self._lock:
+            held = [i for ids in self._holding.values() for i in ids]
+            self._holding = {}
         if not held:
             return
         try:
@@ -340,7 +406,9 @@ class Relay:
 
         renewer = threading.Thread(target=renew, name=f"{self.name}-renew", daemon=True)
         renewer.start()
-        self._holding = ids
+        slot = threading.get_ident()
+        with self._lock:
+            self._holding[slot] = ids
         started, result = time.perf_counter(), "error"
         try:
             if self._tracing is None:
@@ -349,12 +417,10 @@ class Relay:
                 with self._tracing.deliver(lane, events, self.name):
                     self.sink(lane, events)
             result = "ok"
-        except Exception:
-            self._holding = []  # a sink error is failed (fail_ledger), not handed back
-            raise
-        else:
-            self._holding = []
         finally:
+            # Delivered, or failed (fail_ledger, not a hand-back): held no more.
+            with self._lock:
+                self._holding.pop(slot, None)
             done.set()
             renewer.join()
             if self._metrics is not None:
@@ -386,14 +452,15 @@ class Relay:
         raise AssertionError("unreachable")
 
     # -- sleeping ----------------------------------------------------------
-    def _sleep(self, listener: Listener | MultiListener | None) -> None:
+    def _sleep(self) -> None:
+        """An idle slot's wait: until the next due event, a NOTIFY (run()
+        wakes every idle slot), stop(), or max_sleep."""
         due = self.client.ledger_next_due_at()
         if due is None:
             timeout = self.max_sleep
         else:
             timeout = (due - datetime.now(UTC)).total_seconds()
             timeout = min(self.max_sleep, max(0.02, timeout))
-        if listener is None:
-            self._stop.wait(timeout)
-        else:
-            listener.wait(timeout, self._stop)
+        with self._wake:
+            if not self._stop.is_set():
+                self._wake.wait(timeout)

@@ -446,6 +446,7 @@ def test_relay_replays_a_claim_whose_reply_was_lost(db: psycopg.Connection, db_u
             lambda lane, evs: delivered.extend(evs),
             batch_size=100,
             max_sleep=0.05,
+            concurrency=1,  # one slot: its claims come one after the other
         )
         relay.run(until_idle=0.5)
     assert seen_call_ids[0] == seen_call_ids[1]

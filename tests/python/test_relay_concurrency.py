@@ -1,0 +1,218 @@
+"""One relay, several run lanes in flight: real servers, real threads.
+
+Each run lane stays strictly ordered; a consumer stuck or failing on one
+lane stalls no other; deliveries really overlap (a barrier only several
+concurrent sink calls can pass); shutdown lets in-flight batches finish."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg_pool import ConnectionPool
+
+from runrelay import Client, LedgerEvent
+from runrelay.cli import build_parser
+from runrelay.relay import Relay
+from runrelay.sinks import DeliveryError
+
+
+@pytest.fixture
+def client(db: psycopg.Connection, db_url: str) -> Iterator[Client]:
+    with ConnectionPool(db_url, min_size=1, max_size=20, kwargs={"autocommit": True}) as pool:
+        yield Client(pool)
+
+
+def _runs(client: Client, n: int, events: int = 4) -> list[str]:
+    ids = [f"r{i:02d}" for i in range(n)]
+    for run_id in ids:
+        client.enqueue_run(run_id)
+        client.append_events(run_id, [{"type": f"e{k}"} for k in range(events)])
+        client.append_events(
+            run_id, [{"type": f"o{k}", "lane": "observability"} for k in range(events)]
+        )
+    return ids
+
+
+def _wait_for(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError("condition not reached in time")
+
+
+def _start(relay: Relay, **kwargs: Any) -> threading.Thread:
+    thread = threading.Thread(target=relay.run, kwargs=kwargs, daemon=True)
+    thread.start()
+    return thread
+
+
+def _undelivered(db: psycopg.Connection) -> int:
+    row = db.execute("SELECT count(*) FROM runrelay.ledger WHERE state <> 'delivered'").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_every_lane_stays_in_order_and_nothing_is_lost_with_many_slots(
+    db: psycopg.Connection, client: Client
+) -> None:
+    _runs(client, 30)
+    seen: list[tuple[str, str, int]] = []
+    lock = threading.Lock()
+    rng = random.Random(7)
+
+    def sink(lane: str, events: list[LedgerEvent]) -> None:
+        time.sleep(rng.random() * 0.02)
+        with lock:
+            seen.extend((e.run_id, lane, e.seq) for e in events)
+
+    relay = Relay(client, sink, concurrency=8, max_sleep=0.05, batch_size=2)
+    relay.run(until_idle=1.0)
+    by_lane: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for run_id, lane, seq in seen:
+        by_lane[(run_id, lane)].append(seq)
+    for lane, seqs in by_lane.items():
+        assert seqs == sorted(seqs) and len(seqs) == len(set(seqs)), (lane, seqs)
+    assert len(seen) == len({(r, s) for r, _, s in seen})  # nothing twice
+    assert _undelivered(db) == 0
+
+
+def test_deliveries_overlap_up_to_the_concurrency(client: Client) -> None:
+    """Four sink calls must be in flight at once to pass the barrier: one
+    relay with four slots passes it; one with a single slot cannot."""
+    _runs(client, 8, events=1)
+    barrier = threading.Barrier(4, timeout=20)
+    passed: list[int] = []
+
+    def sink(lane: str, events: list[LedgerEvent]) -> None:
+        if len(passed) < 4:
+            passed.append(barrier.wait())
+
+    relay = Relay(client, sink, concurrency=4, max_sleep=0.05, lanes=["lifecycle"])
+    relay.run(until_idle=1.0)
+    assert sorted(passed) == [0, 1, 2, 3]
+    assert not barrier.broken
+
+
+def test_a_stuck_consumer_on_one_lane_stalls_no_other(
+    db: psycopg.Connection, client: Client
+) -> None:
+    ids = _runs(client, 12, events=2)
+    stuck = ids[0]
+    release = threading.Event()
+    delivered: set[str] = set()
+
+    def sink(lane: str, events: list[LedgerEvent]) -> None:
+        if events[0].run_id == stuck:
+            assert release.wait(60)
+        delivered.update(e.delivery_key for e in events)
+
+    relay = Relay(client, sink, concurrency=4, max_sleep=0.05)
+    thread = _start(relay)
+    try:
+        others = db.execute(
+            "SELECT delivery_key FROM runrelay.ledger WHERE run_id <> %s", (stuck,)
+        ).fetchall()
+        _wait_for(lambda: {k for (k,) in others} <= delivered)
+        # Every other run was delivered while the stuck one's lanes wait.
+        row = db.execute(
+            "SELECT count(*) FROM runrelay.ledger WHERE run_id = %s AND state = 'delivered'",
+            (stuck,),
+        ).fetchone()
+        assert row == (0,)
+    finally:
+        release.set()
+    _wait_for(lambda: _undelivered(db) == 0)
+    relay.stop()
+    thread.join(30)
+    assert not thread.is_alive()
+
+
+def test_a_failing_consumer_on_one_run_delays_no_other(
+    db: psycopg.Connection, client: Client
+) -> None:
+    ids = _runs(client, 10, events=2)
+    bad = ids[3]
+    failures: list[str] = []
+
+    def sink(lane: str, events: list[LedgerEvent]) -> None:
+        if events[0].run_id == bad:
+            failures.append(lane)
+            raise DeliveryError("consumer down for this one")
+
+    relay = Relay(client, sink, concurrency=4, max_sleep=0.05)
+    thread = _start(relay)
+    try:
+        _wait_for(
+            lambda: (
+                db.execute(
+                    "SELECT count(*) FROM runrelay.ledger WHERE run_id <> %s AND state <> 'delivered'",
+                    (bad,),
+                ).fetchone()
+                == (0,)
+            )
+        )
+        assert failures
+        row = db.execute(
+            "SELECT count(*) FROM runrelay.ledger WHERE run_id = %s AND state = 'delivered'", (bad,)
+        ).fetchone()
+        assert row == (0,)
+    finally:
+        relay.stop()
+        thread.join(30)
+    assert not thread.is_alive()
+
+
+def test_stop_lets_the_batches_in_flight_finish_and_hands_nothing_on(
+    db: psycopg.Connection, client: Client
+) -> None:
+    _runs(client, 6, events=1)
+    started = threading.Semaphore(0)
+    release = threading.Event()
+
+    def sink(lane: str, events: list[LedgerEvent]) -> None:
+        started.release()
+        assert release.wait(60)
+
+    relay = Relay(client, sink, concurrency=3, max_sleep=0.05, lanes=["lifecycle"])
+    thread = _start(relay)
+    for _ in range(3):
+        assert started.acquire(timeout=30)  # three batches in flight
+    relay.stop()
+    release.set()
+    thread.join(30)
+    assert not thread.is_alive()
+    # The three were acknowledged; nothing is left leased to this relay.
+    rows = db.execute(
+        "SELECT count(*) FILTER (WHERE state = 'delivered'),"
+        " count(*) FILTER (WHERE state = 'leased' AND lease_owner = %s)"
+        " FROM runrelay.ledger WHERE lane = 'lifecycle'",
+        (relay.name,),
+    ).fetchone()
+    assert rows is not None and rows[0] >= 3 and rows[1] == 0
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 1.5])
+def test_concurrency_must_be_a_positive_integer(client: Client, bad: Any) -> None:
+    with pytest.raises(ValueError, match="concurrency must be an integer >= 1"):
+        Relay(client, lambda lane, events: None, concurrency=bad)
+
+
+@pytest.mark.parametrize("bad", ["0", "-2", "many"])
+def test_the_relay_command_refuses_a_bad_concurrency(
+    bad: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["relay", "--jsonl", "/dev/null", "--concurrency", bad])
+    assert exit_.value.code == 2
+    assert "--concurrency" in capsys.readouterr().err
+    args = build_parser().parse_args(["relay", "--jsonl", "/dev/null"])
+    assert args.concurrency == 16
