@@ -67,6 +67,7 @@ docs: $(VENV)/.installed
 # its own); its quick form is tests/python/test_bench_scale_out.py.
 bench: $(VENV)/.installed
 	$(PY) -m bench.run $(BENCH_ARGS)
+	$(PY) -m bench.relay_concurrency
 
 bench-quick: $(VENV)/.installed
 	$(PY) -m bench.run --quick $(BENCH_ARGS)
