@@ -409,6 +409,7 @@ def cmd_maintain(args: argparse.Namespace) -> int:
         interval=args.interval,
         prune_after=None if args.no_prune else args.prune_after,
         schedules=not args.no_schedules,
+        purge_after=args.purge_after,
     )
     if args.once:
         done = maintenance.run_once()
@@ -759,7 +760,9 @@ def _common_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
         help="PostgreSQL connection URL (default: $DATABASE_URL)",
     )
     group.add_argument(
-        "--schema", default=default("runrelay"), help="the install's schema (default: runrelay)"
+        "--schema",
+        default=default(os.environ.get("RUNRELAY_SCHEMA") or "runrelay"),
+        help="the install's schema (default: $RUNRELAY_SCHEMA, else runrelay)",
     )
     group.add_argument(
         "--log-level",
@@ -957,6 +960,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prune-after", type=_duration, default="7d",
                    help="delete delivered events older than this (90s, 15m, 12h, 7d)")  # fmt: skip
     p.add_argument("--no-prune", action="store_true", help="keep delivered events forever")
+    p.add_argument(
+        "--purge-after",
+        type=_positive_duration,
+        metavar="AGE",
+        help="also delete runs that ended longer ago than AGE (e.g. 30d), with all their rows; "
+        "runs with undelivered events are kept (default: off, runs are kept forever)",
+    )
     p.add_argument(
         "--no-schedules", action="store_true", help="enqueue no schedule slots (others do)"
     )

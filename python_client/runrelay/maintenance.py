@@ -28,6 +28,12 @@ Duties, each round:
 * **prune** — with `prune_after` set, `prune(delivered_before=now -
   prune_after)` deletes delivered ledger events in chunks of `prune_batch`,
   again at most `max_calls` chunks per round.
+* **purge** — with `purge_after` set (off by default), `purge_runs(
+  finished_before=now - purge_after)` deletes runs that ended (completed,
+  failed or cancelled) longer ago than that, with every row of theirs
+  (attempts, signals, ledger events, calls), `purge_batch` runs a call, at
+  most `max_calls` calls per round. Runs with undelivered events are kept
+  until a relay delivers them (or an operator purges them by hand).
 
 Which role may call what (plpgsql/grants.sql): `reap_expired` is a worker
 function, `prune` an admin one, `enqueue_due_schedules`,
@@ -63,7 +69,7 @@ from .types import ScheduleDue
 
 log = logging.getLogger("runrelay.maintenance")
 
-DUTIES = ("reap", "schedule", "activity", "prune")
+DUTIES = ("reap", "schedule", "activity", "prune", "purge")
 
 # A loop woken for a schedule slot sleeps until this long after it (the
 # slot's time by the database clock), and never less than MIN_WAKE between
@@ -98,11 +104,17 @@ class _Duties:
         schedules: bool = True,
         schedule_batch: int = 100,
         activity: bool = True,
+        purge_after: timedelta | None = None,
+        purge_batch: int = 1000,
     ) -> None:
         if interval <= 0:
             raise ValueError(f"interval must be positive, got {interval!r}")
         if prune_after is not None and prune_after < timedelta(0):
             raise ValueError(f"prune_after must not be negative, got {prune_after!r}")
+        if purge_after is not None and purge_after <= timedelta(0):
+            raise ValueError(f"purge_after must be positive, got {purge_after!r}")
+        if purge_batch < 1:
+            raise ValueError("purge_batch must be at least 1")
         if reap_batch < 1 or prune_batch < 1 or schedule_batch < 1 or max_calls < 1:
             raise ValueError(
                 "reap_batch, prune_batch, schedule_batch and max_calls must be at least 1"
@@ -110,6 +122,8 @@ class _Duties:
         self.client = client
         self.interval = interval
         self.prune_after = prune_after
+        self.purge_after = purge_after
+        self.purge_batch = purge_batch
         self.reap_batch = reap_batch
         self.prune_batch = prune_batch
         self.schedule_batch = schedule_batch
@@ -119,6 +133,8 @@ class _Duties:
             self.disabled.add("reap")
         if prune_after is None:
             self.disabled.add("prune")
+        if purge_after is None:
+            self.disabled.add("purge")
         if not schedules:
             self.disabled.add("schedule")
         if not activity:
@@ -156,9 +172,9 @@ class _Duties:
     # -- the bodies --------------------------------------------------------
     def _round_steps(self) -> Steps[dict[str, int]]:
         """One round of every enabled duty -> {"reaped": n, "scheduled": s,
-        "recorded": minutes, "pruned": m}. Connection errors propagate; the
-        loop handles them."""
-        done = {"reaped": 0, "scheduled": 0, "recorded": 0, "pruned": 0}
+        "recorded": minutes, "pruned": m, "purged": runs}. Connection errors
+        propagate; the loop handles them."""
+        done = {"reaped": 0, "scheduled": 0, "recorded": 0, "pruned": 0, "purged": 0}
         if "reap" not in self.disabled:
             done["reaped"] = yield from self._chunks_steps(
                 "reap", "reap_expired", {"max_attempts": self.reap_batch}, self.reap_batch
@@ -182,6 +198,17 @@ class _Duties:
                 "prune",
                 {"delivered_before": cutoff, "max_rows": self.prune_batch},
                 self.prune_batch,
+            )
+        if "purge" not in self.disabled:
+            assert self.purge_after is not None
+            done["purged"] = yield from self._chunks_steps(
+                "purge",
+                "purge_runs",
+                {
+                    "finished_before": datetime.now(UTC) - self.purge_after,
+                    "max_rows": self.purge_batch,
+                },
+                self.purge_batch,
             )
         level = logging.INFO if any(done.values()) else logging.DEBUG
         log.log(level, "maintenance round", extra=dict(done))
@@ -273,8 +300,8 @@ class Maintenance(_Duties):
 
     def run_once(self) -> dict[str, int]:
         """One round of every enabled duty -> {"reaped": n, "scheduled": s,
-        "recorded": minutes, "pruned": m}. Connection errors propagate; the
-        loop in run() handles them."""
+        "recorded": minutes, "pruned": m, "purged": runs}. Connection errors
+        propagate; the loop in run() handles them."""
         return drive(self._round_steps(), self._perform)
 
     def next_slot(self) -> ScheduleDue | None:

@@ -6,8 +6,11 @@ that says what the package declares."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import tomllib
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -17,6 +20,8 @@ import runrelay
 from conftest import REPO
 from runrelay import AsyncClient, Client, EnqueueItem
 from runrelay.cli import build_parser
+
+RUNRELAY = str(Path(sys.executable).with_name("runrelay"))
 
 
 def test_the_application_model_imports_from_the_package() -> None:
@@ -80,3 +85,29 @@ def test_the_license_file_is_the_declared_license() -> None:
     text = (REPO / "LICENSE").read_text()
     assert declared == {"text": "Apache-2.0"}
     assert "Apache License" in text and "Version 2.0, January 2004" in text
+
+
+def test_every_command_takes_its_schema_from_runrelay_schema(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RUNRELAY_SCHEMA is --schema's default for every command: an install
+    in schema billing is migrated, filled and read without one --schema."""
+    monkeypatch.setenv("RUNRELAY_SCHEMA", "billing")
+    assert build_parser().parse_args(["status"]).schema == "billing"
+    assert build_parser().parse_args(["status", "--schema", "other"]).schema == "other"
+    env = {"DATABASE_URL": db_url, "RUNRELAY_SCHEMA": "billing", "PATH": "/usr/bin:/bin"}
+
+    def runrelay_(*args: str) -> str:
+        done = subprocess.run(
+            [RUNRELAY, *args], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, (args, done.stderr)
+        return done.stdout
+
+    runrelay_("migrate")
+    runrelay_("runs", "enqueue", "b1", "--queue", "invoices")
+    assert "b1" in runrelay_("runs", "list")
+    assert "invoices" in runrelay_("queues", "list")
+    with psycopg.connect(db_url) as conn:
+        row = conn.execute("SELECT queue FROM billing.runs WHERE run_id = 'b1'").fetchone()
+    assert row == ("invoices",)

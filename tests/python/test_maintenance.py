@@ -137,6 +137,7 @@ def test_maintain_once_reaps_an_expired_lease_and_prunes_old_deliveries(
         "scheduled": 0,
         "recorded": 58,
         "pruned": old_delivered[0],
+        "purged": 0,
     }
     attempt = db.execute(
         "SELECT status, error->>'reason' FROM runrelay.attempts WHERE run_id = 'orphan'"
@@ -170,16 +171,28 @@ def test_a_denied_duty_is_disabled_with_one_warning_and_the_others_go_on(
     as_worker.execute("SET ROLE runrelay_worker")
     maintenance = Maintenance(Client(as_worker), prune_after=timedelta(days=1))
     with caplog.at_level(logging.WARNING, logger="runrelay.maintenance"):
-        assert maintenance.run_once() == {"reaped": 1, "scheduled": 0, "recorded": 58, "pruned": 0}
+        assert maintenance.run_once() == {
+            "reaped": 1,
+            "scheduled": 0,
+            "recorded": 58,
+            "pruned": 0,
+            "purged": 0,
+        }
         _expired_claim(connect, "orphan2")
         again = maintenance.run_once()
         # The next minute, if one has come meanwhile.
-        assert again == {"reaped": 1, "scheduled": 0, "recorded": again["recorded"], "pruned": 0}
+        assert again == {
+            "reaped": 1,
+            "scheduled": 0,
+            "recorded": again["recorded"],
+            "pruned": 0,
+            "purged": 0,
+        }
         assert again["recorded"] in (0, 1)
     warnings = [r for r in caplog.records if r.name == "runrelay.maintenance"]
     assert len(warnings) == 1, [r.getMessage() for r in warnings]
     assert "maintenance duty prune disabled" in warnings[0].getMessage()
-    assert maintenance.disabled == {"prune"}
+    assert maintenance.disabled == {"prune", "purge"}
     statuses = db.execute("SELECT status FROM runrelay.attempts ORDER BY run_id").fetchall()
     assert statuses == [("lost",), ("lost",)]
 
@@ -377,3 +390,44 @@ def test_a_worker_whose_listen_connection_is_terminated_reconnects_and_wakes_up(
         worker.stop()
         thread.join(30)
     result.result(timeout=1)
+
+
+def test_maintain_purge_after_deletes_runs_that_ended_long_ago_and_keeps_the_rest(
+    db: psycopg.Connection, db_url: str
+) -> None:
+    """--purge-after AGE (off by default): each round deletes runs that ended
+    more than AGE ago; younger ended runs and live runs stay."""
+    client = Client(db_url)
+    for run_id in ("old-done", "young-done", "live"):
+        client.enqueue_run(run_id)
+    for _ in ("old-done", "young-done"):
+        (attempt,) = client.claim_attempts("w", max_runs=1)
+        client.complete_attempt(**attempt.fence)
+    # Every event delivered (a run with undelivered events is never purged).
+    Relay(client, lambda lane, events: None, max_sleep=0.05).run(until_idle=0.5)
+    db.execute(
+        "UPDATE runrelay.runs SET finished_at = now() - interval '40 days',"
+        " created_at = now() - interval '41 days'"
+        " WHERE finished_at IS NOT NULL AND run_id = ("
+        "  SELECT run_id FROM runrelay.runs WHERE finished_at IS NOT NULL ORDER BY run_id LIMIT 1)"
+    )
+    old = db.execute(
+        "SELECT run_id FROM runrelay.runs WHERE finished_at < now() - interval '30 days'"
+    ).fetchall()
+    assert len(old) == 1
+    off = Maintenance(client, prune_after=None).run_once()
+    assert off["purged"] == 0
+    done = Maintenance(client, prune_after=None, purge_after=timedelta(days=30)).run_once()
+    assert done["purged"] == 1
+    left = {r for (r,) in db.execute("SELECT run_id FROM runrelay.runs").fetchall()}
+    assert left == {"old-done", "young-done", "live"} - {old[0][0]}
+    with pytest.raises(ValueError, match="purge_after must be positive"):
+        Maintenance(client, purge_after=timedelta(0))
+    bad = subprocess.run(
+        [sys.executable, "-m", "runrelay.cli", "maintain", "--once", "--purge-after", "soon"],
+        env={**os.environ, "DATABASE_URL": db_url},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode == 2 and "--purge-after" in bad.stderr

@@ -343,7 +343,7 @@ def test_the_loop_sleeps_no_longer_than_until_the_next_slot() -> None:
     assert loop._until_slot(1.0, soon) == 1.0
     assert loop._until_slot(30.0, ScheduleDue(datetime.now(UTC), 0)) == MIN_WAKE
     off = Maintenance(Client("postgresql://unused"), schedules=False)
-    assert off.disabled == {"schedule"} and off.next_slot() is None
+    assert off.disabled == {"schedule", "purge"} and off.next_slot() is None
 
 
 def test_the_async_loop_enqueues_due_slots_and_reads_the_next_one(
@@ -364,7 +364,7 @@ def test_the_async_loop_enqueues_due_slots_and_reads_the_next_one(
             return await loop.run_once(), await loop.next_slot()
 
     done, due = asyncio.run(rounds())
-    assert done == {"reaped": 0, "scheduled": 3, "recorded": 58, "pruned": 0}
+    assert done == {"reaped": 0, "scheduled": 3, "recorded": 58, "pruned": 0, "purged": 0}
     assert due is not None and due.next_slot_at == utc("2030-06-01 09:40")
     assert due.due_in_ms is not None and 4 * 60_000 < due.due_in_ms <= 6 * 60_000
     assert scheduled(db, "tick") == every(utc("2030-06-01 09:10"), timedelta(minutes=10), 3)
