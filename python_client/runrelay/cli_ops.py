@@ -925,7 +925,7 @@ def add_commands(
     p.add_argument("--max-runs", type=_positive_int, help="stop after this many (default: all)")
     _json(p)
 
-    ledger = group("ledger", "blocked deliveries: list, inspect and requeue them")
+    ledger = group("ledger", "blocked deliveries: list, inspect, requeue or skip them")
     p = leaf(ledger, "blocked", "lanes stopped behind a failed event, with its last error",
              cmd_ledger_blocked)  # fmt: skip
     p.add_argument("--lane", choices=LANES, help="only this lane")

@@ -5,10 +5,13 @@ that says what the package declares."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import re
 import subprocess
 import sys
 import tomllib
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -111,3 +114,22 @@ def test_every_command_takes_its_schema_from_runrelay_schema(
     with psycopg.connect(db_url) as conn:
         row = conn.execute("SELECT queue FROM billing.runs WHERE run_id = 'b1'").fetchone()
     assert row == ("invoices",)
+
+
+def _helps(parser: Any) -> Iterator[tuple[str, str]]:
+    yield parser.prog, parser.format_help()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _helps(sub)
+
+
+def test_no_help_names_a_file_of_the_source_tree() -> None:
+    """A user reads --help without the repository: it names commands, SQL
+    functions and docs, never plpgsql/ sources, tests or the specification."""
+    forbidden = re.compile(r"plpgsql/|\.sql\b|tests/|devtools|\bSPEC\b|python_client")
+    seen = 0
+    for prog, text in _helps(build_parser()):
+        seen += 1
+        assert not forbidden.search(text), (prog, forbidden.search(text))
+    assert seen > 30  # every command and action was walked
