@@ -400,13 +400,21 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"run": run, "attempts": attempts, "events": events})
         return EXIT_OK
-    fields = [(f.name, getattr(run, f.name)) for f in dataclasses.fields(run)]
+    fields = [(_field_name(run, f.name), getattr(run, f.name)) for f in dataclasses.fields(run)]
     show(
         record(f"run {run.run_id}", fields),
         table("attempts", ATTEMPT_COLUMNS, [_attempt_row(a) for a in attempts]),
         table("ledger events", EVENT_COLUMNS, [_event_row(e) for e in events]),
     )
     return EXIT_OK
+
+
+def _field_name(run: Any, name: str) -> str:
+    """A run's error is the run's only once it failed; before, it is the
+    error of an earlier attempt of a run that went on."""
+    if name == "error" and run.error is not None and str(run.status) != "failed":
+        return "error (an earlier attempt's; the run went on)"
+    return name
 
 
 ATTEMPT_COLUMNS = ("attempt", "worker", "status", "claimed", "finished", "outcome", "error")

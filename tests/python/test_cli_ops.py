@@ -585,3 +585,23 @@ def test_one_line_answers_and_errors_escape_the_data_they_quote(
     _no_terminal_controls(err)
     assert b'minute field "\\x1b[2j[bold]x"' in err, err  # the database's message quotes it
     assert table_checksum(db) == before
+
+
+def test_runs_show_labels_an_earlier_attempts_error_as_history(
+    cli: Cli, client: Client, db: psycopg.Connection
+) -> None:
+    """A run that failed once and then completed keeps the first attempt's
+    error; runs show says it is an earlier attempt's, not the run's."""
+    client.enqueue_run("flaky", max_attempts=3)
+    (first,) = client.claim_attempts("w", ["default"])
+    now = db.execute("SELECT now()").fetchone()[0]
+    outcome = client.fail_attempt(**first.fence, error={"message": "timeout"}, retry_at=now)
+    assert outcome == "retry_scheduled"
+    (second,) = client.claim_attempts("w", ["default"])
+    assert client.complete_attempt(**second.fence) == "completed"
+    out = cli("runs", "show", "flaky")[1]
+    assert "error (an earlier attempt's; the run went on)" in out
+    # A run that failed for good shows its error as the run's.
+    _fail_for_good(client, "dead")
+    shown = cli("runs", "show", "dead")[1]
+    assert "earlier attempt" not in shown and "card declined" in shown

@@ -711,6 +711,33 @@ def test_runs_pages_follow_the_keyset_without_repeating_or_skipping_a_row(
 
 
 # -- one run -------------------------------------------------------------------------------
+def test_the_run_page_reads_an_earlier_attempts_error_and_the_attempt_counts_plainly(
+    db: psycopg.Connection, rw: Dashboard, browse: Callable[..., Tab]
+) -> None:
+    """A run that failed once, was snoozed once and completed: its stored
+    error is shown as an earlier attempt's, and the counts say which
+    attempts count against max_attempts."""
+    client = Client(db)
+    client.enqueue_run("flaky", queue=WORK, max_attempts=3)
+    (first,) = client.claim_attempts("w", [WORK])
+    now = db.execute("SELECT now()").fetchone()[0]
+    client.fail_attempt(**first.fence, error={"type": "Timeout", "message": "upstream slow"},
+                        retry_at=now)  # fmt: skip
+    (second,) = client.claim_attempts("w", [WORK])
+    client.release_attempt(**second.fence, reason="Snooze: rate limited")
+    (third,) = client.claim_attempts("w", [WORK])
+    client.complete_attempt(**third.fence)
+
+    tab = browse(rw, next_path="/run?id=flaky")
+    page = tab.page
+    expect(page.get_by_test_id("run-error")).to_have_count(0)
+    earlier = page.get_by_test_id("earlier-error")
+    expect(earlier).to_contain_text("attempt 1 failed; the run went on")
+    expect(page.get_by_test_id("run-attempts")).to_contain_text(
+        "3 started; 1 of 3 allowed failures used; 1 handed back, not counted"
+    )
+
+
 def test_the_run_page_shows_attempts_the_traceback_and_events_per_lane(
     db: psycopg.Connection,
     rw: Dashboard,

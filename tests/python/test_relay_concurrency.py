@@ -154,7 +154,8 @@ def test_a_failing_consumer_on_one_run_delays_no_other(
         _wait_for(
             lambda: (
                 db.execute(
-                    "SELECT count(*) FROM runrelay.ledger WHERE run_id <> %s AND state <> 'delivered'",
+                    "SELECT count(*) FROM runrelay.ledger"
+                    " WHERE run_id <> %s AND state <> 'delivered'",
                     (bad,),
                 ).fetchone()
                 == (0,)

@@ -353,6 +353,7 @@ def create_app(settings: DashboardSettings) -> Starlette:
                 for lane, events in lanes.items()
                 if any(str(e.state) == "failed" for e in events)
             ],
+            "history": present.attempt_history(detail, attempts),
             "retryable": str(detail.status) in ("failed", "cancelled"),
             "live": str(detail.status) in ("queued", "running", "waiting"),
             "page_rows": RUN_PAGE_ROWS,

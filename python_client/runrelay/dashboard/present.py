@@ -115,3 +115,20 @@ def per_minute(values: Sequence[int | None], minutes: int = 5) -> str:
 
 def status_class(status: Any) -> Markup:
     return Markup("status status-{}").format(escape(str(status)))
+
+
+def attempt_history(run: Any, attempts: Sequence[Any]) -> dict[str, Any]:
+    """How a run's attempts read to a person: `counted`, the failures of the
+    current series that count against max_attempts; `handed_back`, attempts
+    released (a snooze, a worker's shutdown) that do not count;
+    `error_is_history`, whether the run's stored error belongs to an earlier
+    attempt of a run that went on (it is the run's error only once it
+    failed), and `failed_attempt`, that attempt's number."""
+    series = [a for a in attempts if a.attempt > run.series_start]
+    failed = [a for a in attempts if str(a.status) in ("failed", "lost")]
+    return {
+        "counted": sum(str(a.status) in ("failed", "lost") for a in series),
+        "handed_back": sum(str(a.status) == "released" for a in attempts),
+        "error_is_history": run.error is not None and str(run.status) != "failed",
+        "failed_attempt": failed[-1].attempt if failed else None,
+    }
