@@ -161,8 +161,14 @@ class Relay:
         # The events each slot's sink call holds (by thread): handed back
         # when a second signal interrupts delivery.
         self._holding: dict[int, list[int]] = {}
-        # Idle slots wait here; a NOTIFY (or stop()) wakes them all.
+        # Idle slots wait here: a NOTIFY or a slot that claimed work wakes one
+        # (which wakes the next if it claims work too), stop() wakes all. One
+        # idle slot at a time (the poller) also watches the clock for events
+        # falling due; the others wait to be woken, so an idle relay polls
+        # as one slot does, however many it has.
         self._wake = threading.Condition()
+        self._poller: int | None = None
+        self._idle_slots = 0
         self._metrics = relay_metrics(metrics)
         self._tracing: Tracing | None = getattr(client, "tracing", None)
 
@@ -201,9 +207,15 @@ class Relay:
         idle that long). The slots are threads; this one listens for
         NOTIFYs and wakes idle slots."""
         listener = make_listener(self.listen_dsn, channel(self.client.schema, "ledger"))
+        # The first slot starts looking; the others start idle and are drawn
+        # in by the work it finds (see _idle), so a relay with nothing to do
+        # makes one slot's calls, not `concurrency` slots'.
         slots = [
             threading.Thread(
-                target=self._slot, args=(until_idle,), name=f"{self.name}-slot{i}", daemon=True
+                target=self._slot,
+                args=(until_idle, i > 0),
+                name=f"{self.name}-slot{i}",
+                daemon=True,
             )
             for i in range(self.concurrency)
         ]
@@ -214,7 +226,7 @@ class Relay:
                 woken = self._listen(listener)
                 if woken:
                     with self._wake:
-                        self._wake.notify_all()
+                        self._wake.notify(1)
             for slot in slots:
                 slot.join()
         except KeyboardInterrupt:
@@ -234,11 +246,12 @@ class Relay:
             return False
         return listener.wait(self.max_sleep, self._stop)
 
-    def _slot(self, until_idle: float | None) -> None:
+    def _slot(self, until_idle: float | None, start_idle: bool) -> None:
         """One delivery slot: passes over the lanes until stop() (or idle
-        for until_idle); between empty passes it sleeps until the next due
-        event, a NOTIFY, or max_sleep."""
+        for until_idle); between empty passes it waits (_idle)."""
         idle_since = time.monotonic()
+        if start_idle and not self._idle(until_idle):
+            return
         backoff = Backoff(base=0.2, cap=30.0)
         while not self._stop.is_set():
             try:
@@ -247,7 +260,8 @@ class Relay:
                     idle = time.monotonic() - idle_since
                     if until_idle is not None and idle > until_idle:
                         return
-                    self._sleep()
+                    if not self._idle(until_idle):
+                        return
             except CONNECTION_ERRORS as exc:
                 delay = backoff.next()
                 self._count("pass_errors")
@@ -300,6 +314,8 @@ class Relay:
             )
         )
         claimed, settled = self._split(lane, rows)
+        if claimed:
+            self._draw_in()
         while claimed and not self._stop.is_set():
             ids = [e.event_id for e in claimed]
             run_id = claimed[0].run_id
@@ -452,10 +468,52 @@ class Relay:
         raise AssertionError("unreachable")
 
     # -- sleeping ----------------------------------------------------------
+    def _draw_in(self) -> None:
+        """This slot just claimed work: wake one idle slot to look for more.
+        It wakes the next if it claims some too, so a burst draws in every
+        slot within a few claims, before any delivery ends (a stuck consumer
+        holds one slot, not the relay), and one event costs one extra claim."""
+        if self._idle_slots:
+            with self._wake:
+                self._wake.notify(1)
+
+    def _idle(self, until_idle: float | None = None) -> bool:
+        """An idle slot's wait. The first idle slot is the poller: it sleeps
+        until the next due event (or max_sleep) and looks again. The others
+        wait until woken: by a NOTIFY (run() wakes one), by a slot that
+        claimed work (it wakes one more), or by stop(). False: this slot is done
+        (with until_idle, nothing woke it for that long)."""
+        me = threading.get_ident()
+        with self._wake:
+            self._idle_slots += 1
+            if self._poller is None:
+                self._poller = me
+        try:
+            if self._poller == me:
+                try:
+                    self._sleep()
+                finally:
+                    with self._wake:
+                        self._poller = None
+                        # Another slot takes the watch.
+                        self._wake.notify(1)
+                return True
+            with self._wake:
+                while not self._stop.is_set():
+                    if self._wake.wait(None if until_idle is None else until_idle):
+                        return True
+                    if until_idle is not None:
+                        return False
+                return True
+        finally:
+            with self._wake:
+                self._idle_slots -= 1
+
     def _sleep(self) -> None:
-        """An idle slot's wait: until the next due event, a NOTIFY (run()
-        wakes every idle slot), stop(), or max_sleep."""
-        due = self.client.ledger_next_due_at()
+        """The poller's wait: until the next due event, a wake-up, stop(),
+        or max_sleep."""
+        # Only this relay's lanes: another lane's due events are not its work.
+        due = self.client.ledger_next_due_at(self.lanes[0] if len(self.lanes) == 1 else None)
         if due is None:
             timeout = self.max_sleep
         else:

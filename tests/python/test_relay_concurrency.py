@@ -217,3 +217,15 @@ def test_the_relay_command_refuses_a_bad_concurrency(
     assert "--concurrency" in capsys.readouterr().err
     args = build_parser().parse_args(["relay", "--jsonl", "/dev/null"])
     assert args.concurrency == 16
+
+
+def test_an_idle_relay_polls_as_one_slot_does(db_url: str) -> None:
+    """With nothing to deliver, sixteen slots make the calls of one: one
+    slot watches for due events, the others wait to be woken."""
+    calls: list[str] = []
+    client = Client(db_url, on_call=lambda fn, _s: calls.append(fn))
+    relay = Relay(client, lambda lane, events: None, concurrency=16, max_sleep=0.2)
+    relay.run(until_idle=1.5)
+    # One slot: a pass (two lanes) per 0.2 s sleep over 1.5 s is about 16
+    # claims; sixteen polling slots would make about 250.
+    assert calls.count("claim_ledger") < 40, calls.count("claim_ledger")
