@@ -11,7 +11,10 @@ SELECT is(
     (SELECT created FROM runrelay.enqueue_run(run_id => 'm1', queue => 'mail', task => 'send_email')),
     TRUE, 'enqueue_run: a run of a task'
 );
-SELECT is((SELECT task FROM runrelay.runs WHERE run_id = 'm1'), 'send_email', 'enqueue_run: runs.task is set');
+SELECT is((
+    SELECT task FROM runrelay.runs
+    WHERE run_id = 'm1'
+), 'send_email', 'enqueue_run: runs.task is set');
 SELECT is((SELECT task FROM runrelay.get_run('m1')), 'send_email', 'get_run: the run''s task');
 SELECT is(
     (SELECT created FROM runrelay.enqueue_run(run_id => 'm1', queue => 'mail', task => 'send_email')),
@@ -70,7 +73,10 @@ SELECT throws_ok(
     'enqueue_runs: an existing run with another task is a conflict'
 );
 SELECT is(
-    (SELECT count(*) FROM runrelay.runs WHERE run_id LIKE 'b%'), 0::bigint, 'the refused items wrote nothing'
+    (
+        SELECT count(*) FROM runrelay.runs
+        WHERE run_id LIKE 'b%'
+    ), 0::bigint, 'the refused items wrote nothing'
 );
 
 -- Claims with a tasks filter.
@@ -120,7 +126,10 @@ SELECT results_eq(
     'claim_attempts: without a filter, any run (the untyped one left)'
 );
 SELECT is(
-    (SELECT count(*) FROM runrelay.runs WHERE status = 'queued'), 0::bigint, 'every run was claimed once'
+    (
+        SELECT count(*) FROM runrelay.runs
+        WHERE status = 'queued'
+    ), 0::bigint, 'every run was claimed once'
 );
 
 -- A replayed claim answers the task too.

@@ -20,7 +20,10 @@ SELECT tests.ledger_run('s1');
 SELECT tests.append('s1', ARRAY['a1', 'a2', 'a3']);
 SELECT pg_temp.block('s1');
 SELECT is(
-    (SELECT state FROM runrelay.ledger WHERE run_id = 's1' AND type = 'a1'), 'failed', 'the head failed for good'
+    (
+        SELECT state FROM runrelay.ledger
+        WHERE run_id = 's1' AND type = 'a1'
+    ), 'failed', 'the head failed for good'
 );
 SELECT is(
     (SELECT count(*) FROM runrelay.claim_ledger(relay => 'r', run_id => 's1')), 0::bigint,
@@ -49,7 +52,10 @@ SELECT results_eq(
     'the event is skipped, with the reason and the role'
 );
 SELECT is(
-    (SELECT last_error FROM runrelay.ledger WHERE run_id = 's1' AND type = 'a1'), '{"http": 410}'::jsonb,
+    (
+        SELECT last_error FROM runrelay.ledger
+        WHERE run_id = 's1' AND type = 'a1'
+    ), '{"http": 410}'::jsonb,
     'its last error is kept'
 );
 CREATE TEMP TABLE after_skip AS SELECT tests.ledger_states('s1') AS states;
@@ -83,7 +89,10 @@ SELECT ok(
     'prune takes a skipped event like a delivered one'
 );
 SELECT ok(
-    NOT EXISTS (SELECT FROM runrelay.ledger WHERE run_id = 's1' AND state = 'skipped'),
+    NOT EXISTS (
+        SELECT FROM runrelay.ledger
+        WHERE run_id = 's1' AND state = 'skipped'
+    ),
     'the skipped event is gone after the prune'
 );
 
