@@ -21,6 +21,7 @@ import pytest
 from psycopg import sql
 
 from installed import Installed, build_wheel, install
+from runrelay import Client
 from runrelay.worker import Worker
 
 REPO = Path(__file__).resolve().parents[2]
@@ -129,6 +130,16 @@ def db(db_url: str, connect: Callable[..., psycopg.Connection]) -> psycopg.Conne
     conn = connect()
     reset(conn)
     return conn
+
+
+@pytest.fixture
+def client(db: psycopg.Connection, db_url: str) -> Iterator[Client]:
+    """A Client on a pool of autocommit connections to the empty test
+    database (db), as a worker or relay process would hold one."""
+    from psycopg_pool import ConnectionPool
+
+    with ConnectionPool(db_url, min_size=1, max_size=20, kwargs={"autocommit": True}) as pool:
+        yield Client(pool)
 
 
 @pytest.fixture

@@ -10,23 +10,16 @@ import random
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
 import pytest
-from psycopg_pool import ConnectionPool
 
+from faults import wait_for
 from runrelay import Client, LedgerEvent
 from runrelay.cli import build_parser
 from runrelay.relay import Relay
 from runrelay.sinks import DeliveryError
-
-
-@pytest.fixture
-def client(db: psycopg.Connection, db_url: str) -> Iterator[Client]:
-    with ConnectionPool(db_url, min_size=1, max_size=20, kwargs={"autocommit": True}) as pool:
-        yield Client(pool)
 
 
 def _runs(client: Client, n: int, events: int = 4) -> list[str]:
@@ -38,15 +31,6 @@ def _runs(client: Client, n: int, events: int = 4) -> list[str]:
             run_id, [{"type": f"o{k}", "lane": "observability"} for k in range(events)]
         )
     return ids
-
-
-def _wait_for(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not reached in time")
 
 
 def _start(relay: Relay, **kwargs: Any) -> threading.Thread:
@@ -121,7 +105,7 @@ def test_a_stuck_consumer_on_one_lane_stalls_no_other(
         others = db.execute(
             "SELECT delivery_key FROM runrelay.ledger WHERE run_id <> %s", (stuck,)
         ).fetchall()
-        _wait_for(lambda: {k for (k,) in others} <= delivered)
+        wait_for(lambda: {k for (k,) in others} <= delivered)
         # Every other run was delivered while the stuck one's lanes wait.
         row = db.execute(
             "SELECT count(*) FROM runrelay.ledger WHERE run_id = %s AND state = 'delivered'",
@@ -130,7 +114,7 @@ def test_a_stuck_consumer_on_one_lane_stalls_no_other(
         assert row == (0,)
     finally:
         release.set()
-    _wait_for(lambda: _undelivered(db) == 0)
+    wait_for(lambda: _undelivered(db) == 0)
     relay.stop()
     thread.join(30)
     assert not thread.is_alive()
@@ -151,7 +135,7 @@ def test_a_failing_consumer_on_one_run_delays_no_other(
     relay = Relay(client, sink, concurrency=4, max_sleep=0.05)
     thread = _start(relay)
     try:
-        _wait_for(
+        wait_for(
             lambda: (
                 db.execute(
                     "SELECT count(*) FROM runrelay.ledger"

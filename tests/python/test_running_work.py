@@ -8,35 +8,20 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import pytest
-from psycopg_pool import ConnectionPool
 
 from conftest import run_in_thread
+from faults import wait_for
 from runrelay import AsyncClient, Client
 from runrelay.worker import AsyncWorker, Job, Worker
 
 # Heartbeats this far apart cannot be what delivers a cancellation within
 # the few seconds the tests wait: only the notification can.
 SLOW_BEATS = 60.0
-
-
-@pytest.fixture
-def client(db: psycopg.Connection, db_url: str) -> Iterator[Client]:
-    with ConnectionPool(db_url, min_size=1, max_size=8, kwargs={"autocommit": True}) as pool:
-        yield Client(pool)
-
-
-def _wait_for(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not reached in time")
 
 
 def _status(db: psycopg.Connection, run_id: str) -> str:
@@ -84,9 +69,9 @@ def test_a_sync_handler_past_its_timeout_fails_its_attempt_and_its_late_result_i
 
     worker = Worker(client, handler, concurrency=2, poll_interval=0.05, timeout=1.0)
     thread, done = run_in_thread(worker)
-    _wait_for(lambda: _status(db, "slow") == "completed")
+    wait_for(lambda: _status(db, "slow") == "completed")
     assert first_returned.wait(10)
-    _wait_for(lambda: worker.stats.get("complete:fence_lost", 0) == 1)
+    wait_for(lambda: worker.stats.get("complete:fence_lost", 0) == 1)
     worker.stop()
     thread.join(20)
     done.result(timeout=1)
@@ -168,7 +153,7 @@ def test_cancel_run_reaches_a_running_sync_handler_through_a_notification(
     )
     thread, done = run_in_thread(worker)
     assert started.wait(20)
-    _wait_for(lambda: worker.stats.get("claimed") == 1)
+    wait_for(lambda: worker.stats.get("claimed") == 1)
     time.sleep(0.5)  # the worker's cancel session is listening
     assert client.cancel_run("long", reason="operator said so") == "cancelled"
     assert saw_cancel.wait(5), "the handler did not learn of the cancellation"

@@ -10,36 +10,20 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
-from psycopg_pool import ConnectionPool
 
 from conftest import run_in_thread
+from faults import wait_for
 from runrelay import AsyncClient, Client
 from runrelay.tasks import Task, Tasks
 from runrelay.worker import AsyncWorker, Job, Worker
 
 # The console script of this venv (what `pip install runrelay` puts on PATH).
 RUNRELAY = str(Path(sys.executable).with_name("runrelay"))
-
-
-@pytest.fixture
-def client(db: psycopg.Connection, db_url: str) -> Iterator[Client]:
-    with ConnectionPool(db_url, min_size=1, max_size=8, kwargs={"autocommit": True}) as pool:
-        yield Client(pool)
-
-
-def _wait_for(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not reached in time")
 
 
 def _runs(db: psycopg.Connection) -> dict[str, tuple[str, str | None, str]]:
@@ -155,7 +139,7 @@ def test_a_worker_with_a_registry_runs_only_its_tasks_on_its_tasks_queues(
     worker = Worker(client, tasks, poll_interval=0.05)
     assert worker.queues == ["email", "billing"]
     thread, done = run_in_thread(worker)
-    _wait_for(lambda: worker.stats.get("complete:completed", 0) == 2)
+    wait_for(lambda: worker.stats.get("complete:completed", 0) == 2)
     time.sleep(0.3)  # would it take anything else?
     worker.stop()
     thread.join(20)
@@ -234,7 +218,7 @@ def test_a_run_whose_payload_does_not_fit_its_function_fails_with_the_reason(
                        max_attempts=1)  # fmt: skip
     worker = Worker(client, tasks, poll_interval=0.05)
     thread, done = run_in_thread(worker)
-    _wait_for(lambda: _runs(db)["stale"][2] == "failed")
+    wait_for(lambda: _runs(db)["stale"][2] == "failed")
     worker.stop()
     thread.join(20)
     done.result(timeout=1)
@@ -283,7 +267,7 @@ def test_runrelay_worker_runs_a_registry_named_on_the_command_line(
         text=True,
     )
     try:
-        _wait_for(lambda: _runs(db)["greet-1"][2] == "completed" or proc.poll() is not None,
+        wait_for(lambda: _runs(db)["greet-1"][2] == "completed" or proc.poll() is not None,
                   timeout=30)  # fmt: skip
     finally:
         proc.terminate()
