@@ -373,7 +373,14 @@ class _Methods:
         conn: Any = None,
     ) -> _Call[EnqueueResult]:
         """Create a run (or return the identical existing one) -> EnqueueResult.
-        `task` names the task that handles it (runrelay.Tasks; None: untyped)."""
+
+        `run_at`: not before this moment (a timezone-aware datetime; None:
+        now by the database clock). `priority`: higher runs first (-1 000 000
+        to 1 000 000). `max_attempts`: failed attempts before the run fails
+        (1 to 1 000). `payload_retention`: `keep`, or `drop_on_delivery` to
+        drop the ledger payloads once delivered. `concurrency_key`: runs
+        sharing it run one at a time, in enqueue order. `task` names the task
+        that handles it (runrelay.Tasks; None: untyped)."""
         return _Call(
             "enqueue_run",
             {
@@ -465,8 +472,11 @@ class _Methods:
         *,
         conn: Any = None,
     ) -> _Call[list[ClaimedAttempt]]:
-        """Claim runnable runs -> list[ClaimedAttempt]; with `tasks`, only
-        runs of those tasks."""
+        """Claim up to `max_runs` runnable runs, best first (higher priority,
+        then earlier run_at) -> list[ClaimedAttempt]; each lease lasts
+        `lease_seconds` (clamped to 5..300) from the grant. `queues`: a list
+        of queue names (None: every queue); `tasks`: only runs of those tasks
+        (None: any run). After a lost reply, repeat with the same call_id."""
         values = {
             "worker": worker,
             "queues": _names("queues", queues),

@@ -1227,8 +1227,15 @@ class _Loop(_Signals, _Recorder):
 
 
 class Worker(_Loop):
-    """Runs `handler` for claimed runs on up to `concurrency` threads: the
-    shell of _Loop that performs its steps by blocking."""
+    """Runs `handler` (a function of a Job, or a runrelay.Tasks registry)
+    for claimed runs on up to `concurrency` threads: the shell of _Loop that
+    performs its steps by blocking.
+
+    Units: `lease_seconds` (5..300, the server clamps), `heartbeat_every`
+    (default a third of the lease), `poll_interval` (between idle polls,
+    jittered), `shutdown_grace`, `maintenance_interval` and `timeout` are
+    seconds. `queues` is a list of queue names (None: every queue; a Tasks
+    registry: its tasks' queues); `batch_size` runs are claimed per call."""
 
     _listener: Listener | MultiListener | None
 
