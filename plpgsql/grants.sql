@@ -64,6 +64,7 @@ BEGIN
             ('list_blocked_heads', 'admin'),
             ('requeue_blocked_heads', 'admin'),
             ('skip_ledger_events', 'admin'),
+            ('list_processes', 'admin'),
             ('pause_queue', 'admin'),
             ('resume_queue', 'admin'),
             ('list_paused_queues', 'admin'),

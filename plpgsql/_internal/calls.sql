@@ -1,5 +1,5 @@
--- Exact replays of signal_run, cancel_run and retry_run by call_id (table
--- calls).
+-- Exact replays of signal_run, cancel_run, retry_run and skip_ledger_events
+-- by call_id (table calls).
 --
 -- The protocol, in the caller, before any write:
 --   1. _check_call_id() validates the id with the other arguments;
@@ -106,6 +106,7 @@ BEGIN
                 CASE p_function
                     WHEN 'signal_run' THEN 'name or payload'
                     WHEN 'retry_run' THEN 'max_attempts, run_at, reason or requested_by'
+                    WHEN 'skip_ledger_events' THEN 'lane or reason'
                     ELSE 'reason'
                 END),
             'A repeat must pass exactly the arguments of the first call; pass a new uuid for a new call.');
@@ -117,7 +118,11 @@ $$;
 COMMENT ON FUNCTION _recorded_call(uuid, text, text, bytea) IS
 'Takes a call_id''s lock and answers what that call recorded; NULL for a new call; 22023 if the id names another call.';
 
-CREATE FUNCTION _record_call(p_call_id uuid, p_function text, p_run_id text, p_digest bytea, p_outcome text)
+-- p_reply: the row a set-returning call answered, kept when its effect's
+-- rows cannot give it again (calls.reply); null for the other calls.
+CREATE FUNCTION _record_call(
+    p_call_id uuid, p_function text, p_run_id text, p_digest bytea, p_outcome text, p_reply jsonb DEFAULT NULL
+)
 RETURNS text
 LANGUAGE plpgsql
 VOLATILE
@@ -125,12 +130,12 @@ SET search_path FROM CURRENT
 AS $$
 BEGIN
     IF p_call_id IS NOT NULL THEN
-        INSERT INTO calls (call_id, function_name, run_id, arguments_digest, outcome, called_at)
-        VALUES (p_call_id, p_function, p_run_id, p_digest, p_outcome, _now());
+        INSERT INTO calls (call_id, function_name, run_id, arguments_digest, outcome, called_at, reply)
+        VALUES (p_call_id, p_function, p_run_id, p_digest, p_outcome, _now(), p_reply);
     END IF;
     RETURN p_outcome;
 END;
 $$;
 
-COMMENT ON FUNCTION _record_call(uuid, text, text, bytea, text) IS
+COMMENT ON FUNCTION _record_call(uuid, text, text, bytea, text, jsonb) IS
 'Records what a call with a call_id answered (nothing without one) and returns that outcome.';

@@ -10,10 +10,10 @@
 --   skipped      (event_id, seq of the head it skipped);
 --   not_blocked  the lane's head (or nulls for an empty or unknown lane) is
 --                not failed: nothing changed.
--- Replay: with call_id, a repeat of a call that answered skipped answers the
--- same row and writes nothing (the event keeps the call's id); not_blocked
--- changed nothing and leaves no record, so a repeat is decided afresh, as
--- cancel_run's already_terminal is.
+-- Replay: with call_id, a repeat answers the first reply and writes nothing:
+-- skipped from the event, which keeps the call's id; not_blocked from the
+-- calls row, which keeps the head it found (a head that failed since is not
+-- skipped by a repeat: the operator decided on what the first call saw).
 --
 -- Locks: the call_id's lock (if any), then the lane row (the one lane lock
 -- order, _lock_event_lanes), waiting at most the bounded lock wait.
@@ -32,6 +32,8 @@ AS $$
 DECLARE
     v_caller_lock_timeout text := _bound_lock_wait();
     v_digest bytea;
+    v_recorded text;
+    v_reply jsonb;
     v_head ledger_events;
 BEGIN
     PERFORM _require_read_committed();
@@ -42,15 +44,21 @@ BEGIN
 
     IF skip_ledger_events.call_id IS NOT NULL THEN
         v_digest := _call_digest(jsonb_build_array(skip_ledger_events.lane, skip_ledger_events.reason));
-        IF _recorded_call(
+        v_recorded := _recorded_call(
             skip_ledger_events.call_id, 'skip_ledger_events', skip_ledger_events.run_id, v_digest
-        ) IS NOT NULL THEN
+        );
+        IF v_recorded = 'skipped' THEN
             RETURN QUERY
             SELECT l.event_id, l.seq, 'skipped'::text
             FROM ledger_events AS l
             WHERE
                 l.run_id = skip_ledger_events.run_id AND l.lane = skip_ledger_events.lane
                 AND l.skip_call_id = skip_ledger_events.call_id;
+            PERFORM _restore_lock_wait(v_caller_lock_timeout);
+            RETURN;
+        ELSIF v_recorded = 'not_blocked' THEN
+            SELECT c.reply INTO v_reply FROM calls AS c WHERE c.call_id = skip_ledger_events.call_id;
+            RETURN QUERY SELECT (v_reply ->> 'event_id')::bigint, (v_reply ->> 'seq')::bigint, 'not_blocked'::text;
             PERFORM _restore_lock_wait(v_caller_lock_timeout);
             RETURN;
         END IF;
@@ -72,6 +80,10 @@ BEGIN
     ORDER BY l.seq
     LIMIT 1;
     IF v_head.event_id IS NULL OR v_head.failed_at IS NULL THEN
+        PERFORM _record_call(
+            skip_ledger_events.call_id, 'skip_ledger_events', skip_ledger_events.run_id, v_digest, 'not_blocked',
+            jsonb_build_object('event_id', v_head.event_id, 'seq', v_head.seq)
+        );
         RETURN QUERY SELECT v_head.event_id, v_head.seq, 'not_blocked'::text;
         PERFORM _restore_lock_wait(v_caller_lock_timeout);
         RETURN;

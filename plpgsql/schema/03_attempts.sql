@@ -121,3 +121,11 @@ WHERE status = 'running';
 -- Claim replays: the attempts a claim call opened.
 CREATE INDEX attempts_call_id_idx ON attempts (call_id)
 WHERE call_id IS NOT NULL;
+
+-- list_processes(): the workers seen in the last hour, from the attempts
+-- that ended in it (the running ones come from attempts_lease_expiry_idx).
+-- Partial: a claim or a heartbeat writes no entry here; a completion writes
+-- one, in an update that is already not HOT (it changes status, a column
+-- of attempts_lease_expiry_idx's predicate).
+CREATE INDEX attempts_finished_idx ON attempts (finished_at)
+WHERE finished_at IS NOT NULL;

@@ -233,6 +233,13 @@ WHERE available_at IS NOT NULL;
 CREATE INDEX ledger_lanes_lease_call_idx ON ledger_lanes (lease_call_id)
 WHERE lease_call_id IS NOT NULL;
 
+-- list_processes(): the relays holding lanes now, and whether a lease they
+-- hold has lapsed. Partial: only leased lanes have an entry. A claim or a
+-- renewal writes one, in an update that is already not HOT (it changes
+-- available_at, a column of ledger_lanes_available_idx).
+CREATE INDEX ledger_lanes_lease_owner_idx ON ledger_lanes (lease_owner)
+WHERE lease_owner IS NOT NULL;
+
 -- Operators' view of blocked lanes (list_blocked_heads, requeue_blocked_heads;
 -- plpgsql/admin/): a lane is blocked behind a failed head, which only an
 -- operator's requeue unblocks, so there are few and each stays a while.

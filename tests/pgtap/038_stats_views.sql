@@ -11,7 +11,10 @@ SELECT columns_are(
 );
 SELECT columns_are(
     'runrelay', 'ledger_stats',
-    ARRAY['lane', 'state', 'events', 'oldest_pending_age_seconds', 'blocked_heads'],
+    ARRAY[
+        'lane', 'state', 'events', 'oldest_pending_age_seconds', 'blocked_heads',
+        'oldest_deliverable_age_seconds', 'oldest_blocked_age_seconds'
+    ],
     'ledger_stats has its documented columns'
 );
 

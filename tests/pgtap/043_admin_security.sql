@@ -21,7 +21,9 @@ INSERT INTO admin_fn VALUES
 ('delete_schedule', $$SELECT runrelay.delete_schedule('sec-none')$$),
 ('list_schedules', $$SELECT * FROM runrelay.list_schedules()$$),
 ('queue_overview', $$SELECT * FROM runrelay.queue_overview()$$),
-('ledger_overview', $$SELECT * FROM runrelay.ledger_overview()$$);
+('ledger_overview', $$SELECT * FROM runrelay.ledger_overview()$$),
+('skip_ledger_events', $$SELECT * FROM runrelay.skip_ledger_events('sec-none', 'lifecycle', 'r')$$),
+('list_processes', $$SELECT * FROM runrelay.list_processes()$$);
 -- Read by the roles below while they call each function.
 GRANT SELECT ON admin_fn TO public;
 

@@ -1,10 +1,11 @@
 -- skip_ledger_events: a lane's failed head ends as skipped (the reason and
 -- the role kept on it), its successors are delivered in order; a lane
 -- whose head is not failed answers not_blocked and changes nothing; a
--- repeated call_id answers the first reply and writes nothing; bad input
+-- repeated call_id answers the first reply and writes nothing, not_blocked
+-- included (a head that failed since is not skipped by the repeat); bad input
 -- is 22023 and changes nothing.
 BEGIN;
-SELECT plan(17);
+SELECT plan(20);
 
 SELECT tests.clear_runs();
 
@@ -78,6 +79,26 @@ SELECT results_eq(
     $$SELECT event_id IS NOT NULL, outcome FROM runrelay.skip_ledger_events('s1', 'lifecycle', 'again')$$,
     $$VALUES (TRUE, 'not_blocked')$$,
     'not_blocked: the head (leased, not failed) is named and left alone'
+);
+CREATE TEMP TABLE not_blocked_call AS SELECT gen_random_uuid() AS id;
+SELECT results_eq(
+    $$SELECT s.seq, s.outcome
+      FROM not_blocked_call, runrelay.skip_ledger_events('s1', 'lifecycle', 'later', not_blocked_call.id) AS s$$,
+    $$SELECT l.seq, 'not_blocked'::text FROM runrelay.ledger AS l WHERE l.run_id = 's1' AND l.type = 'a2'$$,
+    'not_blocked with a call_id: the head it found'
+);
+SELECT runrelay.fail_ledger(
+    'r', ARRAY(SELECT event_id FROM runrelay.ledger WHERE run_id = 's1' AND type = 'a2'), '{}', permanent => TRUE
+);
+SELECT results_eq(
+    $$SELECT s.seq, s.outcome
+      FROM not_blocked_call, runrelay.skip_ledger_events('s1', 'lifecycle', 'later', not_blocked_call.id) AS s$$,
+    $$SELECT l.seq, 'not_blocked'::text FROM runrelay.ledger AS l WHERE l.run_id = 's1' AND l.type = 'a2'$$,
+    'its repeat answers not_blocked again after the head failed'
+);
+SELECT is(
+    (SELECT state FROM runrelay.ledger WHERE run_id = 's1' AND type = 'a2'), 'failed',
+    '... and leaves the failed head alone'
 );
 SELECT results_eq(
     $$SELECT event_id, seq, outcome FROM runrelay.skip_ledger_events('nobody', 'observability', 'r')$$,

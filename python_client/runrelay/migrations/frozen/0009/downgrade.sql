@@ -2,10 +2,17 @@
 -- delimited by a header and an end line, so that sections written
 -- separately merge side by side.
 
+-- ==== live processes =======================================================
+DROP INDEX ledger_lanes_lease_owner_idx;
+DROP INDEX attempts_finished_idx;
+-- ==== end: live processes ==================================================
+
 -- ==== skipped events =======================================================
 DELETE FROM calls AS c
 WHERE c.function_name = 'skip_ledger_events';
 ALTER TABLE calls
+DROP CONSTRAINT calls_reply,
+DROP COLUMN reply,
 DROP CONSTRAINT calls_outcome,
 ADD CONSTRAINT calls_outcome CHECK (
     (function_name = 'signal_run' AND outcome IN ('resumed', 'stored', 'terminal'))

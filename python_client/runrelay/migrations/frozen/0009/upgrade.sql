@@ -374,12 +374,27 @@ ADD COLUMN skipped_at timestamptz,
 ADD COLUMN skip_reason text,
 ADD COLUMN skipped_by text,
 ADD COLUMN skip_call_id uuid;
+-- calls records skip_ledger_events' replays; a not_blocked answer keeps the
+-- head it found in calls.reply (nullable, no default: nothing is rewritten).
 ALTER TABLE calls
+ADD COLUMN reply jsonb,
 DROP CONSTRAINT calls_outcome,
 ADD CONSTRAINT calls_outcome CHECK (
     (function_name = 'signal_run' AND outcome IN ('resumed', 'stored', 'terminal'))
     OR (function_name = 'cancel_run' AND outcome IN ('cancelled', 'cancel_requested'))
     OR (function_name = 'retry_run' AND outcome = 'retried')
-    OR (function_name = 'skip_ledger_events' AND outcome = 'skipped')
-);
+    OR (function_name = 'skip_ledger_events' AND outcome IN ('skipped', 'not_blocked'))
+),
+ADD CONSTRAINT calls_reply CHECK (reply IS NULL OR outcome = 'not_blocked');
 -- ==== end: skipped events ==================================================
+
+-- ==== live processes =======================================================
+-- list_processes reads the attempts ended in the last hour and the leased
+-- lanes by index (plpgsql/schema/03_attempts.sql, 06_ledger.sql). Built
+-- inside the migration's transaction: writers wait for the builds.
+CREATE INDEX attempts_finished_idx ON attempts (finished_at)
+WHERE finished_at IS NOT NULL;
+
+CREATE INDEX ledger_lanes_lease_owner_idx ON ledger_lanes (lease_owner)
+WHERE lease_owner IS NOT NULL;
+-- ==== end: live processes ==================================================
