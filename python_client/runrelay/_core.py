@@ -347,6 +347,7 @@ OPERATIONS: dict[str, Operation] = {
             (("run_id", "text"), ("lane", "text"), ("reason", "text"), ("call_id", "uuid")),
             _each(t.SkippedEvent, outcome=t.SkipOutcome),
         ),
+        Operation("list_processes", (), _each(t.Process, kind=t.ProcessKind)),
         Operation(
             "pause_queue",
             (("queue", "text"), ("reason", "text"), ("requested_by", "text")),

@@ -133,6 +133,13 @@ def _positive_duration(text: str) -> timedelta:
     return value
 
 
+def _reason(text: str) -> str:
+    """A reason an operator must give (a skip's): not blank."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be blank: say why")
+    return text
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -883,6 +890,13 @@ def build_parser() -> argparse.ArgumentParser:
         cli_ops.cmd_status,
     )
     cli_ops.status_options(p)
+
+    p = command(
+        "processes",
+        "workers and relays seen in the last hour: what each holds, which are presumed dead",
+        cli_ops.cmd_processes,
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable output")
 
     def group(name: str, help: str) -> Any:
         p = command(name, help, _no_action)

@@ -51,7 +51,8 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from .cli import CommandError, _duration, _positive_int, _require_url
+from .cli import CommandError, _duration, _positive_int, _reason, _require_url
+from .types import presumed_dead_holder
 
 EXIT_OK = 0
 EXIT_REFUSED = 1
@@ -397,8 +398,12 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
             lambda e: e.seq,
             args.limit,
         )
+        processes = c.list_processes() if str(run.status) == "running" else []
+    dead = presumed_dead_holder(attempts, processes)
     if args.json:
-        print_json({"run": run, "attempts": attempts, "events": events})
+        print_json(
+            {"run": run, "attempts": attempts, "events": events, "held_by_dead_worker": dead}
+        )
         return EXIT_OK
     fields = [(_field_name(run, f.name), getattr(run, f.name)) for f in dataclasses.fields(run)]
     show(
@@ -406,6 +411,11 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
         table("attempts", ATTEMPT_COLUMNS, [_attempt_row(a) for a in attempts]),
         table("ledger events", EVENT_COLUMNS, [_event_row(e) for e in events]),
     )
+    if dead is not None:
+        line(
+            f"held by worker {dead}, presumed dead: a lease it holds has expired "
+            "(the reaper hands the run back)"
+        )
     return EXIT_OK
 
 
@@ -605,6 +615,31 @@ def cmd_ledger_skip(args: argparse.Namespace) -> int:
         text = f"{where}: not blocked, nothing skipped"
     say(args, plain(row), text)
     return EXIT_OK if row.outcome == "skipped" else EXIT_REFUSED
+
+
+# -- processes ------------------------------------------------------------------
+PROCESS_COLUMNS = ("name", "kind", "last_seen", "held", "state")
+
+
+def cmd_processes(args: argparse.Namespace) -> int:
+    """list_processes: the workers and relays seen in the last hour."""
+    with client(args) as c:
+        processes = c.list_processes()
+    if args.json:
+        print_json(processes)
+        return EXIT_OK
+    rows = [
+        [
+            p.name,
+            p.kind,
+            p.last_seen_at,
+            p.held,
+            "presumed dead (an expired lease)" if p.presumed_dead else "alive",
+        ]
+        for p in processes
+    ]
+    show(table("workers and relays seen in the last hour", PROCESS_COLUMNS, rows))
+    return EXIT_OK
 
 
 # -- queues ---------------------------------------------------------------------
@@ -961,7 +996,7 @@ def add_commands(
              cmd_ledger_skip)  # fmt: skip
     p.add_argument("run_id")
     p.add_argument("lane", choices=LANES)
-    p.add_argument("--reason", required=True, help="why, kept on the event")
+    p.add_argument("--reason", required=True, type=_reason, help="why, kept on the event")
     p.add_argument("--call-id", type=uuid.UUID, help="a uuid naming this call (a repeat: nothing)")
     _json(p)
 

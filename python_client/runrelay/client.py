@@ -52,6 +52,7 @@ from .types import (
     PausedQueue,
     PauseOutcome,
     PrepareOutcome,
+    Process,
     QueueOverview,
     ReapedAttempt,
     ReleaseOutcome,
@@ -924,10 +925,23 @@ class _Methods:
     ) -> _Call[list[SkippedEvent]]:
         """End a lane's blocked head (a failed event) as skipped, so that the
         lane delivers its successors -> [SkippedEvent] (SKIPPED, or
-        NOT_BLOCKED: nothing changed). Repeat with the same call_id after a
-        lost reply."""
-        values = {"run_id": run_id, "lane": str(lane), "reason": reason, "call_id": call_id}
+        NOT_BLOCKED: nothing changed).
+
+        ``call_id`` names this call (a fresh uuid when omitted): repeating the
+        call with the same id after a lost reply answers the first rows."""
+        values = {
+            "run_id": run_id,
+            "lane": str(lane),
+            "reason": reason,
+            "call_id": uuid.uuid4() if call_id is None else call_id,
+        }
         return _Call("skip_ledger_events", values, conn)
+
+    @_operation
+    def list_processes(self, *, conn: Any = None) -> _Call[list[Process]]:
+        """The workers and relays seen in the last hour or holding work now
+        -> [Process] (workers first, then relays, by name)."""
+        return _Call("list_processes", {}, conn)
 
     @_operation
     def pause_queue(

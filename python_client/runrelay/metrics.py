@@ -9,7 +9,9 @@ Two sources, one naming scheme (every name starts with ``runrelay_``):
   by queue and status, waiting runs by wait kind, the oldest runnable run per
   queue (the most active queues only, the rest summed under queue="_other"
   so the series stay bounded however many queues exist), ledger events by
-  lane and state, the delivery lag and the blocked heads per lane, plus ``runrelay_up`` and
+  lane and state, the delivery lag and the blocked heads per lane (the lag
+  of deliverable events apart from the age of blocked heads), workers and
+  relays alive or presumed dead (list_processes), plus ``runrelay_up`` and
   ``runrelay_scrape_duration_seconds``. No thread polls in the background, so
   what Prometheus sees is what the database held when it asked. A database
   that cannot be reached or read makes that scrape report ``runrelay_up 0``
@@ -60,7 +62,10 @@ DEFAULT_PORT = 9464
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 # Every state an event can read as in the `ledger` view; each is exported
 # for every lane, zero when no event is in it, so a series never vanishes.
-LEDGER_STATES = ("pending", "leased", "delivered", "failed")
+LEDGER_STATES = ("pending", "leased", "delivered", "failed", "skipped")
+# list_processes's kinds and the two states a process is exported in.
+PROCESS_KINDS = ("worker", "relay")
+PROCESS_STATES = ("alive", "presumed_dead")
 # The wait kinds (a waiting run's wait.kind); each is exported for
 # every queue, zero when no run waits that way.
 WAIT_KINDS = ("sleep", "event", "detached_runner")
@@ -92,15 +97,22 @@ top_queues AS (
 )
 SELECT 'run' AS source, coalesce(t.queue, %(other)s) AS name, r.status AS state,
        sum(r.runs) AS count, sum(r.held_by_key) AS held,
-       max(r.oldest_runnable_age_seconds) AS age, NULL::bigint AS blocked
+       max(r.oldest_runnable_age_seconds) AS age, NULL::bigint AS blocked,
+       NULL::double precision AS deliverable_age, NULL::double precision AS blocked_age
 FROM run_rows AS r LEFT JOIN top_queues AS t ON t.queue = r.queue
 GROUP BY 2, 3
 UNION ALL
-SELECT 'ledger', lane, state, events, NULL, oldest_pending_age_seconds, blocked_heads
+SELECT 'ledger', lane, state, events, NULL, oldest_pending_age_seconds, blocked_heads,
+       oldest_deliverable_age_seconds, oldest_blocked_age_seconds
 FROM {schema}.ledger_stats
 UNION ALL
-SELECT 'wait', coalesce(t.queue, %(other)s), w.kind, sum(w.runs), NULL, NULL, NULL
+SELECT 'wait', coalesce(t.queue, %(other)s), w.kind, sum(w.runs), NULL, NULL, NULL, NULL, NULL
 FROM {schema}.wait_stats AS w LEFT JOIN top_queues AS t ON t.queue = w.queue
+GROUP BY 2, 3
+UNION ALL
+SELECT 'process', p.kind, CASE WHEN p.presumed_dead THEN 'presumed_dead' ELSE 'alive' END,
+       count(*), NULL, NULL, NULL, NULL, NULL
+FROM {schema}.list_processes() AS p
 GROUP BY 2, 3
 """
 
@@ -109,8 +121,9 @@ GROUP BY 2, 3
 @dataclass(frozen=True, slots=True)
 class StatsRow:
     """One row of STATS_QUERY: a run_stats row (source 'run': queue, status),
-    a ledger_stats row (source 'ledger': lane, state) or a wait_stats row
-    (source 'wait': queue, wait kind)."""
+    a ledger_stats row (source 'ledger': lane, state), a wait_stats row
+    (source 'wait': queue, wait kind) or a count of list_processes (source
+    'process': kind, alive or presumed_dead)."""
 
     source: str
     name: str
@@ -119,6 +132,8 @@ class StatsRow:
     held: int | None
     age: float | None
     blocked: int | None
+    deliverable_age: float | None = None
+    blocked_age: float | None = None
 
 
 def _number(value: Decimal | float | int | None) -> float | None:
@@ -136,9 +151,14 @@ def stats_families(rows: Iterable[StatsRow]) -> list[GaugeMetricFamily]:
     events: dict[tuple[str, str], int] = {}
     pending_age: dict[str, float] = {}
     blocked: dict[str, int] = {}
+    deliverable_age: dict[str, float] = {}
+    blocked_age: dict[str, float] = {}
     waiting: dict[tuple[str, str], int] = {}
+    processes: dict[tuple[str, str], int] = {}
     for row in rows:
-        if row.source == "wait":
+        if row.source == "process":
+            processes[(row.name, row.state)] = row.count
+        elif row.source == "wait":
             waiting[(row.name, row.state)] = row.count
         elif row.source == "run":
             runs[(row.name, row.state)] = row.count
@@ -150,6 +170,11 @@ def stats_families(rows: Iterable[StatsRow]) -> list[GaugeMetricFamily]:
             age = row.age if row.age is not None else 0.0
             pending_age[row.name] = max(pending_age.get(row.name, 0.0), age)
             blocked[row.name] = max(blocked.get(row.name, 0), row.blocked or 0)
+            for ages, value in (
+                (deliverable_age, row.deliverable_age),
+                (blocked_age, row.blocked_age),
+            ):
+                ages[row.name] = max(ages.get(row.name, 0.0), value or 0.0)
     queues = sorted({queue for queue, _ in runs})
     lanes = sorted({lane.value for lane in Lane} | {lane for lane, _ in events})
 
@@ -174,6 +199,15 @@ def stats_families(rows: Iterable[StatsRow]) -> list[GaugeMetricFamily]:
             [lane], pending_age.get(lane, 0.0)
         )
         by_name["runrelay_ledger_blocked_heads"].add_metric([lane], blocked.get(lane, 0))
+        by_name["runrelay_ledger_deliverable_age_seconds"].add_metric(
+            [lane], deliverable_age.get(lane, 0.0)
+        )
+        by_name["runrelay_ledger_blocked_age_seconds"].add_metric(
+            [lane], blocked_age.get(lane, 0.0)
+        )
+    for kind in PROCESS_KINDS:
+        for state in PROCESS_STATES:
+            by_name["runrelay_processes"].add_metric([kind, state], processes.get((kind, state), 0))
     return families
 
 
@@ -204,7 +238,7 @@ def _stats_family_shells() -> list[GaugeMetricFamily]:
         ),
         GaugeMetricFamily(
             "runrelay_ledger_events",
-            "Ledger events by lane and state: pending, leased, delivered, failed "
+            "Ledger events by lane and state: pending, leased, delivered, failed, skipped "
             "(ledger_stats.events).",
             labels=["lane", "state"],
         ),
@@ -219,6 +253,26 @@ def _stats_family_shells() -> list[GaugeMetricFamily]:
             "Runs whose lane is stopped behind a failed event until it is requeued "
             "(ledger_stats.blocked_heads).",
             labels=["lane"],
+        ),
+        GaugeMetricFamily(
+            "runrelay_ledger_deliverable_age_seconds",
+            "Seconds since the oldest pending or leased event of a lane that is not blocked "
+            "was appended, 0 when none (ledger_stats.oldest_deliverable_age_seconds): "
+            "growing means the relays fall behind.",
+            labels=["lane"],
+        ),
+        GaugeMetricFamily(
+            "runrelay_ledger_blocked_age_seconds",
+            "Seconds since the oldest failed event of a lane was appended, 0 when none "
+            "(ledger_stats.oldest_blocked_age_seconds): a head that waits for an operator "
+            "(requeue or skip), whatever the relays do.",
+            labels=["lane"],
+        ),
+        GaugeMetricFamily(
+            "runrelay_processes",
+            "Workers and relays seen in the last hour or holding work (list_processes), by "
+            "kind and state: alive, or presumed_dead (a lease it holds has expired).",
+            labels=["kind", "state"],
         ),
     ]
 
@@ -320,8 +374,20 @@ class StatsCollector:
                 held=None if held_ is None else int(held_),
                 age=_number(age),
                 blocked=None if blocked_ is None else int(blocked_),
+                deliverable_age=_number(deliverable),
+                blocked_age=_number(blocked_for),
             )
-            for source, name, state, count, held_, age, blocked_ in cursor.fetchall()
+            for (
+                source,
+                name,
+                state,
+                count,
+                held_,
+                age,
+                blocked_,
+                deliverable,
+                blocked_for,
+            ) in cursor.fetchall()
         ]
 
     def _drop_connection(self) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -192,6 +193,7 @@ class EventState(enum.StrEnum):
     LEASED = "leased"
     DELIVERED = "delivered"
     FAILED = "failed"
+    SKIPPED = "skipped"
 
 
 @dataclass(frozen=True, slots=True)
@@ -470,6 +472,38 @@ class SkippedEvent:
     event_id: int | None
     seq: int | None
     outcome: SkipOutcome
+
+
+class ProcessKind(enum.StrEnum):
+    WORKER = "worker"
+    RELAY = "relay"
+
+
+@dataclass(frozen=True, slots=True)
+class Process:
+    """One row of list_processes: a worker or relay seen in the last hour or
+    holding work now (``held``: its running attempts or leased lanes);
+    ``presumed_dead`` when a lease it holds has expired."""
+
+    name: str
+    kind: ProcessKind
+    last_seen_at: datetime
+    held: int
+    presumed_dead: bool
+
+
+def presumed_dead_holder(
+    attempts: Sequence[RunAttempt], processes: Sequence[Process]
+) -> str | None:
+    """The worker holding a run's running attempt (of ``attempts``, from
+    run_attempts) when list_processes presumes it dead -- a lease it holds
+    has expired --, else None. ``runs show`` and the dashboard's run page
+    say so."""
+    dead = {p.name for p in processes if p.kind == ProcessKind.WORKER and p.presumed_dead}
+    for a in attempts:
+        if a.status == AttemptStatus.RUNNING and a.worker in dead:
+            return a.worker
+    return None
 
 
 @dataclass(frozen=True, slots=True)

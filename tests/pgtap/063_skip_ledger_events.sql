@@ -88,7 +88,10 @@ SELECT results_eq(
     'not_blocked with a call_id: the head it found'
 );
 SELECT runrelay.fail_ledger(
-    'r', ARRAY(SELECT event_id FROM runrelay.ledger WHERE run_id = 's1' AND type = 'a2'), '{}', permanent => TRUE
+    'r', array(
+        SELECT event_id FROM runrelay.ledger
+        WHERE run_id = 's1' AND type = 'a2'
+    ), '{}', permanent => TRUE
 );
 SELECT results_eq(
     $$SELECT s.seq, s.outcome
@@ -97,7 +100,10 @@ SELECT results_eq(
     'its repeat answers not_blocked again after the head failed'
 );
 SELECT is(
-    (SELECT state FROM runrelay.ledger WHERE run_id = 's1' AND type = 'a2'), 'failed',
+    (
+        SELECT state FROM runrelay.ledger
+        WHERE run_id = 's1' AND type = 'a2'
+    ), 'failed',
     '... and leaves the failed head alone'
 );
 SELECT results_eq(

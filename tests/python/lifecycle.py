@@ -136,9 +136,10 @@ def check_lanes(conn: psycopg.Connection) -> None:
                    l.transport_only,
                    EXISTS (SELECT 1 FROM runrelay.ledger AS n
                            WHERE n.run_id = l.run_id AND n.lane = l.lane
-                             AND n.state <> 'delivered' AND n.seq > l.seq) AS has_next
+                             AND n.state NOT IN ('delivered', 'skipped')
+                             AND n.seq > l.seq) AS has_next
             FROM runrelay.ledger AS l
-            WHERE l.state <> 'delivered'
+            WHERE l.state NOT IN ('delivered', 'skipped')
             ORDER BY l.run_id, l.lane, l.seq
         ) AS p
         LEFT JOIN runrelay.ledger_lanes AS ll ON ll.run_id = p.run_id AND ll.lane = p.lane
@@ -187,14 +188,14 @@ def check_drained(conn: psycopg.Connection) -> None:
     bad = conn.execute(
         """
         SELECT l.run_id, l.lane, l.seq, l.state FROM runrelay.ledger AS l
-        WHERE l.state <> 'delivered'
+        WHERE l.state NOT IN ('delivered', 'skipped')
           AND NOT EXISTS (SELECT 1 FROM runrelay.ledger AS f
                           WHERE f.run_id = l.run_id AND f.lane = l.lane
                             AND f.state = 'failed' AND f.seq <= l.seq)
           AND NOT (l.transport_only AND coalesce((
                        SELECT n.state = 'failed' FROM runrelay.ledger AS n
                        WHERE n.run_id = l.run_id AND n.lane = l.lane
-                         AND n.state <> 'delivered' AND n.seq > l.seq
+                         AND n.state NOT IN ('delivered', 'skipped') AND n.seq > l.seq
                        ORDER BY n.seq LIMIT 1), true))
         ORDER BY l.run_id, l.lane, l.seq
         """

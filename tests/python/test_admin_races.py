@@ -254,6 +254,67 @@ def test_a_requeue_waits_no_longer_than_the_callers_lock_timeout(
     assert [r["requeued"] for r in call(operator, "requeue_blocked_heads", run_id="b")] == [1]
 
 
+def test_a_skip_waits_for_a_requeue_in_flight_and_then_finds_nothing_blocked(
+    db: psycopg.Connection, connect: Connect
+) -> None:
+    """skip_ledger_events reads the head after the lane lock: behind a
+    requeue in flight it waits, then answers not_blocked and skips nothing,
+    and the requeued head is delivered, not lost."""
+    head = blocked_lane(db, "s")
+    requeuer = connect(autocommit=False)
+    assert scalar(requeuer, "requeue_ledger_event", event_id=head) is True
+    operator = connect()
+    pending = _in_thread(
+        lambda: call(operator, "skip_ledger_events", run_id="s", lane="lifecycle", reason="r")
+    )
+    wait_until_blocked(db, backend_pid(operator))
+    requeuer.commit()
+    assert pending.result(timeout=10) == [{"event_id": head, "seq": 1, "outcome": "not_blocked"}]
+    assert db.execute(
+        "SELECT state FROM runrelay.ledger WHERE event_id = %s", [head]
+    ).fetchone() == ("pending",)
+    assert [r["event_id"] for r in call(db, "claim_ledger", relay="r2", run_id="s")] == [head]
+
+
+def test_two_skips_with_one_call_id_the_second_waits_and_answers_the_first(
+    db: psycopg.Connection, connect: Connect
+) -> None:
+    """A repeat that arrives while the first call is still open waits for its
+    call id's lock, then answers what the first recorded and writes nothing."""
+    head = blocked_lane(db, "s2")
+    call_id = uuid.uuid4()
+    args = {"run_id": "s2", "lane": "lifecycle", "reason": "gone", "call_id": call_id}
+    first = connect(autocommit=False)
+    assert call(first, "skip_ledger_events", **args) == [
+        {"event_id": head, "seq": 1, "outcome": "skipped"}
+    ]
+    repeat = connect()
+    pending = _in_thread(lambda: call(repeat, "skip_ledger_events", **args))
+    wait_until_blocked(db, backend_pid(repeat))
+    first.commit()
+    before = table_checksum(db)
+    assert pending.result(timeout=10) == [{"event_id": head, "seq": 1, "outcome": "skipped"}]
+    assert table_checksum(db) == before
+
+
+def test_a_skip_waits_no_longer_than_the_callers_lock_timeout(
+    db: psycopg.Connection, connect: Connect
+) -> None:
+    blocked_lane(db, "s3")
+    holder = connect(autocommit=False)
+    holder.execute("SELECT 1 FROM runrelay.ledger_lanes WHERE run_id = 's3' FOR UPDATE")
+    operator = connect()
+    operator.execute("SET lock_timeout = '200ms'")
+    before = table_checksum(db)
+    with pytest.raises(psycopg.errors.LockNotAvailable):
+        call(operator, "skip_ledger_events", run_id="s3", lane="lifecycle", reason="r")
+    assert table_checksum(db) == before
+    holder.rollback()
+    (row,) = call(operator, "skip_ledger_events", run_id="s3", lane="lifecycle", reason="r")
+    assert row["outcome"] == "skipped"
+    check_lanes(db)
+
+
 def test_requeues_racing_relays_that_fail_again_leave_every_lane_consistent(
     db: psycopg.Connection, connect: Connect
 ) -> None:

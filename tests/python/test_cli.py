@@ -15,8 +15,8 @@ from conftest import REPO
 from runrelay.cli import EXIT_UNREACHABLE, EXIT_USAGE, build_parser
 
 COMMANDS = [
-    "migrate", "downgrade", "status", "worker", "relay", "maintain", "exporter", "dashboard",
-    "demo", "runs", "ledger", "queues", "schedules",
+    "migrate", "downgrade", "status", "processes", "worker", "relay", "maintain", "exporter",
+    "dashboard", "demo", "runs", "ledger", "queues", "schedules",
 ]  # fmt: skip
 # The actions of each command group.
 ACTIONS = {

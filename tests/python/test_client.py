@@ -1238,6 +1238,7 @@ def round_trip_calls(now: datetime) -> dict[str, tuple[tuple[Any, ...], dict[str
         "list_blocked_heads": ((), {"run_id": "rt"}),
         "requeue_blocked_heads": ((), {"run_id": "missing"}),
         "skip_ledger_events": (("missing", "lifecycle", "gone"), {}),
+        "list_processes": ((), {}),
         "pause_queue": (("rt-paused",), {"reason": "test"}),
         "resume_queue": (("rt-never-paused",), {}),
         "list_paused_queues": ((), {}),
@@ -1457,6 +1458,7 @@ def test_every_method_returns_its_declared_type(
         await call("list_blocked_heads", lane="observability")
         await call("requeue_blocked_heads", run_id="a")
         await call("skip_ledger_events", "a", "observability", "not blocked any more")
+        await call("list_processes")
         (note,) = await call("claim_ledger", "relay-1", lane="observability", run_id="a")
         await call("fail_ledger", "relay-1", [note.event_id], {"e": 1})
         await call("ledger_next_due_at", lane="observability")

@@ -199,6 +199,12 @@ def test_the_callers_lock_timeout_is_unchanged_after_every_outcome(
     checked("fail_ledger", relay="R2", event_ids=ids, error={}, permanent=True)
     checked("requeue_blocked_heads", run_id="a")
     checked("requeue_blocked_heads", run_id="a")  # nothing blocked
+    claimed = checked("claim_ledger", relay="R2", run_id="a", max_events=1)
+    ids = [r["event_id"] for r in claimed]
+    checked("fail_ledger", relay="R2", event_ids=ids, error={}, permanent=True)
+    assert checked("skip_ledger_events", run_id="a", lane="lifecycle", reason="r")
+    checked("skip_ledger_events", run_id="a", lane="lifecycle", reason="r")  # not_blocked
+    checked("list_processes")
     checked("pause_queue", queue="default")
     checked("pause_queue", queue="default")  # already_paused
     checked("resume_queue", queue="default")
@@ -258,6 +264,8 @@ def test_every_writing_function_restores_the_callers_lock_timeout_on_every_exit(
         # the overview (docs/admin.md)
         "queue_overview",
         "ledger_overview",
+        # live processes (docs/admin.md)
+        "list_processes",
     }
     assert set(unbounded) <= readers, unbounded
     for name, src, setof in bounded:

@@ -242,6 +242,60 @@ def test_a_blocked_head_shows_up_until_it_is_requeued(
     assert requeued.get("runrelay_ledger_events", lane="lifecycle", state="pending") == 2
 
 
+def test_the_lag_of_a_blocked_head_is_told_apart_from_relays_falling_behind(
+    db: psycopg.Connection, client: Client, exporter: Exporter
+) -> None:
+    """An hour-old head blocks its lane (the events behind it wait for an
+    operator, not for a relay); a fresh run's event waits for a relay. The
+    blocked age is the hour, the deliverable lag the fresh event's; a skip
+    ends the blocked age and turns the event behind it into relay lag."""
+    old = _an_hour_ago(db)
+    old.enqueue_run("poison")
+    old.append_events("poison", [{"type": "behind", "payload": {}}])
+    (head,) = old.claim_ledger("relay-1", "lifecycle", run_id="poison")
+    old.fail_ledger("relay-1", [head.event_id], {"message": "rejected"}, permanent=True)
+    db.execute("RESET runrelay.clock_offset")
+    client.enqueue_run("fresh")
+
+    blocked = scrape(exporter.port)
+    blocked_age = blocked.get("runrelay_ledger_blocked_age_seconds", lane="lifecycle")
+    lag = blocked.get("runrelay_ledger_deliverable_age_seconds", lane="lifecycle")
+    assert blocked_age is not None and HOUR - 60 < blocked_age < HOUR + 600, blocked_age
+    assert lag is not None and lag < 600, lag  # "behind", an hour old, is blocked: not relay lag
+    assert (
+        blocked.get("runrelay_ledger_oldest_pending_age_seconds", lane="lifecycle") or 0
+    ) > HOUR - 60
+    assert blocked.get("runrelay_ledger_blocked_age_seconds", lane="observability") == 0
+
+    (row,) = client.skip_ledger_events("poison", "lifecycle", "rejected for good")
+    assert row.outcome == "skipped"
+    skipped = scrape(exporter.port)
+    assert skipped.get("runrelay_ledger_blocked_age_seconds", lane="lifecycle") == 0
+    assert skipped.get("runrelay_ledger_events", lane="lifecycle", state="skipped") == 1
+    assert skipped.get("runrelay_ledger_events", lane="lifecycle", state="failed") == 0
+    lag = skipped.get("runrelay_ledger_deliverable_age_seconds", lane="lifecycle")
+    assert lag is not None and lag > HOUR - 60, lag  # "behind" now waits for a relay
+
+
+def test_processes_are_counted_by_kind_alive_or_presumed_dead(
+    db: psycopg.Connection, client: Client, exporter: Exporter
+) -> None:
+    client.enqueue_run("held", queue="q")
+    client.enqueue_run("lapsed", queue="q2")
+    client.claim_attempts("w-alive", ["q"], lease_seconds=300)
+    client.claim_attempts("w-dead", ["q2"], lease_seconds=5)
+    client.claim_ledger("r-alive", run_id="held", lease_seconds=300)
+    db.execute(
+        "UPDATE runrelay.attempts SET lease_expires_at = now() - interval '1 minute'"
+        " WHERE worker = 'w-dead'"
+    )
+    result = scrape(exporter.port)
+    assert result.get("runrelay_processes", kind="worker", state="alive") == 1
+    assert result.get("runrelay_processes", kind="worker", state="presumed_dead") == 1
+    assert result.get("runrelay_processes", kind="relay", state="alive") == 1
+    assert result.get("runrelay_processes", kind="relay", state="presumed_dead") == 0
+
+
 def _queue_series(result: Scrape, name: str) -> dict[str, float]:
     """Per queue, the sum of `name`'s samples of that queue."""
     sums: dict[str, float] = {}

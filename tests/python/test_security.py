@@ -88,6 +88,7 @@ GRANTS: dict[str, frozenset[str]] = {
             "list_blocked_heads",
             "requeue_blocked_heads",
             "skip_ledger_events",
+            "list_processes",
             "pause_queue",
             "resume_queue",
             "list_paused_queues",
@@ -237,6 +238,7 @@ def _allowed_calls() -> dict[str, tuple[dict[str, Any], Callable[[list[tuple[Any
             {"run_id": "sec-absent", "lane": "lifecycle", "reason": "r"},
             lambda rows: rows == [(None, None, "not_blocked")],
         ),
+        "list_processes": ({}, lambda rows: all(len(r) == 5 for r in rows)),
         # Pausing writes (a paused_queues row); the matrix calls the functions
         # in name order, so resume_queue then finds it paused.
         "pause_queue": ({"queue": "sec-paused"}, first_is("paused")),

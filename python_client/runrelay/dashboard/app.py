@@ -61,7 +61,7 @@ from starlette.staticfiles import StaticFiles
 
 from .. import errors
 from ..client import AsyncClient
-from ..types import RunStatus
+from ..types import RunStatus, presumed_dead_holder
 from . import present
 from .live import Notifications, event_stream
 from .sessions import COOKIE, Sessions, password_matches, same_token
@@ -339,6 +339,7 @@ def create_app(settings: DashboardSettings) -> Starlette:
         if detail is None:
             return {"run": None, "run_id": run_id, "attempts": [], "lanes": {}}
         attempts = await client().run_attempts(run_id, max_rows=RUN_PAGE_ROWS)
+        processes = await client().list_processes() if str(detail.status) == "running" else []
         lanes = {
             lane: await client().run_ledger_events(run_id, lane=lane, max_rows=RUN_PAGE_ROWS)
             for lane in LANES
@@ -347,6 +348,7 @@ def create_app(settings: DashboardSettings) -> Starlette:
             "run": detail,
             "run_id": run_id,
             "attempts": attempts,
+            "dead_holder": presumed_dead_holder(attempts, processes),
             "lanes": lanes,
             "blocked": [
                 lane
@@ -387,6 +389,20 @@ def create_app(settings: DashboardSettings) -> Starlette:
             "first_url": "/deliveries?" + urllib.parse.urlencode(base),
             "next_url": next_url,
         }
+
+    async def skip(request: Request) -> dict[str, Any]:
+        """The confirmation step of a skip: the blocked head it would end, a
+        reason to give, and the one form that posts it."""
+        q = request.query_params
+        run_id = (q.get("run_id") or "").strip()
+        lane = q.get("lane") or ""
+        if not run_id or lane not in LANES:
+            raise errors.InvalidArgument(f"pass run_id and a lane ({', '.join(LANES)})")
+        heads = await client().list_blocked_heads(run_id=run_id, lane=lane, max_rows=1)
+        return {"run_id": run_id, "lane": lane, "head": heads[0] if heads else None}
+
+    async def processes(_request: Request) -> dict[str, Any]:
+        return {"processes": await client().list_processes()}
 
     async def schedules(request: Request) -> dict[str, Any]:
         after = request.query_params.get("after") or None
@@ -472,7 +488,7 @@ def create_app(settings: DashboardSettings) -> Starlette:
             role = "producer" if name in PRODUCER_ACTIONS else "admin"
             message = f"Not done: {_role_hint(exc, f'{settings.schema}_{role}')}"
         except _UNAVAILABLE as exc:
-            # Every action is safe to send again: cancel, retry and signal
+            # Every action is safe to send again: cancel, retry, signal and skip
             # replay by their call id, the others are idempotent.
             log.warning("dashboard: %s: %s not done: %s", actor, name, exc)
             why = present.error_summary(str(exc))
@@ -508,6 +524,8 @@ def create_app(settings: DashboardSettings) -> Starlette:
         Route("/runs", page("runs.html", runs)),
         Route("/run", page("run.html", run)),
         Route("/deliveries", page("deliveries.html", deliveries)),
+        Route("/skip", page("skip.html", skip)),
+        Route("/processes", page("processes.html", processes)),
         Route("/schedules", page("schedules.html", schedules)),
         Route("/login", login, methods=["GET", "POST"]),
         Route("/logout", logout, methods=["POST"]),
@@ -565,6 +583,23 @@ async def _requeue(c: AsyncClient, form: dict[str, str], actor: str) -> str:
     return f"Requeue {what}: {events} event(s) in {len(lanes)} lane(s) requeued"
 
 
+async def _skip(c: AsyncClient, form: dict[str, str], actor: str) -> str:
+    """Only from the confirmation page (/skip): its form alone carries
+    confirmed=yes. The login the dashboard connects as is kept on the event
+    (skipped_by); the dashboard user goes into the reason."""
+    run_id = _required(form, "run_id")
+    lane = _required(form, "lane")
+    if lane not in LANES:
+        raise BadForm(f"lane must be one of {', '.join(LANES)}")
+    if form.get("confirmed") != "yes":
+        raise BadForm("a skip is confirmed on its own page: open it with Skip… on the row")
+    reason = f"{_required(form, 'reason')} ({actor})"
+    rows = await c.skip_ledger_events(run_id, lane, reason, call_id=_call_id(form))
+    if not any(r.outcome == "skipped" for r in rows):
+        return f"Skip {run_id} {lane}: not blocked, nothing skipped"
+    return f"Skip {run_id} {lane}: the failed head skipped; the lane delivers its successors"
+
+
 async def _pause(c: AsyncClient, form: dict[str, str], actor: str) -> str:
     queue = _required(form, "queue")
     outcome = await c.pause_queue(queue, reason=_text(form, "reason"), requested_by=actor)
@@ -582,6 +617,7 @@ ACTIONS: dict[str, Action] = {
     "retry": _retry,
     "signal": _signal,
     "requeue": _requeue,
+    "skip": _skip,
     "pause": _pause,
     "resume": _resume,
 }

@@ -90,6 +90,7 @@ UNSUPPORTED = (
     "ledger_overview",
     "list_blocked_heads",
     "list_paused_queues",
+    "list_processes",
     "list_runs",
     "list_schedules",
     "queue_overview",

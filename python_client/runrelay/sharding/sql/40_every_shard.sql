@@ -247,6 +247,8 @@ SELECT
     s.state,
     sum(s.events)::bigint AS events,
     max(s.oldest_pending_age_seconds) AS oldest_pending_age_seconds,
-    sum(s.blocked_heads)::bigint AS blocked_heads
+    sum(s.blocked_heads)::bigint AS blocked_heads,
+    max(s.oldest_deliverable_age_seconds) AS oldest_deliverable_age_seconds,
+    max(s.oldest_blocked_age_seconds) AS oldest_blocked_age_seconds
 FROM @proxy@.gather_ledger_stats() AS s
 GROUP BY s.lane, s.state;
