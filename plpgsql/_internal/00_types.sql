@@ -61,8 +61,7 @@ CREATE TYPE enqueue_runs_result AS (
 
 -- A claimed attempt: what claim_attempts returns, and _claim (in an array).
 -- task is the run's task (null: untyped). steps is the run's recorded steps
--- (step name -> result; null when there are none); no function records
--- steps yet, so it is always null until a steps store fills it in _claim.
+-- (record_step; step name -> result; null when there are none).
 CREATE TYPE claim_attempts_result AS (
     run_id text,
     attempt integer,

@@ -18,6 +18,8 @@
 -- A candidate with a cancel marker is cancelled instead of started. The
 -- others start together: one statement opens every attempt, one appends every
 -- run.started, so a claim of 100 runs costs the statements of a claim of 1.
+-- Each claimed attempt carries its run's recorded steps (_steps_of: one
+-- primary-key range of steps per run, null when it has none).
 -- Replay: with call_id, a repeated call returns the attempts the first call
 -- opened (for the same worker), in the same order (attempts.claim_position),
 -- and opens nothing; if the first call rolled back there is nothing to find
@@ -64,7 +66,7 @@ BEGIN
             RETURN ARRAY(
                 SELECT (
                     a.run_id, a.attempt, a.lease_token, r.queue, r.payload, r.resume, a.lease_expires_at, r.task,
-                    NULL::jsonb
+                    _steps_of(a.run_id)
                 )::claim_attempts_result
                 FROM attempts AS a
                 INNER JOIN runs AS r ON a.run_id = r.run_id
@@ -177,7 +179,7 @@ BEGIN
         array_agg(
             (
                 s.run_id, s.attempt, o.lease_token, s.queue, s.payload, s.resume, v_granted + p_lease, s.task,
-                NULL::jsonb
+                _steps_of(s.run_id)
             )::claim_attempts_result
             ORDER BY s.ord
         ),
@@ -195,3 +197,15 @@ $$;
 
 COMMENT ON FUNCTION _claim(text, text[], text[], integer, interval, uuid) IS
 'Claims up to p_max_runs runnable runs and opens their attempts (callers validated the input); in claim order.';
+
+-- _steps_of(): a run's recorded steps as claims return them, step name ->
+-- result; null when it has none. A range of steps' primary key. The claim
+-- holds the run's row, and a step is recorded only under it.
+CREATE FUNCTION _steps_of(p_run_id text)
+RETURNS jsonb
+LANGUAGE sql
+VOLATILE
+RETURN (SELECT jsonb_object_agg(s.step, s.result) FROM steps AS s WHERE s.run_id = p_run_id);
+
+COMMENT ON FUNCTION _steps_of(text) IS
+'A run''s recorded steps, step name -> result, null when none (inlined into the claim).';

@@ -47,12 +47,13 @@ BEGIN
                 'element %s needs a type: a string of 1 to 200 characters, not blank, without control characters',
                 v_index), v_hint);
         END IF;
-        -- Producers and workers alike: only the engine writes run.* events.
+        -- Producers and workers alike: only the engine writes run.* and
+        -- step.* events, so a consumer can trust them.
         IF _event_type_reserved(v_event ->> 'type') THEN
             PERFORM _invalid(p_parameter, format(
-                'element %s: type %s is in the run. namespace, reserved for the engine''s lifecycle events',
+                'element %s: type %s is in a namespace reserved for the engine''s events (run., step.)',
                 v_index, _quote(v_event ->> 'type')),
-                'Choose an event type that does not start with run. (e.g. order.shipped).');
+                'Choose an event type that starts with neither run. nor step. (e.g. order.shipped).');
         END IF;
         IF v_event ? 'lane' AND (v_event ->> 'lane') IS DISTINCT FROM 'lifecycle'
             AND (v_event ->> 'lane') IS DISTINCT FROM 'observability' THEN

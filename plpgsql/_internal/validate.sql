@@ -135,10 +135,10 @@ CREATE FUNCTION _event_type_reserved(p_type text)
 RETURNS boolean
 LANGUAGE sql
 IMMUTABLE
-RETURN starts_with(p_type, 'run.');
+RETURN starts_with(p_type, 'run.') OR starts_with(p_type, 'step.');
 
 COMMENT ON FUNCTION _event_type_reserved(text) IS
-'Whether an event type is in the run. namespace of the engine''s lifecycle events (inlined).';
+'Whether an event type is in a namespace of the engine''s events, run. (lifecycle) or step. (record_step) (inlined).';
 
 CREATE FUNCTION _check_id(p_parameter text, p_value text, p_nullable boolean DEFAULT FALSE)
 RETURNS void

@@ -6,8 +6,8 @@
 -- distinct, increasing seq in commit order; called in a producer's
 -- transaction, the events commit (and become claimable) with its writes.
 -- Appending to an ended run is allowed (compensations, late facts). An
--- unknown run raises 22023, and so does an event type starting run. (the
--- engine's lifecycle events, _event_type_reserved; final_events of the
+-- unknown run raises 22023, and so does an event type starting run. or
+-- step. (the engine's events, _event_type_reserved; final_events of the
 -- workers' calls follow the same rule).
 -- Replay: with explicit delivery keys on every event, repeating a call that
 -- committed returns the events it appended and appends nothing; a reused key

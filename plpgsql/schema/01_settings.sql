@@ -10,6 +10,9 @@ CREATE TABLE settings (
     retry_base_seconds double precision NOT NULL DEFAULT 1,
     retry_max_seconds double precision NOT NULL DEFAULT 3600,
     allow_clock_override boolean NOT NULL DEFAULT FALSE,
+    -- record_step appends a step.recorded event to the run's observability
+    -- lane for each step it records; false: none.
+    step_events boolean NOT NULL DEFAULT TRUE,
     CONSTRAINT settings_singleton CHECK (singleton),
     CONSTRAINT settings_max_payload_bytes CHECK (
         max_payload_bytes BETWEEN 1024 AND 268435456

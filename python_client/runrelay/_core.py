@@ -167,6 +167,12 @@ OPERATIONS: dict[str, Operation] = {
             _one(t.HeartbeatResult, outcome=t.HeartbeatOutcome),
         ),
         Operation(
+            "record_step",
+            (*FENCE, ("step", "text"), ("result", "jsonb")),
+            _enum(t.StepOutcome),
+            set_returning=False,
+        ),
+        Operation(
             "complete_attempt",
             (*FENCE, ("result", "jsonb"), ("final_events", "jsonb")),
             _enum(t.CompleteOutcome),
@@ -302,6 +308,11 @@ OPERATIONS: dict[str, Operation] = {
             "run_attempts",
             (("run_id", "text"), ("after_attempt", "integer"), ("max_rows", "integer")),
             _each(t.RunAttempt, status=t.AttemptStatus),
+        ),
+        Operation(
+            "run_steps",
+            (("run_id", "text"), ("after_position", "integer"), ("max_rows", "integer")),
+            _each(t.RunStep),
         ),
         Operation(
             "run_ledger_events",

@@ -398,17 +398,29 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
             lambda e: e.seq,
             args.limit,
         )
+        steps = _pages(
+            lambda after: c.run_steps(args.run_id, after_position=after or 0, max_rows=100),
+            lambda s: s.position,
+            args.limit,
+        )
         processes = c.list_processes() if str(run.status) == "running" else []
     dead = presumed_dead_holder(attempts, processes)
     if args.json:
         print_json(
-            {"run": run, "attempts": attempts, "events": events, "held_by_dead_worker": dead}
+            {
+                "run": run,
+                "attempts": attempts,
+                "steps": steps,
+                "events": events,
+                "held_by_dead_worker": dead,
+            }
         )
         return EXIT_OK
     fields = [(_field_name(run, f.name), getattr(run, f.name)) for f in dataclasses.fields(run)]
     show(
         record(f"run {run.run_id}", fields),
         table("attempts", ATTEMPT_COLUMNS, [_attempt_row(a) for a in attempts]),
+        table("steps", STEP_COLUMNS, [_step_row(s) for s in steps]),
         table("ledger events", EVENT_COLUMNS, [_event_row(e) for e in events]),
     )
     if dead is not None:
@@ -428,6 +440,11 @@ def _field_name(run: Any, name: str) -> str:
 
 
 ATTEMPT_COLUMNS = ("attempt", "worker", "status", "claimed", "finished", "outcome", "error")
+STEP_COLUMNS = ("#", "step", "attempt", "recorded", "result")
+
+
+def _step_row(s: Any) -> list[Any]:
+    return [s.position, s.step, s.attempt, s.recorded_at, s.result]
 
 
 def _attempt_row(a: Any) -> list[Any]:

@@ -65,6 +65,7 @@ from .types import (
     RunLedgerEvent,
     RunnerTerminal,
     RunnerTerminalOutcome,
+    RunStep,
     RunSummary,
     Schedule,
     ScheduledRun,
@@ -74,6 +75,7 @@ from .types import (
     SettleAndClaimRow,
     SignalOutcome,
     SkippedEvent,
+    StepOutcome,
     SuspendOutcome,
     WaitingFailureOutcome,
 )
@@ -539,6 +541,30 @@ class _Methods:
         return _Call("heartbeat", values, conn)
 
     @_operation
+    def record_step(
+        self,
+        run_id: str,
+        attempt: int,
+        lease_token: uuid.UUID,
+        step: str,
+        result: Any,
+        *,
+        conn: Any = None,
+    ) -> _Call[StepOutcome]:
+        """Store a step's JSON result on the run from its live attempt ->
+        StepOutcome. Every later claim of the run returns it in ``steps``;
+        a step of that name already stored keeps its result
+        (ALREADY_RECORDED). Handlers use ``job.step`` instead."""
+        values = {
+            "run_id": run_id,
+            "attempt": attempt,
+            "lease_token": lease_token,
+            "step": step,
+            "result": result,
+        }
+        return _Call("record_step", values, conn)
+
+    @_operation
     def complete_attempt(
         self,
         run_id: str,
@@ -828,6 +854,15 @@ class _Methods:
         """A run's attempts in order, a page at a time -> list[RunAttempt]."""
         values = {"run_id": run_id, "after_attempt": after_attempt, "max_rows": max_rows}
         return _Call("run_attempts", values, conn)
+
+    @_operation
+    def run_steps(
+        self, run_id: str, after_position: int = 0, max_rows: int = 100, *, conn: Any = None
+    ) -> _Call[list[RunStep]]:
+        """A run's recorded steps in the order they were recorded, a page at
+        a time -> list[RunStep]."""
+        values = {"run_id": run_id, "after_position": after_position, "max_rows": max_rows}
+        return _Call("run_steps", values, conn)
 
     @_operation
     def run_ledger_events(

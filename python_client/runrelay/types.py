@@ -32,6 +32,17 @@ class HeartbeatOutcome(enum.StrEnum):
     FENCE_LOST = "fence_lost"
 
 
+class StepOutcome(enum.StrEnum):
+    """What record_step answered: RECORDED (stored now, or a repeat of the
+    call that stored it), ALREADY_RECORDED (a step of that name is stored:
+    its result stands), CANCELLED, FENCE_LOST."""
+
+    RECORDED = "recorded"
+    ALREADY_RECORDED = "already_recorded"
+    CANCELLED = "cancelled"
+    FENCE_LOST = "fence_lost"
+
+
 class CompleteOutcome(enum.StrEnum):
     COMPLETED = "completed"
     CANCELLED = "cancelled"
@@ -400,6 +411,19 @@ class RunDetail:
     cancel_reason: str | None
     # The named task that handles the run (None: untyped).
     task: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunStep:
+    """One row of run_steps: a recorded step, its result, the attempt that
+    recorded it and when; ``position`` numbers a run's steps from 1 in the
+    order they were recorded."""
+
+    step: str
+    position: int
+    result: JSON
+    attempt: int
+    recorded_at: datetime
 
 
 @dataclass(frozen=True, slots=True)

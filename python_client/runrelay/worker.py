@@ -155,6 +155,7 @@ from ._backoff import (
     wait_event,
 )
 from ._steps import Call, Pause, Steps, drive, drive_async
+from .durable import DurableSteps
 from .maintenance import AsyncMaintenance, Maintenance
 from .tasks import Tasks
 from .types import (
@@ -296,8 +297,9 @@ class RunCancelled(Exception):
 
 
 @dataclass
-class Job:
-    """What a handler gets: the claimed attempt and a cancellation flag."""
+class Job(DurableSteps):
+    """What a handler gets: the claimed attempt, a cancellation flag, and
+    durable steps (job.step, job.sleep, job.wait_for_event: runrelay.durable)."""
 
     attempt: ClaimedAttempt
     cancelled: threading.Event = field(default_factory=threading.Event)
@@ -318,6 +320,24 @@ class Job:
     timed_out: bool = False
     # Cancels an async handler's task (set while it runs).
     interrupt: Callable[[], Any] | None = field(default=None, repr=False, compare=False)
+    # The worker's client, for job.step's record_step; is_async: an
+    # AsyncClient (job.step and the waits are then awaited).
+    client: Any = field(default=None, repr=False, compare=False)
+    is_async: bool = False
+    # The run's steps (from the claim, then recorded), the step names this
+    # attempt used, and whether a wait took the wake's resume.
+    _steps: dict[str, Any] | None = field(default=None, repr=False, compare=False)
+    _names: set[str] = field(default_factory=set, repr=False, compare=False)
+    _resume_taken: bool = False
+
+    def _suspend_sleep(self, seconds: float) -> Exception:
+        return Suspend.sleep(seconds)
+
+    def _suspend_event(self, event: str, timeout: float | None) -> Exception:
+        return Suspend.event(event, timeout=timeout)
+
+    def _lost(self, outcome: Any) -> None:
+        self.cancelled.set()
 
     def saw_lease(self, expires_at: datetime, lease_seconds: int, at: float) -> None:
         """Take a reading of the database clock from a lease the server just
@@ -1356,6 +1376,7 @@ class Worker(_Loop):
         if limit is not None:
             job.deadline = time.monotonic() + limit
             self._rewatch.set()
+        job.client = self.client
         with self._handler_span(job):
             try:
                 return self.handler(job)
@@ -1528,6 +1549,7 @@ class AsyncWorker(_Loop):
         cancels it at the deadline (HandlerTimeout)."""
         started = time.perf_counter()
         limit = self._timeout_of(job)
+        job.client, job.is_async = self.client, True
         with self._handler_span(job):
             try:
                 handler = asyncio.ensure_future(self.handler(job))

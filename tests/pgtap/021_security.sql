@@ -1,10 +1,10 @@
--- Security of the §3.1 and §3.2 functions (SPEC §3, §5, STYLE 3): VOLATILE,
+-- Security of the §3.1 and §3.2 functions and record_step: VOLATILE,
 -- SECURITY DEFINER, owned by the schema owner, a pinned search_path, a
 -- COMMENT ON FUNCTION; EXECUTE for exactly the role of their section
 -- (producer: §3.1, worker: §3.2; relay, admin and PUBLIC: none), and the
 -- grants work end to end under SET ROLE.
 BEGIN;
-SELECT plan(149);
+SELECT plan(158);
 
 CREATE TEMP TABLE api (name text, args text[], grantee text) ON COMMIT DROP;
 INSERT INTO api VALUES
@@ -13,6 +13,7 @@ INSERT INTO api VALUES
 ('cancel_run', ARRAY['text', 'text', 'uuid'], 'runrelay_producer'),
 ('claim_attempts', ARRAY['text', 'text[]', 'integer', 'integer', 'uuid', 'text[]'], 'runrelay_worker'),
 ('heartbeat', ARRAY['text', 'integer', 'uuid', 'integer'], 'runrelay_worker'),
+('record_step', ARRAY['text', 'integer', 'uuid', 'text', 'jsonb'], 'runrelay_worker'),
 ('complete_attempt', ARRAY['text', 'integer', 'uuid', 'jsonb', 'jsonb'], 'runrelay_worker'),
 ('complete_attempts', ARRAY['jsonb'], 'runrelay_worker'),
 (
@@ -36,9 +37,9 @@ SELECT
     format('runrelay.%I(%s)', a.name, array_to_string(a.args, ', '))::regprocedure AS oid
 FROM api AS a;
 
-SELECT is((SELECT count(*) FROM api), 15::bigint, 'the 15 functions of SPEC §3.1 and §3.2 (with release_attempt)');
+SELECT is((SELECT count(*) FROM api), 16::bigint, 'the 16 functions of SPEC §3.1, §3.2 and record_step (with release_attempt)');
 
--- EXECUTE: 15 functions x 4 roles.
+-- EXECUTE: 16 functions x 4 roles.
 SELECT
     function_privs_are(
         'runrelay', a.name, a.args, r.role,

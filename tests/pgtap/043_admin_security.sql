@@ -9,6 +9,7 @@ INSERT INTO admin_fn VALUES
 ('list_runs', $$SELECT * FROM runrelay.list_runs(queue => 'sec-none')$$),
 ('get_run', $$SELECT * FROM runrelay.get_run('sec-none')$$),
 ('run_attempts', $$SELECT * FROM runrelay.run_attempts('sec-none')$$),
+('run_steps', $$SELECT * FROM runrelay.run_steps('sec-none')$$),
 ('run_ledger_events', $$SELECT * FROM runrelay.run_ledger_events('sec-none')$$),
 ('retry_run', $$SELECT runrelay.retry_run('sec-none')$$),
 ('list_blocked_heads', $$SELECT * FROM runrelay.list_blocked_heads(run_id => 'sec-none')$$),

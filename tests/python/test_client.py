@@ -1208,6 +1208,7 @@ def round_trip_calls(now: datetime) -> dict[str, tuple[tuple[Any, ...], dict[str
         "cancel_run": (("missing",), {}),
         "claim_attempts": (("w1",), {"queues": ["empty"]}),
         "heartbeat": (fence, {}),
+        "record_step": ((*fence, "step-1", {"r": 1}), {}),
         "complete_attempt": (fence, {}),
         "complete_attempts": (([{"run_id": "rt", "attempt": 1, "lease_token": TOKEN}],), {}),
         "settle_and_claim": (
@@ -1233,6 +1234,7 @@ def round_trip_calls(now: datetime) -> dict[str, tuple[tuple[Any, ...], dict[str
         "list_runs": ((), {"queue": "rt-none"}),
         "get_run": (("rt",), {}),
         "run_attempts": (("rt",), {}),
+        "run_steps": (("rt",), {}),
         "run_ledger_events": (("rt",), {"max_rows": 5}),
         "retry_run": (("missing",), {}),
         "list_blocked_heads": ((), {"run_id": "rt"}),
@@ -1416,6 +1418,9 @@ def test_every_method_returns_its_declared_type(
     type checker, including non-empty lists and the non-None side of every
     optional result, so a declaration cannot drift from _core's row readers."""
     seen: dict[str, list[Any]] = {}
+    # A recorded step's event would join the observability lane the
+    # scenario's relay calls walk through.
+    db.execute("UPDATE runrelay.settings SET step_events = false")
 
     async def scenario(api: Api) -> None:
         async def call(name: str, *args: Any, **kwargs: Any) -> Any:
@@ -1443,6 +1448,7 @@ def test_every_method_returns_its_declared_type(
         await call("prepare_waiting_failure", **a.fence)
         await call("complete_attempts", [b])
         await call("settle_and_claim", [b], "w1", max_runs=0)  # b's recorded outcome
+        await call("record_step", **c.fence, step="s1", result={"r": 1})
         await call("fail_attempt", **c.fence, error={"e": 1})
 
         await call("suspend_attempt", **d.fence, wait=detached)
@@ -1477,6 +1483,7 @@ def test_every_method_returns_its_declared_type(
         await call("get_run", "missing")  # no such run: None
         await call("get_run", "c")
         await call("run_attempts", "c")
+        await call("run_steps", "c")
         await call("run_ledger_events", "a")
         await call("retry_run", "c", reason="fixed", requested_by="ops")
         await call("pause_queue", "frozen", reason="maintenance", requested_by="ops")

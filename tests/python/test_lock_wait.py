@@ -60,6 +60,7 @@ def _setup(db: psycopg.Connection) -> dict[str, Any]:
 # (function, the lock the barrier holds, the call's arguments from the setup)
 CASES: list[tuple[str, str, Callable[[dict[str, Any]], dict[str, Any]]]] = [
     ("heartbeat", RUN_ROW, lambda c: fenced(c)),
+    ("record_step", RUN_ROW, lambda c: {**fenced(c), "step": "s", "result": {"r": 1}}),
     ("complete_attempt", RUN_ROW, lambda c: {**fenced(c), "result": {"ok": 1}}),
     ("complete_attempts", RUN_ROW, lambda c: {"items": [_item(c)]}),
     (
@@ -254,6 +255,7 @@ def test_every_writing_function_restores_the_callers_lock_timeout_on_every_exit(
         "list_runs",
         "get_run",
         "run_attempts",
+        "run_steps",
         "run_ledger_events",
         "list_blocked_heads",
         "list_paused_queues",

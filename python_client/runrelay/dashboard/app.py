@@ -337,8 +337,9 @@ def create_app(settings: DashboardSettings) -> Starlette:
             raise _Redirect("/runs")
         detail = await client().get_run(run_id)
         if detail is None:
-            return {"run": None, "run_id": run_id, "attempts": [], "lanes": {}}
+            return {"run": None, "run_id": run_id, "attempts": [], "steps": [], "lanes": {}}
         attempts = await client().run_attempts(run_id, max_rows=RUN_PAGE_ROWS)
+        steps = await client().run_steps(run_id, max_rows=RUN_PAGE_ROWS)
         processes = await client().list_processes() if str(detail.status) == "running" else []
         lanes = {
             lane: await client().run_ledger_events(run_id, lane=lane, max_rows=RUN_PAGE_ROWS)
@@ -349,6 +350,7 @@ def create_app(settings: DashboardSettings) -> Starlette:
             "run_id": run_id,
             "attempts": attempts,
             "dead_holder": presumed_dead_holder(attempts, processes),
+            "steps": steps,
             "lanes": lanes,
             "blocked": [
                 lane

@@ -2,6 +2,13 @@
 -- delimited by a header and an end line, so that sections written
 -- separately merge side by side.
 
+-- ==== durable steps ========================================================
+-- 0008 has no steps: every recorded step is dropped (a run retried after the
+-- downgrade does its steps again).
+DROP TABLE steps;
+ALTER TABLE settings DROP COLUMN step_events;
+-- ==== end: durable steps ===================================================
+
 -- ==== live processes =======================================================
 DROP INDEX ledger_lanes_lease_owner_idx;
 DROP INDEX attempts_finished_idx;

@@ -398,3 +398,23 @@ WHERE finished_at IS NOT NULL;
 CREATE INDEX ledger_lanes_lease_owner_idx ON ledger_lanes (lease_owner)
 WHERE lease_owner IS NOT NULL;
 -- ==== end: live processes ==================================================
+
+-- ==== durable steps ========================================================
+-- record_step stores a run's steps (plpgsql/schema/14_steps.sql), which
+-- every claim returns; empty after the upgrade. settings.step_events turns
+-- the step.recorded events off (on by default; adding it rewrites nothing).
+CREATE TABLE steps (
+    run_id text NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+    step text NOT NULL,
+    position integer NOT NULL,
+    result jsonb NOT NULL,
+    attempt integer NOT NULL,
+    recorded_at timestamptz NOT NULL,
+    PRIMARY KEY (run_id, step),
+    CONSTRAINT steps_position_unique UNIQUE (run_id, position),
+    CONSTRAINT steps_step_length CHECK (length(step) BETWEEN 1 AND 200),
+    CONSTRAINT steps_position_positive CHECK (position >= 1),
+    CONSTRAINT steps_attempt_positive CHECK (attempt >= 1)
+);
+ALTER TABLE settings ADD COLUMN step_events boolean NOT NULL DEFAULT TRUE;
+-- ==== end: durable steps ===================================================
