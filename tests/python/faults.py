@@ -18,7 +18,7 @@ signals, backend terminations and server crashes against a live server.
   the process died). An ``info`` call is repeated with the same arguments
   (linked by ``replay_of``) until it resolves; it is never counted as failed.
 * `Checker` — reads a history, the final database and a consumer's sink log
-  and reports violations of invariants I1-I10 (docs/guarantees.md) plus coverage counters.
+  and reports violations of invariants I1-I11 (docs/guarantees.md) plus coverage counters.
 * Process tools — `spawn_worker` / `spawn_relay` run the product's loops in
   child processes (this file's ``__main__``), recording their histories to
   JSON-lines files, so tests can SIGKILL, SIGSTOP and SIGCONT them.
@@ -852,7 +852,7 @@ class Report:
 
 
 class Checker:
-    """Offline check of I1-I10 over a history, the final database and a sink log.
+    """Offline check of I1-I11 over a history, the final database and a sink log.
 
     `conn` must see the final state (superuser, autocommit); `sink` is the
     consumer's log (SinkLog records, any order of processes, sorted by time);
@@ -893,6 +893,7 @@ class Checker:
             self.i8_cancel_vs_complete,
             self.i9_replays,
             self.i10_failures,
+            self.i11_steps,
         ):
             check()
         return Report(self.violations, self.counters)
@@ -1394,6 +1395,31 @@ class Checker:
             self.bad("I9", f"{label}: first {value}, replay {result} (applied twice)")
 
     # I10 --------------------------------------------------------------------
+    def i11_steps(self) -> None:
+        """A step is recorded once per run, by the attempt that held the run:
+        every record_step that answered recorded (a replay included) names
+        the stored row, its attempt and its result; a stale attempt's or a
+        second call's result is never the stored one."""
+        stored = {
+            (run_id, step): (attempt, result)
+            for run_id, step, attempt, result in self.conn.execute(
+                "SELECT run_id, step, attempt, result FROM runrelay.steps"
+            ).fetchall()
+        }
+        self.counters["steps_stored"] = len(stored)
+        for c in self.ok:
+            if c["fn"] != "record_step":
+                continue
+            self.counters[f"steps:{c['result']}"] += 1
+            if c["result"] != "recorded":
+                continue
+            args = c["args"]
+            found = stored.get((args["run_id"], args["step"]))
+            if found != (args["attempt"], args["result"]):
+                where = f"{args['run_id']}#{args['attempt']} {args['step']!r}"
+                self.bad("I11", f"#{c['index']} record_step of {where} answered recorded, "
+                         f"but the run holds {found}")  # fmt: skip
+
     def i10_failures(self) -> None:
         for c in self.calls:
             if c["type"] != "fail":

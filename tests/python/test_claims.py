@@ -372,3 +372,40 @@ def test_a_tasks_filtered_claim_seeks_its_tasks_range_past_100k_runs_of_other_ta
             assert "runs_claim_task_idx" in captured, captured
             assert "runs_claim_any_idx" not in captured, captured
             assert "runs_claim_queue_idx" not in captured, captured
+
+
+def test_a_claim_reads_each_claimed_runs_steps_by_its_key_past_100k_steps_of_other_runs(
+    db: psycopg.Connection, plans: Callable[[], list[str]]
+) -> None:
+    """The steps a claim returns cost one range of the steps primary key per
+    claimed run, whatever other runs recorded, before and after ANALYZE."""
+    db.execute("SET auto_explain.log_min_duration = -1")
+    enqueue(db, "mine-1", queue="stepped")
+    enqueue(db, "mine-2", queue="stepped")
+    db.execute(
+        """
+        INSERT INTO runrelay.runs (run_id, queue, status, payload, run_at, max_attempts,
+                                   created_at, updated_at)
+        SELECT 'old-' || i, 'elsewhere', 'queued', '{}', now() + interval '1 day', 3, now(), now()
+        FROM generate_series(1, 20000) AS i;
+        INSERT INTO runrelay.steps (run_id, step, position, result, attempt, recorded_at)
+        SELECT 'old-' || (i % 20000 + 1), 'step-' || i, i, '{}', 1, now()
+        FROM generate_series(1, 100000) AS i;
+        INSERT INTO runrelay.steps (run_id, step, position, result, attempt, recorded_at)
+        VALUES ('mine-1', 'a', 1, '"x"', 1, now());
+        """
+    )
+    for analysed in (False, True):
+        if analysed:
+            db.execute("ANALYZE runrelay.steps")
+        db.execute("SET auto_explain.log_min_duration = 0")
+        plans()
+        rows = call(db, "claim_attempts", worker="w", queues=["stepped"], max_runs=2)
+        db.execute("SET auto_explain.log_min_duration = -1")
+        assert {r["run_id"]: r["steps"] for r in rows} == {"mine-1": {"a": "x"}, "mine-2": None}
+        captured = "\n".join(plans())
+        assert "Seq Scan on steps" not in captured, captured
+        assert "steps_pkey" in captured or "steps_position_unique" in captured, captured
+        for row in rows:
+            call(db, "release_attempt", run_id=row["run_id"], attempt=row["attempt"],
+                 lease_token=row["lease_token"])  # fmt: skip

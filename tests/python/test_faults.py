@@ -1040,7 +1040,7 @@ class Chaos:
     OPS: ClassVar[dict[str, int]] = {
         "enqueue": 10, "append": 10, "claim": 10, "heartbeat": 5, "complete": 9,
         "complete_many": 3, "fail": 4, "suspend": 4, "signal": 4, "cancel": 3,
-        "reap": 2, "abandon": 1, "relay": 20, "requeue": 1, "prune": 1,
+        "reap": 2, "abandon": 1, "relay": 20, "requeue": 1, "prune": 1, "step": 4,
     }  # fmt: skip
 
     def __init__(self, n: int, url: str, history: History, shared: dict[str, Any]) -> None:
@@ -1137,6 +1137,19 @@ class Chaos:
             if self.rng.random() < 0.5:
                 final = [{"type": "done", "delivery_key": f"fin-{a.run_id}-{a.attempt}"}]
             self.client.complete_attempt(**a.fence, result={"by": self.name}, final_events=final)
+
+    def op_step(self) -> None:
+        """record_step of a held attempt: three step names per run, each
+        call with its own result, so a repeat of a name by another call or
+        attempt must answer already_recorded (or be fenced off)."""
+        if self.attempts:
+            a = self.rng.choice(self.attempts)
+            self.serial += 1
+            result = {"by": self.name, "attempt": a.attempt, "n": self.serial}
+            name = f"s{self.rng.randint(1, 3)}"
+            outcome = self.client.record_step(**a.fence, step=name, result=result)
+            if outcome in ("cancelled", "fence_lost"):
+                self.attempts.remove(a)
 
     def op_complete_many(self) -> None:
         batch = [a for a in (self._take() for _ in range(3)) if a is not None]
@@ -1294,5 +1307,7 @@ def test_random_operations_with_faults(
         "replays:recorded:signal_run",
         "replays:recorded:cancel_run",
         "redeliveries",
+        "steps:recorded",
+        "steps:already_recorded",
     ):
         assert report.counters[counter] > 0, f"coverage: no {counter} in {dict(report.counters)}"
