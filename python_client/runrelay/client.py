@@ -962,14 +962,10 @@ class _Methods:
         lane delivers its successors -> [SkippedEvent] (SKIPPED, or
         NOT_BLOCKED: nothing changed).
 
-        ``call_id`` names this call (a fresh uuid when omitted): repeating the
-        call with the same id after a lost reply answers the first rows."""
-        values = {
-            "run_id": run_id,
-            "lane": str(lane),
-            "reason": reason,
-            "call_id": uuid.uuid4() if call_id is None else call_id,
-        }
+        With ``call_id`` the answer is recorded (not_blocked too), and a
+        repeat with the same id after a lost reply answers the first rows;
+        without one, not_blocked writes nothing."""
+        values = {"run_id": run_id, "lane": str(lane), "reason": reason, "call_id": call_id}
         return _Call("skip_ledger_events", values, conn)
 
     @_operation

@@ -1,8 +1,11 @@
 """`runrelay demo`: the whole system on one machine, checked end to end.
 
-A producer enqueues runs of seven kinds over three queues; workers run them
+A producer enqueues runs of eight kinds over four queues; workers run them
 (complete, fail then succeed, fail for good, sleep, wait for a signal, get
-cancelled mid-flight, hand off to a detached runner); relays deliver both ledger
+cancelled mid-flight, hand off to a detached runner, and durable runs of
+three steps with an event wait in the middle, run by a worker process the
+demo SIGKILLs mid-flight and finished by the next attempt without redoing a
+recorded step); relays deliver both ledger
 lanes to a local HTTP receiver that injects 5xx errors and slow replies, dedupes
 by delivery key and checks every run's per-lane order. The summary shows final
 statuses, deliveries, and the two numbers that must be zero: ordering
@@ -16,9 +19,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import queue
 import random
+import signal
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter, defaultdict
@@ -38,6 +45,7 @@ from .client import Client
 from .relay import Relay
 from .sharding import shard_listen_dsns
 from .sinks import WebhookSink
+from .tasks import Tasks
 from .worker import Job, Retry, Suspend, Worker
 
 KINDS = {  # kind: (share, expected final status)
@@ -48,8 +56,32 @@ KINDS = {  # kind: (share, expected final status)
     "waiter": (0.07, "completed"),
     "cancelled": (0.05, "cancelled"),
     "detached": (0.07, "completed"),
+    "durable": (0.06, "completed"),
 }
 QUEUES = ("email", "billing", "reports")
+
+# The eighth kind: a durable run (runrelay.durable). Its task runs in a
+# worker process of its own (`runrelay worker runrelay.demo:durable_tasks`),
+# which the demo SIGKILLs once it is mid-flight; in-process workers of the
+# same task finish what it held, from the steps it recorded.
+DURABLE_QUEUE = "orders"
+DURABLE_TASK = "demo.order"
+DURABLE_STEPS = ("reserve", "approval", "charge", "ship")
+durable_tasks = Tasks()
+
+
+def _step_work(step: str, n: int, seconds: float) -> dict[str, Any]:
+    time.sleep(seconds)  # the kill lands in or between these
+    return {"step": step, "n": n}
+
+
+@durable_tasks.task(DURABLE_TASK, queue=DURABLE_QUEUE, max_attempts=5)
+def demo_order(job: Job, *, n: int) -> dict[str, Any]:
+    job.step("reserve", _step_work, "reserve", n, 0.05)
+    approval = job.wait_for_event("approval", event="approval", timeout=60)
+    job.step("charge", _step_work, "charge", n, 0.3)
+    job.step("ship", _step_work, "ship", n, 0.05)
+    return {"kind": "durable", "approval": approval}
 
 
 # -- the receiver -------------------------------------------------------------
@@ -206,6 +238,11 @@ class Scenario:
         self.expected: dict[str, str] = {}
         self.kinds: dict[str, str] = {}
         self.deadline = default_deadline(runs)
+        # The durable kind's chaos: the durable runs mid-flight when their
+        # worker process was SIGKILLed, and the in-process workers that
+        # took over.
+        self.killed_mid_flight = 0
+        self.durable_workers: list[Worker] = []
 
     def client(self, size: int) -> Client:
         pool = ConnectionPool(
@@ -244,17 +281,22 @@ class Scenario:
             run_id = f"demo-{i:05d}-{kind}"
             self.kinds[run_id] = kind
             self.expected[run_id] = KINDS[kind][1]
-            client.enqueue_run(
-                run_id,
-                queue=QUEUES[i % len(QUEUES)],
-                payload={"kind": kind, "n": i},
-                max_attempts=2 if kind == "doomed" else 3,
-            )
+            if kind == "durable":
+                client.enqueue_run(
+                    run_id, queue=DURABLE_QUEUE, payload={"n": i}, max_attempts=5, task=DURABLE_TASK
+                )
+            else:
+                client.enqueue_run(
+                    run_id,
+                    queue=QUEUES[i % len(QUEUES)],
+                    payload={"kind": kind, "n": i},
+                    max_attempts=2 if kind == "doomed" else 3,
+                )
             client.append_events(
                 run_id, [{"type": "demo.progress", "lane": "observability", "payload": {"n": i}}]
             )
             now = time.monotonic()
-            if kind == "waiter":
+            if kind in ("waiter", "durable"):
                 pending_signals.append((now + self.rng.uniform(0.2, 1.5), run_id))
             if kind == "cancelled":
                 pending_cancels.append((now + self.rng.uniform(0.3, 1.0), run_id))
@@ -298,6 +340,47 @@ class Scenario:
                 # then lapses and the reaper settles it.
                 if terminal is not None:
                     client.complete_attempt(**job.attempt.fence, result=terminal.result)
+
+    def durable_chaos(self, admin: Admin) -> None:
+        """Start the durable task's worker process, SIGKILL it once a
+        durable run it holds is past its event wait (or after 30 s), then
+        run the task in process: the reaper hands the killed worker's runs
+        back when their leases lapse, and the next attempts skip the steps
+        it recorded."""
+        script = "import sys; from runrelay.cli import main; sys.exit(main(sys.argv[1:]))"
+        proc = subprocess.Popen(
+            [sys.executable, "-c", script, "--database-url", self.url, "worker",
+             "runrelay.demo:durable_tasks", "--lease-seconds", "5", "--poll-interval", "0.1",
+             "--concurrency", "8"],
+            env={**os.environ, "RUNRELAY_SCHEMA": "runrelay"},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            give_up = time.monotonic() + 30
+            while not self.stop.is_set() and time.monotonic() < give_up:
+                self.killed_mid_flight = admin.total(MID_FLIGHT)
+                if self.killed_mid_flight:
+                    break
+                time.sleep(0.05)
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=30)
+        if self.stop.is_set():
+            return
+        worker = Worker(
+            self.client(4),
+            durable_tasks,
+            concurrency=8,
+            name="worker-durable",
+            lease_seconds=10,
+            heartbeat_every=0.5,
+            poll_interval=0.1,
+            listen_dsn=self.listen,
+        )
+        self.durable_workers.append(worker)
+        if not self.stop.is_set():
+            worker.run()
 
     def reaper(self, client: Client) -> None:
         while not self.stop.wait(1.0):
@@ -346,7 +429,7 @@ def run(
                 return 2
             admin.execute(
                 "TRUNCATE runrelay.ledger_lanes, runrelay.ledger_events, runrelay.signals,"
-                " runrelay.cancellations, runrelay.attempts, runrelay.runs"
+                " runrelay.cancellations, runrelay.attempts, runrelay.steps, runrelay.runs"
             )
         admin.execute(
             "UPDATE runrelay.settings SET retry_base_seconds = 0.1, retry_max_seconds = 1"
@@ -398,6 +481,7 @@ def _scenario(
                 heartbeat_every=0.5,
                 poll_interval=0.1,
                 listen_dsn=scenario.listen,
+                queues=list(QUEUES),
             )
             for n in range(scenario.workers)
         ]
@@ -417,6 +501,7 @@ def _scenario(
         targets: list[Callable[[], None]] = [w.run for w in workers]
         targets += [r.run for r in relays]
         targets += [lambda: scenario.detached_runner(helper), lambda: scenario.reaper(helper)]
+        targets += [lambda: scenario.durable_chaos(admin)]
         threads = [threading.Thread(target=target, daemon=True) for target in targets]
         for thread in threads:
             thread.start()
@@ -426,7 +511,7 @@ def _scenario(
         producer.start()
         _progress(console, admin, receiver, scenario.runs, producer, scenario.deadline)
         scenario.stop.set()
-        for worker in workers:
+        for worker in [*workers, *scenario.durable_workers]:
             worker.stop()
         for relay in relays:
             relay.stop()
@@ -435,6 +520,26 @@ def _scenario(
     elapsed = time.monotonic() - started
     return _summary(console, admin, scenario, receiver, workers, relays, elapsed)
 
+
+# A durable run held by a worker past its event wait: the moment to kill it.
+MID_FLIGHT = f"""
+    SELECT count(*) FROM runrelay.runs AS r
+    WHERE r.task = '{DURABLE_TASK}' AND r.status = 'running'
+      AND EXISTS (SELECT FROM runrelay.steps AS s WHERE s.run_id = r.run_id AND s.step = 'approval')
+"""
+# Each durable run: its steps in the order recorded, its step.recorded
+# events, and whether the reaper ended one of its attempts (a killed worker's).
+DURABLE = f"""
+    SELECT r.run_id,
+           ARRAY(SELECT s.step FROM runrelay.steps AS s
+                 WHERE s.run_id = r.run_id ORDER BY s.position),
+           (SELECT count(*) FROM runrelay.ledger_events AS e
+            WHERE e.run_id = r.run_id AND e.type = 'step.recorded'),
+           EXISTS (SELECT FROM runrelay.attempts AS a
+                   WHERE a.run_id = r.run_id AND a.status = 'lost')
+    FROM runrelay.runs AS r
+    WHERE r.task = '{DURABLE_TASK}' AND r.status = 'completed'
+"""
 
 UNDELIVERED = """
     SELECT count(*) FROM runrelay.ledger AS l
@@ -502,6 +607,11 @@ class Verdict:
     wrong: Counter[str]
     lost: int
     violations: int
+    # Completed durable runs whose steps are not each recorded once, in
+    # order, with one step.recorded event each; and those a reaped
+    # attempt (the killed worker's) handed on.
+    durable_bad: int = 0
+    durable_taken_over: int = 0
 
     @property
     def finished(self) -> bool:
@@ -517,6 +627,8 @@ class Verdict:
             out.append(f"{self.violations} ordering violations")
         if self.lost:
             out.append(f"{self.lost} lost events")
+        if self.durable_bad:
+            out.append(f"{self.durable_bad} durable runs without each step recorded once")
         return out
 
     def unfinished_text(self, deadline: float) -> str:
@@ -564,12 +676,17 @@ def check(
             # stopped, unless a later event of its lane was acknowledged.
             if seq not in undelivered.get(stream, ()) or seq < highest:
                 violations += 1
+    durable = admin.rows(DURABLE)
     return Verdict(
         unfinished=runs - len(ended),
         pending=admin.total(UNDELIVERED),
         wrong=wrong,
         lost=lost,
         violations=violations,
+        durable_bad=sum(
+            1 for _, steps, events, _ in durable if tuple(steps) != DURABLE_STEPS or events != 4
+        ),
+        durable_taken_over=sum(1 for *_, reaped in durable if reaped),
     )
 
 
@@ -607,6 +724,15 @@ def _summary(
     )
     if verdict.pending:
         table.add_row("events pending (not delivered yet)", str(verdict.pending))
+    if scenario.killed_mid_flight:
+        table.add_row(
+            "durable runs mid-flight when their worker was SIGKILLed / finished after",
+            f"{scenario.killed_mid_flight} / {verdict.durable_taken_over}",
+        )
+    table.add_row(
+        "[bold]durable runs without each step recorded once[/bold]",
+        f"[bold]{verdict.durable_bad}[/bold]",
+    )
     table.add_row("[bold]ordering violations[/bold]", f"[bold]{verdict.violations}[/bold]")
     table.add_row("[bold]lost events[/bold]", f"[bold]{verdict.lost}[/bold]")
     table.add_row("elapsed", f"{elapsed:.1f} s")

@@ -18,7 +18,17 @@ from rich.console import Console
 
 from runrelay import Client, LedgerEvent
 from runrelay.cli import main
-from runrelay.demo import Admin, Receiver, Scenario, _summary, check, default_deadline
+from runrelay.demo import (
+    DURABLE_QUEUE,
+    DURABLE_STEPS,
+    DURABLE_TASK,
+    Admin,
+    Receiver,
+    Scenario,
+    _summary,
+    check,
+    default_deadline,
+)
 
 
 @pytest.fixture
@@ -203,3 +213,28 @@ def test_the_quick_demo_runs_a_small_scenario_and_repeats_the_dashboard_address(
     first = re.search(r"dashboard \(read-only\): (http://127\.0\.0\.1:\d+/)", out)
     assert first is not None, out
     assert out.rstrip().splitlines()[-1].startswith(f"the dashboard was on {first.group(1)}")
+    # The durable kind: each completed durable run recorded its four steps once.
+    durable = db.execute(
+        "SELECT r.status, (SELECT array_agg(s.step ORDER BY s.position) FROM runrelay.steps AS s"
+        " WHERE s.run_id = r.run_id) FROM runrelay.runs AS r WHERE r.task = %s",
+        [DURABLE_TASK],
+    ).fetchall()
+    assert durable, "the quick demo ran no durable run"
+    assert {(status, tuple(steps)) for status, steps in durable} == {("completed", DURABLE_STEPS)}
+    assert re.search(r"durable runs without each step recorded once\s*│\s*0\b", out), out
+
+
+def test_a_durable_run_missing_a_step_is_reported(db: psycopg.Connection, client: Client) -> None:
+    client.enqueue_run("demo-2-durable", queue=DURABLE_QUEUE, payload={"n": 2}, task=DURABLE_TASK)
+    (claim,) = client.claim_attempts("w", [DURABLE_QUEUE])
+    assert client.record_step(**claim.fence, step="reserve", result={}) == "recorded"
+    assert client.complete_attempt(**claim.fence) == "completed"
+    verdict = check(
+        Admin([db], sharded=False),
+        expected={"demo-2-durable": "completed"},
+        kinds={"demo-2-durable": "durable"},
+        runs=1,
+        receiver=_receiver(),
+    )
+    assert verdict.durable_bad == 1
+    assert verdict.broken == ["1 durable runs without each step recorded once"]
