@@ -203,9 +203,17 @@ COMMENT ON FUNCTION _claim(text, text[], text[], integer, interval, uuid) IS
 -- holds the run's row, and a step is recorded only under it.
 CREATE FUNCTION _steps_of(p_run_id text)
 RETURNS jsonb
-LANGUAGE sql
+LANGUAGE plpgsql
 VOLATILE
-RETURN (SELECT jsonb_object_agg(s.step, s.result) FROM steps AS s WHERE s.run_id = p_run_id);
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    RETURN (
+        SELECT jsonb_object_agg(s.step, s.result) FROM steps AS s
+        WHERE s.run_id = p_run_id
+    );
+END;
+$$;
 
 COMMENT ON FUNCTION _steps_of(text) IS
-'A run''s recorded steps, step name -> result, null when none (inlined into the claim).';
+'A run''s recorded steps, step name -> result, null when none (one range of the steps key).';

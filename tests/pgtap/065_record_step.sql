@@ -90,7 +90,10 @@ SELECT is(
     '... but a repeat of its own recorded call still answers recorded'
 );
 SELECT is(
-    (SELECT count(*) FROM runrelay.steps WHERE run_id = 's1' AND step = 'ship'), 0::bigint,
+    (
+        SELECT count(*) FROM runrelay.steps
+        WHERE run_id = 's1' AND step = 'ship'
+    ), 0::bigint,
     'the stale attempt''s step is not stored'
 );
 
@@ -106,11 +109,17 @@ SELECT is(
     pg_temp.claimed_steps('s1') ->> 'ship', 'shipped', 'the woken attempt''s claim returns the steps'
 );
 SELECT is(
-    (SELECT resume FROM runrelay.runs WHERE run_id = 's1'), '{"slept": true}'::jsonb, 'the woken run has its resume'
+    (
+        SELECT resume FROM runrelay.runs
+        WHERE run_id = 's1'
+    ), '{"slept": true}'::jsonb, 'the woken run has its resume'
 );
 SELECT runrelay.record_step('s1', 3, tests.token('s1', 3), 'nap', '{"slept": true}');
 SELECT is(
-    (SELECT resume FROM runrelay.runs WHERE run_id = 's1'), NULL,
+    (
+        SELECT resume FROM runrelay.runs
+        WHERE run_id = 's1'
+    ), NULL,
     'the first step recorded after the wake takes the resume'
 );
 
@@ -127,7 +136,10 @@ SELECT tests.mark_cancel('s1');
 SELECT is(runrelay.record_step('s1', 5, tests.token('s1', 5), 'late', '{}'), 'cancelled', 'cancelled: nothing stored');
 
 SELECT is(
-    (SELECT count(*) FROM runrelay.steps WHERE run_id = 's1' AND step = 'late'), 0::bigint,
+    (
+        SELECT count(*) FROM runrelay.steps
+        WHERE run_id = 's1' AND step = 'late'
+    ), 0::bigint,
     '... the cancelled attempt''s step is not stored'
 );
 
@@ -162,8 +174,12 @@ SELECT results_eq(
     $$VALUES ('reserve')$$,
     'run_steps pages by position'
 );
-DELETE FROM runrelay.runs WHERE run_id = 's1';
-SELECT is((SELECT count(*) FROM runrelay.steps WHERE run_id = 's1'), 0::bigint, 'the steps go with the run');
+DELETE FROM runrelay.runs
+WHERE run_id = 's1';
+SELECT is((
+    SELECT count(*) FROM runrelay.steps
+    WHERE run_id = 's1'
+), 0::bigint, 'the steps go with the run');
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -6,6 +6,7 @@ exact, and misuse fails with a clear error before anything is written."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -15,12 +16,16 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psycopg
 import pytest
 
 from conftest import run_in_thread
 from faults import wait_for
 from runrelay import AsyncClient, Client, StepOutcome
+from runrelay.cli import main
+from runrelay.dashboard import DashboardSettings
+from runrelay.dashboard import start as start_dashboard
 from runrelay.durable import StepError, StepLost, step_key, step_name
 from runrelay.errors import PayloadTooLarge
 from runrelay.tasks import Tasks
@@ -369,3 +374,33 @@ def test_claims_return_steps_after_every_way_a_run_comes_back(
     db.execute("UPDATE runrelay.runs SET run_at = now() - interval '1 second' WHERE run_id = 'b1'")
     (third,) = client.claim_attempts("w", ["durable"])
     assert third.steps == {"x": [1]}
+
+
+# -- where users look -------------------------------------------------------------
+def test_runs_show_and_the_run_page_list_a_runs_steps(
+    db: psycopg.Connection, db_url: str, client: Client, capsys: pytest.CaptureFixture[str]
+) -> None:
+    client.enqueue_run("v1", queue="durable")
+    (claim,) = client.claim_attempts("w1", ["durable"])
+    for name, result in (("charge", {"id": "ch_9"}), ("ship", "shipped")):
+        assert client.record_step(**claim.fence, step=name, result=result) == "recorded"
+
+    def show(*extra: str) -> str:
+        capsys.readouterr()
+        assert main(["--database-url", db_url, "runs", "show", "v1", *extra]) == 0
+        return capsys.readouterr().out
+
+    shown = json.loads(show("--json"))
+    assert [(s["step"], s["position"], s["attempt"], s["result"]) for s in shown["steps"]] == [
+        ("charge", 1, 1, {"id": "ch_9"}),
+        ("ship", 2, 1, "shipped"),
+    ]
+    plain = show()
+    assert "steps" in plain and "ch_9" in plain and "shipped" in plain
+    server = start_dashboard(DashboardSettings(db_url))
+    try:
+        page = httpx.get(f"{server.url.rstrip('/')}/run", params={"id": "v1"}).text
+    finally:
+        server.stop()
+    assert 'data-testid="steps"' in page
+    assert 'data-step="charge"' in page and 'data-step="ship"' in page and "ch_9" in page
