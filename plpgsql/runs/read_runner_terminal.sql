@@ -17,6 +17,8 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path FROM CURRENT
+SET enable_seqscan = off
+SET jit = off
 AS $$
 BEGIN
     PERFORM _require_read_committed();

@@ -30,6 +30,8 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path FROM CURRENT
+SET enable_seqscan = off
+SET jit = off
 AS $$
 DECLARE
     v_caller_lock_timeout text := _bound_lock_wait();

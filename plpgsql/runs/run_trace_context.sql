@@ -21,6 +21,8 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path FROM CURRENT
+SET enable_seqscan = off
+SET jit = off
 AS $$
 BEGIN
     PERFORM _require_read_committed();

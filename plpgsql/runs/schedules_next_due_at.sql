@@ -16,6 +16,8 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path FROM CURRENT
+SET enable_seqscan = off
+SET jit = off
 AS $$
 DECLARE
     v_next timestamptz;

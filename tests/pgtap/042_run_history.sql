@@ -1,7 +1,7 @@
 -- A run's ledger rows go with the run (schema/08_run_history.sql): the
 -- ledger tables have no foreign key to runs, and triggers on runs delete
 -- or truncate their events, lanes and wake-ups as ON DELETE CASCADE did.
--- attempts and signals keep their foreign keys. And ledger_events leaves
+-- attempts, signals and steps keep their foreign keys. And ledger_events leaves
 -- half of each page free, so a batch's deliveries are HOT updates.
 BEGIN;
 SELECT plan(13);
@@ -12,8 +12,8 @@ SELECT is(
         FROM pg_constraint AS c
         WHERE c.contype = 'f' AND c.connamespace = 'runrelay'::regnamespace
     ),
-    ARRAY['runrelay.attempts', 'runrelay.signals'],
-    'only attempts and signals reference runs by a foreign key'
+    ARRAY['runrelay.attempts', 'runrelay.signals', 'runrelay.steps'],
+    'only attempts, signals and steps reference runs by a foreign key'
 );
 
 SELECT tests.ledger_run('h1');

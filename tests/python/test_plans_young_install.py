@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -29,6 +30,12 @@ def prefill(db: psycopg.Connection) -> None:
     # statistics halfway through (the test would pass or fail by timing).
     for table in BIG:
         db.execute(f"ALTER TABLE runrelay.{table} SET (autovacuum_enabled = false)")
+    load_history(db)
+
+
+def load_history(db: psycopg.Connection) -> None:
+    """100 000 finished runs with their attempts, events, lanes, keys and
+    calls. No DDL: the plans the session cached stay valid."""
     db.execute(
         """
         INSERT INTO runrelay.runs (run_id, queue, status, payload, run_at, max_attempts,
@@ -360,3 +367,65 @@ def test_completions_planned_on_small_tables_stay_probes_as_they_grow(
     assert any("UPDATE attempts" in plan for plan in captured)
     bad = walks(captured)
     assert not bad, "\n\n".join(bad[:5])
+
+
+def test_enqueues_planned_on_emptied_tables_stay_probes_as_they_grow(
+    db: psycopg.Connection, plans: Callable[[], list[str]]
+) -> None:
+    """Tables emptied and analyzed (a purge, a young install analyzed
+    early), then loaded in one go: the producer's session plans its key
+    lookups while the statistics say "empty", and keeps those plans while
+    the load grows the tables. Planned as scans they made each enqueue read
+    everything loaded before it (20 000 enqueue_run calls in one statement
+    took ten times as long as on a fresh install). Each must stay a probe."""
+    db.execute("SET auto_explain.log_min_duration = -1")
+    for table in BIG:
+        db.execute(f"ALTER TABLE runrelay.{table} SET (autovacuum_enabled = false)")
+    db.execute("TRUNCATE runrelay.runs CASCADE")
+    db.execute("VACUUM ANALYZE " + ", ".join(f"runrelay.{table}" for table in BIG))
+
+    def rounds(n: int, tag: str) -> None:
+        # One statement, as a load is: its calls share their cached plans.
+        db.execute(
+            """
+            SELECT count(*)
+            FROM generate_series(1, %(n)s) AS i,
+                 LATERAL runrelay.enqueue_run(%(tag)s || i, 'load') AS e,
+                 LATERAL runrelay.enqueue_runs(jsonb_build_array(
+                     jsonb_build_object('run_id', %(tag)s || i || '-b'))) AS b,
+                 LATERAL runrelay.append_events(%(tag)s || i, '[{"type": "loaded"}]') AS a
+            """,
+            {"n": n, "tag": f"{tag}-"},
+        )
+
+    rounds(8, "early")  # plpgsql switches to generic plans after 5 executions
+    load_history(db)  # the tables grow; no ANALYZE (and no DDL) tells the planner
+    db.execute("SET auto_explain.log_min_duration = 0")
+    db.execute("SET auto_explain.log_analyze = on")
+    plans()
+    rounds(2, "late")
+    captured = plans()
+    assert any("INSERT INTO runs" in plan for plan in captured)
+    bad = walks(captured)
+    assert not bad, "\n\n".join(bad[:5])
+
+
+def test_every_scheduler_and_ledger_function_plans_key_lookups_without_statistics(
+    db: psycopg.Connection,
+) -> None:
+    """Each public function of plpgsql/runs and plpgsql/ledger runs with
+    enable_seqscan off (a key lookup is a probe whatever the statistics say)
+    and jit off (the cost that makes a scan unattractive would otherwise
+    make PostgreSQL compile each such statement, tens of milliseconds)."""
+    root = Path(__file__).resolve().parents[2] / "plpgsql"
+    names = sorted(p.stem for folder in ("runs", "ledger") for p in (root / folder).glob("*.sql"))
+    rows = db.execute(
+        "SELECT p.proname, coalesce(p.proconfig, '{}') FROM pg_proc AS p"
+        " WHERE p.pronamespace = 'runrelay'::regnamespace AND p.proname = ANY(%s)",
+        [names],
+    ).fetchall()
+    assert sorted({name for name, _ in rows}) == names
+    missing = [
+        name for name, config in rows if not {"enable_seqscan=off", "jit=off"} <= set(config)
+    ]
+    assert missing == []
