@@ -191,27 +191,31 @@ class DurableSteps:
             result = await result
         return await self._record_async(name, result)
 
-    def _wait(
+    def _wait_start(
         self, name: str, suspend: Callable[[], Exception], delivered: Callable[[Any], Any]
-    ) -> Any:
+    ) -> tuple[bool, Any]:
+        """(True, what it returns) for a recorded wait; (False, the wake's
+        resume) for the wait the run was woken from, to record; otherwise
+        raises the suspension."""
         if name in self.steps:
-            return delivered(self.steps[name])
+            return True, delivered(self.steps[name])
         resume = self._take_resume()
         if resume is None:
             raise suspend()
         delivered(resume)  # checks that the wake is this step's
-        return delivered(self._record(name, resume))
+        return False, resume
+
+    def _wait(
+        self, name: str, suspend: Callable[[], Exception], delivered: Callable[[Any], Any]
+    ) -> Any:
+        done, value = self._wait_start(name, suspend, delivered)
+        return value if done else delivered(self._record(name, value))
 
     async def _wait_async(
         self, name: str, suspend: Callable[[], Exception], delivered: Callable[[Any], Any]
     ) -> Any:
-        if name in self.steps:
-            return delivered(self.steps[name])
-        resume = self._take_resume()
-        if resume is None:
-            raise suspend()
-        delivered(resume)
-        return delivered(await self._record_async(name, resume))
+        done, value = self._wait_start(name, suspend, delivered)
+        return value if done else delivered(await self._record_async(name, value))
 
     def _take_resume(self) -> Any:
         """What the wake delivered, for the first wait of this attempt that
