@@ -219,6 +219,25 @@ def test_fail_suspend_signal_and_runner_terminal(sharded: ShardedInstall) -> Non
     assert sorted(s for _, s in rows) == sorted(["failed", "running", "completed"] * 2)
 
 
+def test_steps_are_recorded_and_claimed_on_each_runs_shard(sharded: ShardedInstall) -> None:
+    """record_step routes by run_id; a claim through the proxy returns each
+    run's steps from its shard, and run_steps reads them there."""
+    client = sharded.client()
+    zero, one = both(sharded, "st")
+    for run_id in zero + one:
+        client.enqueue_run(run_id, queue="st")
+    claimed = {c.run_id: c for c in client.claim_attempts("w1", ["st"], max_runs=10)}
+    for run_id, claim in claimed.items():
+        assert claim.steps is None
+        assert client.record_step(**claim.fence, step="a", result={"on": run_id}) == "recorded"
+        assert client.record_step(**claim.fence, step="a", result={}) == "already_recorded"
+        assert client.release_attempt(**claim.fence) is ReleaseOutcome.RELEASED
+    again = {c.run_id: c for c in client.claim_attempts("w1", ["st"], max_runs=10)}
+    assert {r: c.steps for r, c in again.items()} == {r: {"a": {"on": r}} for r in zero + one}
+    assert client.record_step(**claimed[zero[0]].fence, step="b", result=1) == "fence_lost"
+    assert [s.step for s in client.run_steps(one[0])] == ["a"]
+
+
 def test_reap_expired_walks_both_shards(sharded: ShardedInstall) -> None:
     client = sharded.client()
     zero, one = both(sharded, "x")
