@@ -6,6 +6,7 @@ a down shard is a clear ShardUnavailable."""
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -42,6 +43,7 @@ from runrelay import (
     SuspendOutcome,
     WaitingFailureOutcome,
 )
+from runrelay.cli import main
 from runrelay.sharding import EVENT_SHIFT, ProxyTransaction, WrongShard
 from sharded_harness import ShardedInstall, run_ids_on
 from sqlapi import table_checksum
@@ -219,7 +221,9 @@ def test_fail_suspend_signal_and_runner_terminal(sharded: ShardedInstall) -> Non
     assert sorted(s for _, s in rows) == sorted(["failed", "running", "completed"] * 2)
 
 
-def test_steps_are_recorded_and_claimed_on_each_runs_shard(sharded: ShardedInstall) -> None:
+def test_steps_are_recorded_and_claimed_on_each_runs_shard(
+    sharded: ShardedInstall, capsys: pytest.CaptureFixture[str]
+) -> None:
     """record_step routes by run_id; a claim through the proxy returns each
     run's steps from its shard, and run_steps reads them there."""
     client = sharded.client()
@@ -236,6 +240,12 @@ def test_steps_are_recorded_and_claimed_on_each_runs_shard(sharded: ShardedInsta
     assert {r: c.steps for r, c in again.items()} == {r: {"a": {"on": r}} for r in zero + one}
     assert client.record_step(**claimed[zero[0]].fence, step="b", result=1) == "fence_lost"
     assert [s.step for s in client.run_steps(one[0])] == ["a"]
+    # runs show of a running run through the proxy: its steps, and no dead
+    # holder named (list_processes is per shard).
+    assert main(["--database-url", sharded.proxy_url, "runs", "show", one[0], "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["run"]["status"] == "running" and shown["held_by_dead_worker"] is None
+    assert [s["step"] for s in shown["steps"]] == ["a"]
 
 
 def test_reap_expired_walks_both_shards(sharded: ShardedInstall) -> None:

@@ -340,7 +340,11 @@ def create_app(settings: DashboardSettings) -> Starlette:
             return {"run": None, "run_id": run_id, "attempts": [], "steps": [], "lanes": {}}
         attempts = await client().run_attempts(run_id, max_rows=RUN_PAGE_ROWS)
         steps = await client().run_steps(run_id, max_rows=RUN_PAGE_ROWS)
-        processes = await client().list_processes() if str(detail.status) == "running" else []
+        processes = []
+        if str(detail.status) == "running":
+            # Not through a sharded install's proxy (each shard has its own).
+            with contextlib.suppress(psycopg.errors.FeatureNotSupported):
+                processes = await client().list_processes()
         lanes = {
             lane: await client().run_ledger_events(run_id, lane=lane, max_rows=RUN_PAGE_ROWS)
             for lane in LANES
