@@ -43,7 +43,6 @@ import enum
 import json
 import re
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -849,33 +848,50 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def _watch(args: argparse.Namespace) -> int:
+    """Refresh until Ctrl-C (or --count refreshes). SIGINT only sets a flag:
+    raised as KeyboardInterrupt in the middle of a query it could be lost in
+    the driver's cancellation, and the watch would go on; the flag ends the
+    loop after the refresh in flight."""
+    import signal
+    import threading
+
     from rich.console import Group
     from rich.live import Live
 
     interval = args.interval.total_seconds()
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
     refreshes = 0
+
+    def more() -> bool:
+        nonlocal refreshes
+        refreshes += 1
+        if args.count is not None and refreshes >= args.count:
+            return False
+        return not stop.wait(interval)
+
     try:
         with client(args) as c:
             if args.json:
-                while True:
+                while not stop.is_set():
                     print_json({"at": datetime.now(UTC), **status_data(c)}, lines=True)
-                    refreshes += 1
-                    if args.count is not None and refreshes >= args.count:
-                        return EXIT_OK
-                    time.sleep(interval)
+                    if not more():
+                        break
+                return EXIT_OK
             with Live(console=console(), auto_refresh=False) as live:
-                while True:
+                while not stop.is_set():
                     stamp = datetime.now(UTC).strftime("%H:%M:%SZ")
                     tables = status_tables(status_data(c))
                     heading = as_text(f"runrelay status, every {interval:g}s — {stamp}")
                     live.update(Group(heading, *tables))
                     live.refresh()
-                    refreshes += 1
-                    if args.count is not None and refreshes >= args.count:
-                        return EXIT_OK
-                    time.sleep(interval)
-    except KeyboardInterrupt:  # Ctrl-C is how a watch ends
+                    if not more():
+                        break
         return EXIT_OK
+    except KeyboardInterrupt:  # a Ctrl-C before the handler was set
+        return EXIT_OK
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 # -- the parsers --------------------------------------------------------------------
