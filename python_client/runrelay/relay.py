@@ -253,6 +253,7 @@ class Relay:
         if start_idle and not self._idle(until_idle):
             return
         backoff = Backoff(base=0.2, cap=30.0)
+        worked = False
         while not self._stop.is_set():
             try:
                 settled = sum(self.drain(lane) for lane in self.lanes)
@@ -260,6 +261,15 @@ class Relay:
                     idle = time.monotonic() - idle_since
                     if until_idle is not None and idle > until_idle:
                         return
+                    if worked:
+                        # Just after work, this slot waits for the next due
+                        # time itself, once: an ack that found its lane's
+                        # writer still busy leaves the lane due a moment
+                        # later with no NOTIFY, and the poller's sleep was
+                        # timed before that.
+                        worked = False
+                        if self._sleep(until_idle, only_if_due=True):
+                            continue
                     if not self._idle(until_idle):
                         return
             except CONNECTION_ERRORS as exc:
@@ -281,6 +291,7 @@ class Relay:
             backoff.reset()
             if settled:
                 idle_since = time.monotonic()
+                worked = True
 
     def _hand_back(self) -> None:
         """After an interrupted delivery: release its leases so another relay
@@ -509,16 +520,22 @@ class Relay:
             with self._wake:
                 self._idle_slots -= 1
 
-    def _sleep(self) -> None:
+    def _sleep(self, until_idle: float | None = None, only_if_due: bool = False) -> bool:
         """The poller's wait: until the next due event, a wake-up, stop(),
-        or max_sleep."""
+        or max_sleep (at most until_idle when given). With only_if_due, no
+        wait when nothing is due: False."""
         # Only this relay's lanes: another lane's due events are not its work.
         due = self.client.ledger_next_due_at(self.lanes[0] if len(self.lanes) == 1 else None)
         if due is None:
+            if only_if_due:
+                return False
             timeout = self.max_sleep
         else:
             timeout = (due - datetime.now(UTC)).total_seconds()
             timeout = min(self.max_sleep, max(0.02, timeout))
+        if until_idle is not None:
+            timeout = min(timeout, until_idle)
         with self._wake:
             if not self._stop.is_set():
                 self._wake.wait(timeout)
+        return True
