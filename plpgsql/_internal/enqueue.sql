@@ -142,15 +142,7 @@ BEGIN
             )
             SELECT
                 p_run_ids[n.i], p_queues[n.i], 'queued', p_priorities[n.i], p_keys[n.i], n.key_position,
-                p_keys[n.i] IS NOT NULL AND (
-                    NOT v_key_first[n.i]
-                    OR EXISTS (
-                        SELECT 1 FROM runs AS k
-                        WHERE
-                            k.concurrency_key = p_keys[n.i]
-                            AND k.status IN ('queued', 'running', 'waiting')
-                    )
-                ),
+                p_keys[n.i] IS NOT NULL AND (NOT v_key_first[n.i] OR live.found IS NOT NULL),
                 p_payloads[n.i], p_run_ats[n.i], p_max_attempts[n.i], p_payload_retentions[n.i],
                 v_now, v_now, 1, p_trace_contexts[n.i], p_tasks[n.i]
             FROM (
@@ -163,6 +155,20 @@ BEGIN
                 WHERE v_found[g.i] IS NULL AND v_first[g.i] = g.i
                 ORDER BY g.i
             ) AS n
+            -- A lateral probe, not EXISTS in the select list: the planner may
+            -- turn such an EXISTS into a hashed subplan that reads every live
+            -- run once (PostgreSQL 18 does, on a plan cached while the table
+            -- was empty); a LIMIT keeps this one a probe per key's first run.
+            LEFT JOIN LATERAL (
+                SELECT true AS found
+                FROM runs AS k
+                WHERE
+                    p_keys[n.i] IS NOT NULL
+                    AND v_key_first[n.i]
+                    AND k.concurrency_key = p_keys[n.i]
+                    AND k.status IN ('queued', 'running', 'waiting')
+                LIMIT 1
+            ) AS live ON true
             ORDER BY p_run_ids[n.i] COLLATE "C"
             ON CONFLICT ON CONSTRAINT runs_pkey DO NOTHING
             RETURNING r.run_id, r.queue, r.priority, r.concurrency_key, r.key_held, r.run_at

@@ -391,6 +391,8 @@ def test_enqueues_planned_on_emptied_tables_stay_probes_as_they_grow(
             SELECT count(*)
             FROM generate_series(1, %(n)s) AS i,
                  LATERAL runrelay.enqueue_run(%(tag)s || i, 'load') AS e,
+                 LATERAL runrelay.enqueue_run(
+                     %(tag)s || i || '-k', 'load', concurrency_key => %(tag)s || i %% 3) AS k,
                  LATERAL runrelay.enqueue_runs(jsonb_build_array(
                      jsonb_build_object('run_id', %(tag)s || i || '-b'))) AS b,
                  LATERAL runrelay.append_events(%(tag)s || i, '[{"type": "loaded"}]') AS a
