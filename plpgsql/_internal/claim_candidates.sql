@@ -113,11 +113,18 @@ COMMENT ON FUNCTION _claim_candidates(text[], text[], integer, timestamptz) IS
 -- _wake_due(): wake up to p_limit waits whose time has come (a due sleep, or
 -- an event/detached_runner wait past its timeout), SKIP LOCKED. Runs with a
 -- cancel marker are cancelled instead, when their key lock is free.
+--
+-- Planned per call (plan_cache_mode auto, where its callers force generic
+-- plans): the queue list folded into the plan picks runs_wake_idx's range of
+-- each queue; a generic plan would walk runs_wake_any_idx and filter out
+-- every other queue's due waits. A claim calls it only when some wait is
+-- due, so the planning is paid then and not on every claim.
 CREATE FUNCTION _wake_due(p_queues text[], p_limit integer)
 RETURNS integer
 LANGUAGE plpgsql
 VOLATILE
 SET search_path FROM CURRENT
+SET plan_cache_mode = auto
 AS $$
 DECLARE
     v_now timestamptz := _now();

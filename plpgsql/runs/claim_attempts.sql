@@ -29,6 +29,7 @@ SECURITY DEFINER
 SET search_path FROM CURRENT
 SET enable_seqscan = off
 SET jit = off
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_caller_lock_timeout text := _bound_lock_wait();

@@ -23,6 +23,7 @@ SECURITY DEFINER
 SET search_path FROM CURRENT
 SET enable_seqscan = off
 SET jit = off
+SET plan_cache_mode = force_generic_plan
 AS $$
 BEGIN
     PERFORM _require_read_committed();

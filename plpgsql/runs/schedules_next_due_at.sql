@@ -18,6 +18,7 @@ SECURITY DEFINER
 SET search_path FROM CURRENT
 SET enable_seqscan = off
 SET jit = off
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_next timestamptz;

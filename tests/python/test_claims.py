@@ -310,8 +310,9 @@ def test_claims_do_not_pay_for_another_queues_due_waits(
 ) -> None:
     """50 000 waits fell due on queue x, whose workers are down. A claim on
     queue y still sees a wait due somewhere and wakes its own: that must be a
-    probe of y's range of runs_wake_idx, not a walk over x's waits (claim
-    plans are generic, so the queue filter cannot be folded at plan time)."""
+    probe of y's range of runs_wake_idx, not a walk over x's waits. The
+    claim's own statements run on generic plans, in which a queue filter
+    could not be folded; _wake_due plans per call for that reason."""
     db.execute("SET auto_explain.log_min_duration = -1")
     db.execute(
         """

@@ -9,6 +9,12 @@ the planner on every call: once a third of a claim's server time, and three
 times the cost of an append when the lane rule first used `= ANY`. Scan
 tests cannot see this (both plans seek), so these tests do.
 
+Every public function of plpgsql/runs and plpgsql/ledger now sets
+plan_cache_mode = force_generic_plan itself (its key lookups are probes
+whatever the values, enable_seqscan being off), and its nested statements,
+the helpers' included, run under that setting. These tests hold the outcome,
+not the setting: no hot statement is planned per call.
+
 How they tell: with auto_explain.log_verbose, a generic plan shows PL/pgSQL
 variables as `$n` parameters; a custom plan has them folded into constants.
 A tour of the hot paths runs once under plan_cache_mode =
@@ -145,8 +151,17 @@ def test_the_detector_tells_custom_plans_from_generic_ones(
     _prepare(db)
     db.execute("SET plan_cache_mode = force_generic_plan")
     generic = _tour(db, plans, 0)
-    db.execute("SET plan_cache_mode = force_custom_plan")
-    custom = _tour(db, plans, 1)
+    # The public functions set plan_cache_mode themselves, which overrides
+    # the session's: make them plan custom, in a transaction rolled back.
+    with db.transaction(force_rollback=True):
+        for (function,) in db.execute(
+            "SELECT p.oid::regprocedure::text FROM pg_proc AS p"
+            " WHERE p.pronamespace = 'runrelay'::regnamespace"
+            " AND 'plan_cache_mode=force_generic_plan' = ANY(p.proconfig)"
+        ).fetchall():
+            db.execute(f"ALTER FUNCTION {function} SET plan_cache_mode = force_custom_plan")
+        db.execute("SET LOCAL plan_cache_mode = force_custom_plan")
+        custom = _tour(db, plans, 1)
     with_params = [k for k, n in generic.items() if n > 0]
     assert len(with_params) > 20, generic
     assert [k for k in with_params if custom.get(k)] == [], "custom plans fold every variable"
