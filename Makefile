@@ -6,6 +6,7 @@
 #   make chaos  the fault-injection scenarios, longer (DURATION=20m per scenario), with figures
 #   make bench  the benchmark: floor, runrelay, peers, then the sharded install
 #               (bench.scale_out; about 15 min in all; rewrites docs/benchmarks.md)
+#               then the relay's delivery slots and the shipped loops
 #   make bench-quick  the same at tiny sizes, a smoke test (also run by make test)
 
 SHELL := /bin/bash
@@ -68,9 +69,11 @@ docs: $(VENV)/.installed
 bench: $(VENV)/.installed
 	$(PY) -m bench.run $(BENCH_ARGS)
 	$(PY) -m bench.relay_concurrency
+	$(PY) -m bench.shipped
 
 bench-quick: $(VENV)/.installed
 	$(PY) -m bench.run --quick $(BENCH_ARGS)
+	$(PY) -m bench.shipped --quick
 
 # The scenarios of tests/python/test_faults.py, each run for DURATION (seconds,
 # or with an s/m suffix) with more connections, then a table of operations,

@@ -61,5 +61,6 @@ if [ "$mode" = all ]; then
     bench_out=$(mktemp -d)
     trap 'rm -rf "$bench_out"' EXIT
     python -m bench.run --quick --out "$bench_out"
+    python -m bench.shipped --quick
     ls "$bench_out"/*.json
 fi
