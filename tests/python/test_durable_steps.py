@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from runrelay.durable import StepError, StepLost, step_key, step_name
 from runrelay.errors import PayloadTooLarge
 from runrelay.tasks import Tasks
 from runrelay.worker import AsyncWorker, Job, Retry, Worker
+from sqlapi import backend_pid, wait_until_blocked
 
 RUNRELAY = str(Path(sys.executable).with_name("runrelay"))
 
@@ -245,6 +247,46 @@ def test_a_repeat_after_a_lost_reply_is_exact(
     with pytest.raises(PayloadTooLarge):
         client.record_step(**{**args, "step": "big", "result": "x" * 2_000_000})
     assert _steps(db, "r1") == [("pay", 1)]
+
+
+@pytest.mark.parametrize("first_ends", ["commit", "rollback"])
+def test_two_records_of_one_step_in_flight_store_one(
+    db: psycopg.Connection, client: Client, db_url: str, first_ends: str
+) -> None:
+    """Two sessions record the same step of one attempt at once (a handler
+    retried by its own caller while the first call is still in flight). The
+    second waits for the first's run lock; when the first commits, the second
+    answers already_recorded and the first result stands, one row and one
+    event; when the first rolls back, the second records its own."""
+    client.enqueue_run("race", queue="durable")
+    (claim,) = client.claim_attempts("w1", ["durable"])
+    call = (
+        "SELECT runrelay.record_step(%(run_id)s, %(attempt)s, %(lease_token)s, 'pay',"
+        " %(result)s::jsonb)"
+    )
+    with (
+        psycopg.connect(db_url) as first,
+        psycopg.connect(db_url, autocommit=True) as second,
+        ThreadPoolExecutor(1) as pool,
+    ):
+        answer = first.execute(call, {**claim.fence, "result": '"first"'}).fetchone()
+        assert answer == ("recorded",)
+        pid = backend_pid(second)
+        pending = pool.submit(
+            lambda: second.execute(call, {**claim.fence, "result": '"second"'}).fetchone()
+        )
+        wait_until_blocked(db, pid)
+        assert not pending.done()
+        if first_ends == "commit":
+            first.commit()
+        else:
+            first.rollback()
+        outcome = pending.result(timeout=30)
+    stored = "first" if first_ends == "commit" else "second"
+    expected = "already_recorded" if first_ends == "commit" else "recorded"
+    assert outcome == (expected,)
+    assert db.execute("SELECT step, result FROM runrelay.steps").fetchall() == [("pay", stored)]
+    assert _events(db, "race") == [{"step": "pay", "attempt": 1}]
 
 
 def test_step_keys_are_stable_and_bounded() -> None:
