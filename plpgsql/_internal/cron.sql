@@ -245,73 +245,57 @@ $$;
 COMMENT ON FUNCTION _cron_day_matches(cron_fields, timestamp) IS
 'Whether a local date matches the day-of-month and day-of-week fields (Vixie: either, if both are restricted).';
 
--- The earliest local minute at or after p_local that the fields match.
--- Steps field by field (a month, a day, an hour, a minute at a time): an
--- expression _cron_parse accepted matches within 28 years (a leap day on a
--- given weekday), a few thousand steps at most.
-CREATE FUNCTION _cron_next_local(p_spec cron_fields, p_local timestamp)
+-- Leaves the month, day or hour holding p_at: forward, for the next one's
+-- first minute; backward, for the previous one's last.
+CREATE FUNCTION _cron_leave(p_at timestamp, p_unit text, p_forward boolean)
 RETURNS timestamp
 LANGUAGE plpgsql
 VOLATILE
 SET search_path FROM CURRENT
 AS $$
-DECLARE
-    v_at timestamp := date_trunc('minute', p_local);
-    v_value integer;
-    v_found integer;
 BEGIN
-    FOR v_step IN 1..100000 LOOP
-        IF (p_spec.months >> extract(MONTH FROM v_at)::integer) & 1 = 0 THEN
-            v_at := date_trunc('month', v_at) + interval '1 month';
-            CONTINUE;
-        END IF;
-        IF NOT _cron_day_matches(p_spec, v_at) THEN
-            v_at := date_trunc('day', v_at) + interval '1 day';
-            CONTINUE;
-        END IF;
-        v_value := extract(HOUR FROM v_at)::integer;
-        IF (p_spec.hours >> v_value) & 1 = 0 THEN
-            v_found := NULL;
-            FOR v_next IN v_value + 1..23 LOOP
-                IF (p_spec.hours >> v_next) & 1 = 1 THEN
-                    v_found := v_next;
-                    EXIT;
-                END IF;
-            END LOOP;
-            v_at := CASE
-                WHEN v_found IS NULL THEN date_trunc('day', v_at) + interval '1 day'
-                ELSE date_trunc('day', v_at) + make_interval(hours => v_found)
-            END;
-            CONTINUE;
-        END IF;
-        v_value := extract(MINUTE FROM v_at)::integer;
-        IF (p_spec.minutes >> v_value) & 1 = 0 THEN
-            v_found := NULL;
-            FOR v_next IN v_value + 1..59 LOOP
-                IF (p_spec.minutes >> v_next) & 1 = 1 THEN
-                    v_found := v_next;
-                    EXIT;
-                END IF;
-            END LOOP;
-            v_at := CASE
-                WHEN v_found IS NULL THEN date_trunc('hour', v_at) + interval '1 hour'
-                ELSE date_trunc('hour', v_at) + make_interval(mins => v_found)
-            END;
-            CONTINUE;
-        END IF;
-        RETURN v_at;
-    END LOOP;
-    RAISE EXCEPTION 'runrelay: no time matches the cron fields after %', p_local
-        USING ERRCODE = 'internal_error';
+    IF p_forward THEN
+        RETURN date_trunc(p_unit, p_at) + ('1 ' || p_unit)::interval;
+    END IF;
+    RETURN date_trunc(p_unit, p_at) - interval '1 minute';
 END;
 $$;
 
-COMMENT ON FUNCTION _cron_next_local(cron_fields, timestamp) IS
-'The earliest local minute at or after a local time that the cron fields match.';
+COMMENT ON FUNCTION _cron_leave(timestamp, text, boolean) IS
+'The first minute of the next month, day or hour (forward), or the last minute of the previous one.';
 
--- The latest local minute at or before p_local that the fields match: the
--- mirror of _cron_next_local.
-CREATE FUNCTION _cron_prev_local(p_spec cron_fields, p_local timestamp)
+-- The nearest value after p_from, towards p_bound (inclusive, either side
+-- of p_from), whose bit is set in a field's mask; NULL when there is none.
+CREATE FUNCTION _cron_nearest(p_mask bigint, p_from integer, p_bound integer)
+RETURNS integer
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_way integer := sign(p_bound - p_from)::integer;
+BEGIN
+    FOR v_step IN 1..abs(p_bound - p_from) LOOP
+        IF (p_mask >> (p_from + v_way * v_step)) & 1 = 1 THEN
+            RETURN p_from + v_way * v_step;
+        END IF;
+    END LOOP;
+    RETURN NULL;
+END;
+$$;
+
+COMMENT ON FUNCTION _cron_nearest(bigint, integer, integer) IS
+'The nearest value after a field value, towards a bound, that the field''s mask holds; NULL if none.';
+
+-- The local minute nearest p_local (at or after it when p_forward, at or
+-- before it otherwise) that the fields match. Steps field by field: a
+-- month, a day, an hour or a minute that does not match is left for the
+-- next one's first minute (forward) or the previous one's last (backward);
+-- an hour or a minute goes straight to the nearest matching value in its
+-- day or hour when there is one. An expression _cron_parse accepted matches
+-- within 28 years (a leap day on a given weekday), a few thousand steps at
+-- most.
+CREATE FUNCTION _cron_step_local(p_spec cron_fields, p_local timestamp, p_forward boolean)
 RETURNS timestamp
 LANGUAGE plpgsql
 VOLATILE
@@ -319,57 +303,46 @@ SET search_path FROM CURRENT
 AS $$
 DECLARE
     v_at timestamp := date_trunc('minute', p_local);
-    v_value integer;
     v_found integer;
 BEGIN
     FOR v_step IN 1..100000 LOOP
         IF (p_spec.months >> extract(MONTH FROM v_at)::integer) & 1 = 0 THEN
-            v_at := date_trunc('month', v_at) - interval '1 minute';
+            v_at := _cron_leave(v_at, 'month', p_forward);
             CONTINUE;
         END IF;
         IF NOT _cron_day_matches(p_spec, v_at) THEN
-            v_at := date_trunc('day', v_at) - interval '1 minute';
+            v_at := _cron_leave(v_at, 'day', p_forward);
             CONTINUE;
         END IF;
-        v_value := extract(HOUR FROM v_at)::integer;
-        IF (p_spec.hours >> v_value) & 1 = 0 THEN
-            v_found := NULL;
-            FOR v_next IN REVERSE v_value - 1..0 LOOP
-                IF (p_spec.hours >> v_next) & 1 = 1 THEN
-                    v_found := v_next;
-                    EXIT;
-                END IF;
-            END LOOP;
+        IF (p_spec.hours >> extract(HOUR FROM v_at)::integer) & 1 = 0 THEN
+            v_found := _cron_nearest(
+                p_spec.hours, extract(HOUR FROM v_at)::integer, CASE WHEN p_forward THEN 23 ELSE 0 END);
             v_at := CASE
-                WHEN v_found IS NULL THEN date_trunc('day', v_at) - interval '1 minute'
+                WHEN v_found IS NULL THEN _cron_leave(v_at, 'day', p_forward)
+                WHEN p_forward THEN date_trunc('day', v_at) + make_interval(hours => v_found)
                 ELSE date_trunc('day', v_at) + make_interval(hours => v_found, mins => 59)
             END;
             CONTINUE;
         END IF;
-        v_value := extract(MINUTE FROM v_at)::integer;
-        IF (p_spec.minutes >> v_value) & 1 = 0 THEN
-            v_found := NULL;
-            FOR v_next IN REVERSE v_value - 1..0 LOOP
-                IF (p_spec.minutes >> v_next) & 1 = 1 THEN
-                    v_found := v_next;
-                    EXIT;
-                END IF;
-            END LOOP;
+        IF (p_spec.minutes >> extract(MINUTE FROM v_at)::integer) & 1 = 0 THEN
+            v_found := _cron_nearest(
+                p_spec.minutes, extract(MINUTE FROM v_at)::integer, CASE WHEN p_forward THEN 59 ELSE 0 END);
             v_at := CASE
-                WHEN v_found IS NULL THEN date_trunc('hour', v_at) - interval '1 minute'
+                WHEN v_found IS NULL THEN _cron_leave(v_at, 'hour', p_forward)
                 ELSE date_trunc('hour', v_at) + make_interval(mins => v_found)
             END;
             CONTINUE;
         END IF;
         RETURN v_at;
     END LOOP;
-    RAISE EXCEPTION 'runrelay: no time matches the cron fields before %', p_local
+    RAISE EXCEPTION 'runrelay: no time matches the cron fields % %',
+        CASE WHEN p_forward THEN 'after' ELSE 'before' END, p_local
         USING ERRCODE = 'internal_error';
 END;
 $$;
 
-COMMENT ON FUNCTION _cron_prev_local(cron_fields, timestamp) IS
-'The latest local minute at or before a local time that the cron fields match.';
+COMMENT ON FUNCTION _cron_step_local(cron_fields, timestamp, boolean) IS
+'The local minute nearest a local time, at or after it (forward) or at or before it, that the cron fields match.';
 
 -- The instant of a local time in a time zone, by the rules at the top: the
 -- first occurrence of a repeated local time, the first instant after a gap
@@ -436,7 +409,7 @@ DECLARE
     v_at timestamptz;
 BEGIN
     FOR v_step IN 1..10000 LOOP
-        v_local := _cron_next_local(p_spec, v_local);
+        v_local := _cron_step_local(p_spec, v_local, TRUE);
         v_at := _cron_instant(v_local, p_time_zone);
         IF v_at > p_after THEN
             RETURN v_at;
@@ -465,7 +438,7 @@ DECLARE
     v_best timestamptz := p_from;
     v_at timestamptz;
 BEGIN
-    v_at := _cron_instant(_cron_prev_local(p_spec, p_now AT TIME ZONE p_time_zone), p_time_zone);
+    v_at := _cron_instant(_cron_step_local(p_spec, p_now AT TIME ZONE p_time_zone, FALSE), p_time_zone);
     IF v_at <= p_now AND v_at > v_best THEN
         v_best := v_at;
     END IF;

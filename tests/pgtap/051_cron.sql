@@ -6,7 +6,7 @@
 -- slot for missed skip; every malformed expression is 22023 naming its
 -- field.
 BEGIN;
-SELECT plan(38);
+SELECT plan(42);
 
 -- The first p_count slots of an expression strictly after p_after, in UTC.
 CREATE FUNCTION pg_temp.slots(p_cron text, p_time_zone text, p_after timestamptz, p_count integer)
@@ -233,6 +233,40 @@ SELECT throws_ok(
     $$SELECT runrelay._cron_parse('@often')$$, '22023',
     'runrelay: invalid cron: must have five fields, minute hour day-of-month month day-of-week (got 1)',
     'an unknown macro'
+);
+
+-- The stepper, both ways, on local times: the nearest matching minute at or
+-- after a time, and at or before it, across an hour, a day, a month and a
+-- year; at a matching minute it stays.
+CREATE FUNCTION pg_temp.steps(p_cron text, p_local timestamp)
+RETURNS text[]
+LANGUAGE sql
+AS $$
+    SELECT ARRAY[
+        to_char(runrelay._cron_step_local(runrelay._cron_parse(p_cron), p_local, TRUE), 'YYYY-MM-DD HH24:MI'),
+        to_char(runrelay._cron_step_local(runrelay._cron_parse(p_cron), p_local, FALSE), 'YYYY-MM-DD HH24:MI')
+    ]
+$$;
+
+SELECT is(
+    pg_temp.steps('30 9 * * *', '2030-03-10 12:00'),
+    ARRAY['2030-03-11 09:30', '2030-03-10 09:30'],
+    'a daily minute: the next day''s, and the same day''s earlier'
+);
+SELECT is(
+    pg_temp.steps('*/15 * * * *', '2030-03-10 10:07:42'),
+    ARRAY['2030-03-10 10:15', '2030-03-10 10:00'],
+    'every fifteen minutes: within the hour both ways'
+);
+SELECT is(
+    pg_temp.steps('50 23 * * *', '2030-01-01 00:05'),
+    ARRAY['2030-01-01 23:50', '2029-12-31 23:50'],
+    'the last hour of the day: back across the year'
+);
+SELECT is(
+    pg_temp.steps('0 0 1 2 *', '2030-02-01 00:00'),
+    ARRAY['2030-02-01 00:00', '2030-02-01 00:00'],
+    'a matching minute is its own nearest, both ways'
 );
 
 SELECT * FROM finish();
