@@ -1,7 +1,7 @@
 -- _claim(): the claim behind claim_attempts and settle_and_claim, after
--- their validation: p_queues as _check_queues returns it, p_tasks as
--- _check_tasks does (null: runs of any task, and untyped ones; else only
--- runs of those tasks), p_lease as _lease returns it. Returns the claimed attempts in claim order (an array, not a
+-- their validation: p_queues and p_tasks as _check_names returns them
+-- (null: every queue, or runs of any task and untyped ones; else only those
+-- queues, or runs of those tasks), p_lease as _lease returns it. Returns the claimed attempts in claim order (an array, not a
 -- set: the callers return them in their own row shapes).
 --
 -- Runnable (_runnable, _internal/runnable.sql): status queued, run_at due,

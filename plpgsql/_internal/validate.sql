@@ -313,8 +313,9 @@ $$;
 COMMENT ON FUNCTION _check_reason(text, text) IS
 'Validates a reason: null, or at most 2000 characters.';
 
--- A claim's queue list (claim_attempts, settle_and_claim): null for every
--- queue, else 1 to 100 queue names; returns them without duplicates.
+-- A claim's queue list or task list (claim_attempts, settle_and_claim:
+-- parameter 'queues', noun 'queue'; 'tasks', 'task'): null for every one,
+-- else 1 to 100 names; returns them without duplicates.
 CREATE FUNCTION _check_names(p_parameter text, p_names text[], p_noun text)
 RETURNS text[]
 LANGUAGE plpgsql
@@ -343,35 +344,6 @@ $$;
 
 COMMENT ON FUNCTION _check_names(text, text[], text) IS
 'Validates a claim''s list of queue or task names (null, or 1 to 100 names) and returns it without duplicates.';
-
--- A claim's queue list, and its task list (claim_attempts, settle_and_claim).
-CREATE FUNCTION _check_queues(p_queues text[])
-RETURNS text[]
-LANGUAGE plpgsql
-VOLATILE
-SET search_path FROM CURRENT
-AS $$
-BEGIN
-    RETURN _check_names('queues', p_queues, 'queue');
-END;
-$$;
-
-COMMENT ON FUNCTION _check_queues(text[]) IS
-'Validates a claim''s queue list (null, or 1 to 100 queue names) and returns it without duplicates.';
-
-CREATE FUNCTION _check_tasks(p_tasks text[])
-RETURNS text[]
-LANGUAGE plpgsql
-VOLATILE
-SET search_path FROM CURRENT
-AS $$
-BEGIN
-    RETURN _check_names('tasks', p_tasks, 'task');
-END;
-$$;
-
-COMMENT ON FUNCTION _check_tasks(text[]) IS
-'Validates a claim''s task list (null, or 1 to 100 task names) and returns it without duplicates.';
 
 -- A run status filter (list_runs): null for every status, else one of the
 -- six statuses of a run.

@@ -39,8 +39,8 @@ BEGIN
     PERFORM _require_read_committed();
     PERFORM _check_id('worker', claim_attempts.worker);
     PERFORM _check_int('max_runs', claim_attempts.max_runs, 1, 1000);
-    v_queues := _check_queues(claim_attempts.queues);
-    v_tasks := _check_tasks(claim_attempts.tasks);
+    v_queues := _check_names('queues', claim_attempts.queues, 'queue');
+    v_tasks := _check_names('tasks', claim_attempts.tasks, 'task');
     RETURN QUERY
     SELECT c.*
     FROM unnest(_claim(

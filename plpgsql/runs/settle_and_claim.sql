@@ -113,8 +113,8 @@ BEGIN
     PERFORM _require_read_committed();
     PERFORM _check_id('worker', settle_and_claim.worker);
     PERFORM _check_int('max_runs', settle_and_claim.max_runs, 0, 1000);
-    v_queues := _check_queues(settle_and_claim.queues);
-    v_tasks := _check_tasks(settle_and_claim.tasks);
+    v_queues := _check_names('queues', settle_and_claim.queues, 'queue');
+    v_tasks := _check_names('tasks', settle_and_claim.tasks, 'task');
     PERFORM _check_json('items', settle_and_claim.items, 'array');
     IF jsonb_array_length(settle_and_claim.items) > 1000 THEN
         PERFORM _invalid('items', format('has %s items; at most 1000', jsonb_array_length(settle_and_claim.items)), v_hint);
