@@ -33,7 +33,7 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
-from devtools import catalog
+from devtools import catalog, codepatch
 from runrelay import migrations
 from runrelay.migrations import codetree
 from runrelay.migrations.codetree import CODE_DIRS, GRANTS, PATCH, RELEASED, PatchError, Tree
@@ -56,14 +56,14 @@ def code_tree() -> Tree:
     files = [p for folder in CODE_DIRS for p in (PLPGSQL / folder).glob("*.sql")]
     files.append(PLPGSQL / GRANTS)
     return {
-        p.relative_to(PLPGSQL).as_posix(): codetree.normalise(p.read_text(encoding="utf-8"))
+        p.relative_to(PLPGSQL).as_posix(): codepatch.normalise(p.read_text(encoding="utf-8"))
         for p in files
     }
 
 
 def build_schema() -> str:
     return "\n".join(
-        f"-- >>> {p.relative_to(REPO)}\n{codetree.normalise(p.read_text(encoding='utf-8'))}"
+        f"-- >>> {p.relative_to(REPO)}\n{codepatch.normalise(p.read_text(encoding='utf-8'))}"
         for p in schema_files()
     )
 
@@ -101,7 +101,7 @@ def freeze(revision: str | None = None, frozen: Path = FROZEN) -> Path:
         raise SourceError(f"only the head revision ({chain[-1]}) can be frozen, not {revision}")
     previous = codetree.assemble(chain[-2], frozen) if len(chain) > 1 else {}
     target = frozen / revision / PATCH
-    target.write_text(codetree.diff(previous, code_tree()), encoding="utf-8")
+    target.write_text(codepatch.diff(previous, code_tree()), encoding="utf-8")
     return target
 
 

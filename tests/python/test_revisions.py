@@ -13,6 +13,7 @@ freeze of a released revision is refused with a clear message.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -20,7 +21,7 @@ import psycopg
 import pytest
 from alembic.config import Config
 from alembic.script import ScriptDirectory
-from devtools import catalog, sqlsource
+from devtools import catalog, codepatch, sqlsource
 
 from conftest import REPO, alembic, create_database, drop_database
 from runrelay.migrations import codetree
@@ -52,12 +53,48 @@ def test_each_released_tree_has_its_recorded_sha256() -> None:
     for revision, (tree_sha, _catalog) in codetree.released().items():
         tree = codetree.assemble(revision)
         assert codetree.tree_sha256(tree) == tree_sha, revision
-        assert all(text == codetree.normalise(text) for text in tree.values())
+        assert all(text == codepatch.normalise(text) for text in tree.values())
 
 
 def test_the_head_revision_is_plpgsql() -> None:
     assert sqlsource.check() == []
     assert codetree.to_sql(codetree.assemble(sqlsource.head_revision())) == sqlsource.build_code()
+
+
+def test_an_insertion_moved_by_a_line_fails_on_the_released_checksum(tmp_path: Path) -> None:
+    """Without context lines an inserted block is placed by its header alone:
+    moved one line up it still applies, and the released tree's sha256 is
+    what catches it."""
+    frozen = _released_copy(tmp_path)
+    patch = frozen / "0004" / "code.patch"
+    lines = patch.read_text().splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        match = re.match(r"^@@ -([0-9]+),0 \+([0-9]+)(,[0-9]+)? @@\n$", line)
+        if match and int(match.group(1)) > 1:
+            old, new = int(match.group(1)) - 1, int(match.group(2)) - 1
+            lines[i] = f"@@ -{old},0 +{new}{match.group(3) or ''} @@\n"
+            break
+    else:
+        pytest.fail("no insertion hunk in 0004")
+    patch.write_text("".join(lines))
+    with pytest.raises(
+        PatchError, match=r"revision 0004: its assembled code has sha256 .* changed"
+    ):
+        codetree.assemble("0004", frozen)
+
+
+def test_each_revision_stores_little_more_than_the_lines_it_changes() -> None:
+    """A code.patch carries no context lines: what a revision stores is the
+    lines it removes and adds, plus a header per file and per hunk, at most
+    1.2 times the bytes of those lines (docs/migrations.md, "Storage")."""
+    for revision in codetree.revisions():
+        text = (codetree.FROZEN / revision / codetree.PATCH).read_text()
+        lines = text.splitlines(keepends=True)
+        assert not [line for line in lines if line.startswith(" ")], revision
+        changed = [
+            line for line in lines if line[:1] in "+-" and not line.startswith(("--- ", "+++ "))
+        ]
+        assert len(text) <= 1.2 * sum(len(line) - 1 for line in changed), revision
 
 
 def test_diff_then_apply_gives_the_new_tree() -> None:
@@ -71,32 +108,32 @@ def test_diff_then_apply_gives_the_new_tree() -> None:
         "ledger/new.sql": "hello\nworld\n",
         "grants.sql": "GRANT;\n",
     }
-    patch = codetree.diff(old, new)
+    patch = codepatch.diff(old, new)
     assert "--- /dev/null\n+++ b/ledger/new.sql\n" in patch
     assert "--- a/runs/gone.sql\n+++ /dev/null\n" in patch
     assert "grants.sql" not in patch  # unchanged files are not in the patch
     assert codetree.apply(old, patch, "9999") == new
-    assert codetree.apply(new, codetree.diff(new, old), "9999") == old
+    assert codetree.apply(new, codepatch.diff(new, old), "9999") == old
 
 
-def test_a_changed_context_line_fails_assembly_naming_revision_file_and_hunk(
+def test_a_changed_removed_line_fails_assembly_naming_revision_file_and_hunk(
     tmp_path: Path,
 ) -> None:
     frozen = _released_copy(tmp_path)
     patch = frozen / "0004" / "code.patch"
     lines = patch.read_text().splitlines(keepends=True)
-    # A context line of the second hunk of the first file that has two.
+    # A line the second hunk of the first file that has two removes.
     path, hunk, target = "", 0, None
     for i, line in enumerate(lines):
         if line.startswith("+++ "):
             path, hunk = line[len("+++ b/") :].strip(), 0
         elif line.startswith("@@"):
             hunk += 1
-        elif hunk == 2 and line.startswith(" "):
+        elif hunk == 2 and line.startswith("-"):
             target = i
             break
     assert target is not None
-    lines[target] = " -- edited after release\n"
+    lines[target] = "--- edited after release\n"
     patch.write_text("".join(lines))
     with pytest.raises(PatchError) as exc:
         codetree.assemble("0006", frozen)

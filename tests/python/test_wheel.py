@@ -8,6 +8,7 @@ import json
 import re
 import signal
 import subprocess
+import zipfile
 
 import httpx
 import psycopg
@@ -57,6 +58,11 @@ def test_the_wheel_ships_the_migrations_and_no_dev_tooling(installed: Installed)
     for rev in revisions:
         assert f"{frozen}{rev}/code.patch" in names
     assert not any(n.startswith(("devtools/", "tests/", "bench/", "plpgsql/")) for n in names)
+    # The package applies patches; writing them (devtools/codepatch.py) is not shipped.
+    with zipfile.ZipFile(installed.wheel) as wheel:
+        codetree = wheel.read("runrelay/migrations/codetree.py").decode()
+    assert "def apply(" in codetree
+    assert "def diff(" not in codetree and "def normalise(" not in codetree
 
 
 def test_the_installed_package_is_the_wheel_not_the_checkout(installed: Installed) -> None:

@@ -3,24 +3,27 @@
 A revision's code is a *tree*: relative path -> text, the files of
 ``plpgsql/_internal``, ``runs``, ``ledger``, ``views`` and ``grants.sql``
 (each normalised to end with exactly one newline). Revision ``<rev>`` stores
-only what changed, in ``frozen/<rev>/code.patch``: a unified diff (3 lines of
-context, ``--- a/<path>`` / ``+++ b/<path>``, ``/dev/null`` for an added or
-removed file) from the previous revision's tree to its own; ``0001``'s is from
-the empty tree. The revisions are the zero-padded folder names of ``frozen/``,
-a linear chain (tests/python/test_revisions.py checks it is Alembic's).
+only what changed, in ``frozen/<rev>/code.patch``: a unified diff
+(``--- a/<path>`` / ``+++ b/<path>``, ``/dev/null`` for an added or removed
+file) from the previous revision's tree to its own; ``0001``'s is from the
+empty tree. A patch carries no context lines (``devtools/codepatch.py``
+writes them; the applier also takes hunks with context). The revisions are
+the zero-padded folder names of ``frozen/``, a linear chain
+(tests/python/test_revisions.py checks it is Alembic's).
 
 ``install_sql(rev)`` applies the patches of ``0001`` .. ``rev`` and
 concatenates the files in install order. The applier is strict: a hunk applies
-only with its exact context at its stated line (no fuzz, no offset), and any
-mismatch raises `PatchError` naming the revision, file and hunk — always
-before a migration runs any SQL. ``frozen/RELEASED`` records the sha256 of
-each released revision's tree; an assembled tree that differs is an error too,
-so a released revision installs exactly the code it shipped.
+only at its stated line, with every removed (and context) line exactly as the
+file holds it there (no fuzz, no offset); an insertion goes after exactly the
+line its header names; and any mismatch raises `PatchError` naming the
+revision, file and hunk, always before a migration runs any SQL.
+``frozen/RELEASED`` records the sha256 of each released revision's tree; an
+assembled tree that differs is an error too, so a released revision installs
+exactly the code it shipped.
 """
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import re
 from collections.abc import Iterable
@@ -41,11 +44,6 @@ _HUNK = re.compile(r"^@@ -([0-9]+)(?:,([0-9]+))? \+([0-9]+)(?:,([0-9]+))? @@\n$"
 
 class PatchError(Exception):
     """A revision's stored code cannot be assembled; nothing was executed."""
-
-
-def normalise(text: str) -> str:
-    """A file as the tree holds it: trailing whitespace cut, one final newline."""
-    return text.rstrip() + "\n"
 
 
 def install_order(paths: Iterable[str]) -> list[str]:
@@ -73,25 +71,6 @@ def tree_sha256(tree: Tree) -> str:
         f"{hashlib.sha256(tree[p].encode()).hexdigest()}  {p}\n" for p in sorted(tree)
     )
     return hashlib.sha256(listing.encode()).hexdigest()
-
-
-def diff(old: Tree, new: Tree) -> str:
-    """The code.patch that turns tree ``old`` into tree ``new``."""
-    out: list[str] = []
-    for path in install_order(set(old) | set(new)):
-        a, b = old.get(path), new.get(path)
-        if a == b:
-            continue
-        out.extend(
-            difflib.unified_diff(
-                (a or "").splitlines(keepends=True),
-                (b or "").splitlines(keepends=True),
-                fromfile="/dev/null" if a is None else f"a/{path}",
-                tofile="/dev/null" if b is None else f"b/{path}",
-                n=3,
-            )
-        )
-    return "".join(out)
 
 
 def revisions(frozen: Path = FROZEN) -> list[str]:
