@@ -23,6 +23,9 @@ REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "benchmarks.md"
 IMG = REPO / "docs" / "img"
 NOTES = Path(__file__).resolve().parent / "notes.md"
+# The analysis section of docs/benchmarks.md: bench/notes.md, between these.
+NOTES_HEADING = "\n## Analysis and next steps\n"
+REPRODUCE_HEADING = "\n## Reproduce\n"
 
 Doc = dict[str, Any]
 
@@ -437,8 +440,9 @@ def markdown(doc: Doc, results_path: str, images: list[str]) -> str:
         "edit bench/notes.md, not this file. -->\n"
     )
     out.append(
-        f"One run of `make bench` on {doc['date']} ({doc['elapsed_seconds']:.0f} s), results in "
-        f"`{results_path}`. Every figure is the median of {plan['reps']} repetitions with "
+        f"One run of `make bench` on {doc['date']} ({doc['elapsed_seconds']:.0f} s); its raw "
+        f"results were written to `{results_path}`, which is not committed (`make bench` "
+        f"writes a new one). Every figure is the median of {plan['reps']} repetitions with "
         "[min–max]; ratios are computed repetition by repetition (the cases are interleaved, "
         "so each pair ran close in time) and summarised the same way.\n"
     )
@@ -642,11 +646,11 @@ def markdown(doc: Doc, results_path: str, images: list[str]) -> str:
         )
         out.append(scale_out.markdown(sharded))
 
-    out.append("\n## Analysis and next steps\n")
+    out.append(NOTES_HEADING)
     if NOTES.exists():
         out.append(NOTES.read_text())
     out.append(
-        "\n## Reproduce\n\n```bash\n"
+        REPRODUCE_HEADING + "\n```bash\n"
         "make bench        # full run, about 15 minutes, rewrites this file\n"
         "make bench-quick  # tiny sizes, a smoke test (part of make test)\n"
         "python -m bench.run --sizes 1000 100000 --reps 5 --out /tmp/bench\n```\n"
@@ -663,14 +667,29 @@ def write_docs(doc: Doc, results: Path) -> None:
     DOC.write_text(markdown(doc, shown, images))
 
 
+def splice_notes(text: str) -> str:
+    """docs/benchmarks.md with its analysis replaced by bench/notes.md as it
+    is now: the tables stay those of the run the document was made from."""
+    start = text.index(NOTES_HEADING) + len(NOTES_HEADING)
+    end = text.index(REPRODUCE_HEADING, start)
+    return text[:start] + "\n" + NOTES.read_text() + "\n" + text[end:]
+
+
 def main(argv: list[str] | None = None) -> int:
-    """`python -m bench.report RESULTS.json`: regenerate the docs from a results file."""
+    """`python -m bench.report RESULTS.json`: regenerate the docs from a results
+    file. `python -m bench.report --notes`: only bring docs/benchmarks.md's
+    analysis up to date with bench/notes.md (raw results are not committed)."""
     import argparse
     import json
 
     parser = argparse.ArgumentParser(prog="python -m bench.report")
-    parser.add_argument("results", type=Path)
+    group = parser.add_mutually_exclusive_group(required=True)
+    group.add_argument("results", type=Path, nargs="?")
+    group.add_argument("--notes", action="store_true", help="splice bench/notes.md only")
     args = parser.parse_args(argv)
+    if args.notes:
+        DOC.write_text(splice_notes(DOC.read_text()))
+        return 0
     doc = json.loads(args.results.read_text())
     print_table(doc, Console())
     write_docs(doc, args.results)
