@@ -247,6 +247,7 @@ def proxy_sql(shard: psycopg.Connection[Any], schema: str) -> str:
             return fn.arguments if kind == "args" else fn.result
 
         text = re.sub(r"@(args|result):([a-z_]+)@", signature, text)
+        text = _SHARD_DOWN.sub(_shard_down_handler, text)
         return (
             text.replace("@schema@", q_schema).replace("@proxy@", proxy).replace("@config@", config)
         )
@@ -301,6 +302,37 @@ def proxy_sql(shard: psycopg.Connection[Any], schema: str) -> str:
                 f"GRANT EXECUTE ON FUNCTION {proxy}.{_ident('gather_' + view)}() TO {_ident(role)};"
             )
     return "\n\n".join([*body, *definer, *grants]) + "\n"
+
+
+# The handler of every call that reaches one shard from sql/*.sql, written
+# there as one line at the handler's indentation:
+#
+#     @if_shard_down@                     the shared part: a shard's own error
+#                                         (not "shard down") is raised as it is
+#     @skip_if_down(v_part)@              ... then skip the shard and go on
+#     @skip_if_down(v_part, v_error)@     ... keeping the error for the end
+#     @unavailable_if_down(v_group.head)@ ... or fail the call naming the shard
+#
+# so that what a walker does with a shard that does not answer is written once.
+_SHARD_DOWN = re.compile(
+    r"^( *)@(if_shard_down|skip_if_down|unavailable_if_down)(?:\(([^)]*)\))?@$", re.MULTILINE
+)
+
+
+def _shard_down_handler(match: re.Match[str]) -> str:
+    indent, kind, args = match.group(1), match.group(2), match.group(3)
+    lines = [
+        "EXCEPTION WHEN internal_error THEN",
+        "    IF NOT @proxy@.is_shard_down(SQLSTATE, SQLERRM) THEN RAISE; END IF;",
+    ]
+    given = [a.strip() for a in (args or "").split(",") if a.strip()]
+    if kind == "skip_if_down":
+        lines.append(f"    PERFORM @proxy@.skip_shard({given[0]}, SQLERRM);")
+        lines += [f"    {error} := SQLERRM;" for error in given[1:]]
+        lines.append("    CONTINUE;")
+    elif kind == "unavailable_if_down":
+        lines.append(f"    PERFORM @proxy@.shard_unavailable({given[0]}, SQLERRM);")
+    return "\n".join(indent + line for line in lines)
 
 
 def _sql_files() -> list[tuple[str, str]]:

@@ -9,6 +9,10 @@
 -- Rows are gathered per shard into an array before being returned, so that a
 -- shard that fails mid-call adds no row. Each row carries its run_id, which is
 -- all the follow-up calls need to route.
+--
+-- A call that reaches one shard handles that shard being down with a line
+-- install.py expands (@skip_if_down(...)@, @unavailable_if_down(...)@ or
+-- @if_shard_down@ and what follows it): that handler is written once.
 
 CREATE FUNCTION @schema@.claim_attempts(@args:claim_attempts@)
 RETURNS @result:claim_attempts@
@@ -29,11 +33,7 @@ BEGIN
                 v_part, claim_attempts.worker, claim_attempts.queues, v_left,
                 claim_attempts.lease_seconds, claim_attempts.call_id, claim_attempts.tasks
             ) AS c;
-        EXCEPTION WHEN internal_error THEN
-            IF NOT @proxy@.is_shard_down(SQLSTATE, SQLERRM) THEN RAISE; END IF;
-            PERFORM @proxy@.skip_shard(v_part, SQLERRM);
-            v_error := SQLERRM;
-            CONTINUE;
+        @skip_if_down(v_part, v_error)@
         END;
         v_answered := true;
         RETURN QUERY SELECT * FROM unnest(v_rows);
@@ -76,11 +76,7 @@ BEGIN
                 claim_ledger.max_events, claim_ledger.lease_seconds, claim_ledger.wait_for_run,
                 claim_ledger.expected_head, claim_ledger.batch, claim_ledger.call_id
             ) AS c;
-        EXCEPTION WHEN internal_error THEN
-            IF NOT @proxy@.is_shard_down(SQLSTATE, SQLERRM) THEN RAISE; END IF;
-            PERFORM @proxy@.skip_shard(v_part, SQLERRM);
-            v_error := SQLERRM;
-            CONTINUE;
+        @skip_if_down(v_part, v_error)@
         END;
         v_answered := true;
         IF cardinality(v_rows) > 0 THEN
@@ -110,11 +106,7 @@ BEGIN
         BEGIN
             SELECT coalesce(array_agg(r), '{}') INTO v_rows
             FROM @proxy@.on_reap_expired(v_part, v_left) AS r;
-        EXCEPTION WHEN internal_error THEN
-            IF NOT @proxy@.is_shard_down(SQLSTATE, SQLERRM) THEN RAISE; END IF;
-            PERFORM @proxy@.skip_shard(v_part, SQLERRM);
-            v_error := SQLERRM;
-            CONTINUE;
+        @skip_if_down(v_part, v_error)@
         END;
         v_answered := true;
         RETURN QUERY SELECT * FROM unnest(v_rows);
@@ -150,11 +142,7 @@ BEGIN
     FOR v_part IN SELECT w.head FROM @proxy@.walk(NULL) AS w (head) LOOP
         BEGIN
             v_due := @proxy@.on_ledger_next_due_at(v_part, ledger_next_due_at.lane, NULL);
-        EXCEPTION WHEN internal_error THEN
-            IF NOT @proxy@.is_shard_down(SQLSTATE, SQLERRM) THEN RAISE; END IF;
-            PERFORM @proxy@.skip_shard(v_part, SQLERRM);
-            v_error := SQLERRM;
-            CONTINUE;
+        @skip_if_down(v_part, v_error)@
         END;
         v_answered := true;
         v_min := least(v_min, v_due);
@@ -181,11 +169,7 @@ BEGIN
     FOR v_part IN SELECT w.head FROM @proxy@.walk(NULL) AS w (head) LOOP
         BEGIN
             v_total := v_total + @proxy@.on_record_queue_activity(v_part);
-        EXCEPTION WHEN internal_error THEN
-            IF NOT @proxy@.is_shard_down(SQLSTATE, SQLERRM) THEN RAISE; END IF;
-            PERFORM @proxy@.skip_shard(v_part, SQLERRM);
-            v_error := SQLERRM;
-            CONTINUE;
+        @skip_if_down(v_part, v_error)@
         END;
         v_answered := true;
     END LOOP;

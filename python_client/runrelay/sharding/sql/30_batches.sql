@@ -3,6 +3,10 @@
 -- spans shards is not atomic across them (each shard commits its part);
 -- every part replays exactly (fences, call_id, idempotent run_ids), so the
 -- answer to a shard that is down is to repeat the whole call.
+--
+-- A call that reaches one shard handles that shard being down with a line
+-- install.py expands (@skip_if_down(...)@, @unavailable_if_down(...)@ or
+-- @if_shard_down@ and what follows it): that handler is written once.
 
 -- The shard (by its lowest partition) that owns a run.
 CREATE FUNCTION @proxy@.run_head(p_run_id text)
@@ -80,9 +84,7 @@ BEGIN
             v_rows := v_rows || ARRAY(
                 SELECT r FROM @proxy@.on_complete_attempts(v_group.head, v_group.items) AS r
             );
-        EXCEPTION WHEN internal_error THEN
-            IF NOT @proxy@.is_shard_down(SQLSTATE, SQLERRM) THEN RAISE; END IF;
-            PERFORM @proxy@.shard_unavailable(v_group.head, SQLERRM);
+        @unavailable_if_down(v_group.head)@
         END;
     END LOOP;
     RETURN QUERY
@@ -111,9 +113,7 @@ BEGIN
         BEGIN
             SELECT coalesce(array_agg(r), '{}') INTO v_rows
             FROM @proxy@.on_enqueue_runs(v_group.head, v_group.items) AS r;
-        EXCEPTION WHEN internal_error THEN
-            IF NOT @proxy@.is_shard_down(SQLSTATE, SQLERRM) THEN RAISE; END IF;
-            PERFORM @proxy@.shard_unavailable(v_group.head, SQLERRM);
+        @unavailable_if_down(v_group.head)@
         END;
         FOR v_i IN 1 .. cardinality(v_rows) LOOP
             v_out[v_group.ords[v_i]] := v_rows[v_i];
@@ -180,8 +180,7 @@ BEGIN
                 v_part, v_items, settle_and_claim.worker, settle_and_claim.queues,
                 v_left, settle_and_claim.lease_seconds, settle_and_claim.call_id, settle_and_claim.tasks
             ) AS r;
-        EXCEPTION WHEN internal_error THEN
-            IF NOT @proxy@.is_shard_down(SQLSTATE, SQLERRM) THEN RAISE; END IF;
+        @if_shard_down@
             IF cardinality(v_ords) > 0 THEN
                 PERFORM @proxy@.shard_unavailable(v_part, SQLERRM);
             END IF;
@@ -223,9 +222,7 @@ BEGIN
             RETURN QUERY SELECT * FROM @proxy@.on_renew_ledger_lease(
                 v_group.head, renew_ledger_lease.relay, v_group.ids, renew_ledger_lease.lease_seconds
             );
-        EXCEPTION WHEN internal_error THEN
-            IF NOT @proxy@.is_shard_down(SQLSTATE, SQLERRM) THEN RAISE; END IF;
-            PERFORM @proxy@.shard_unavailable(v_group.head, SQLERRM);
+        @unavailable_if_down(v_group.head)@
         END;
     END LOOP;
 END;
@@ -244,9 +241,7 @@ BEGIN
         BEGIN
             v_total := v_total
                 + @proxy@.on_release_ledger(v_group.head, release_ledger.relay, v_group.ids);
-        EXCEPTION WHEN internal_error THEN
-            IF NOT @proxy@.is_shard_down(SQLSTATE, SQLERRM) THEN RAISE; END IF;
-            PERFORM @proxy@.shard_unavailable(v_group.head, SQLERRM);
+        @unavailable_if_down(v_group.head)@
         END;
     END LOOP;
     RETURN v_total;
@@ -267,9 +262,7 @@ BEGIN
                 v_group.head, fail_ledger.relay, v_group.ids, fail_ledger.error,
                 fail_ledger.retry_at, fail_ledger.permanent
             );
-        EXCEPTION WHEN internal_error THEN
-            IF NOT @proxy@.is_shard_down(SQLSTATE, SQLERRM) THEN RAISE; END IF;
-            PERFORM @proxy@.shard_unavailable(v_group.head, SQLERRM);
+        @unavailable_if_down(v_group.head)@
         END;
     END LOOP;
 END;
@@ -286,8 +279,7 @@ DECLARE
     );
 BEGIN
     RETURN @proxy@.on_requeue_ledger_event(v_head, requeue_ledger_event.event_id);
-EXCEPTION WHEN internal_error THEN
-    IF NOT @proxy@.is_shard_down(SQLSTATE, SQLERRM) THEN RAISE; END IF;
+@if_shard_down@
     PERFORM @proxy@.shard_unavailable(v_head, SQLERRM);
     RETURN NULL;
 END;

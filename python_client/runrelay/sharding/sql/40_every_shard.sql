@@ -1,4 +1,8 @@
 -- Calls about the whole install: asked of every shard.
+--
+-- A call that reaches one shard handles that shard being down with a line
+-- install.py expands (@skip_if_down(...)@, @unavailable_if_down(...)@ or
+-- @if_shard_down@ and what follows it): that handler is written once.
 
 -- The revision every shard is at. Shards at different revisions (a migration
 -- that stopped half way) are an error, not an answer: runrelay migrate
@@ -19,11 +23,7 @@ BEGIN
     FOR v_part IN SELECT w.head FROM @proxy@.walk(NULL) AS w (head) LOOP
         BEGIN
             v_version := @proxy@.on_get_schema_version(v_part);
-        EXCEPTION WHEN internal_error THEN
-            IF NOT @proxy@.is_shard_down(SQLSTATE, SQLERRM) THEN RAISE; END IF;
-            PERFORM @proxy@.skip_shard(v_part, SQLERRM);
-            v_error := SQLERRM;
-            CONTINUE;
+        @skip_if_down(v_part, v_error)@
         END;
         v_mixed := v_mixed OR (v_seen IS NOT NULL AND v_seen IS DISTINCT FROM v_version);
         v_seen := v_version;
@@ -59,11 +59,7 @@ BEGIN
     FOR v_part IN SELECT w.head FROM @proxy@.walk(NULL) AS w (head) LOOP
         BEGIN
             v_n := @proxy@.on_prune(v_part, prune.delivered_before, v_left);
-        EXCEPTION WHEN internal_error THEN
-            IF NOT @proxy@.is_shard_down(SQLSTATE, SQLERRM) THEN RAISE; END IF;
-            PERFORM @proxy@.skip_shard(v_part, SQLERRM);
-            v_error := SQLERRM;
-            CONTINUE;
+        @skip_if_down(v_part, v_error)@
         END;
         v_answered := true;
         v_left := v_left - v_n;
@@ -93,11 +89,7 @@ BEGIN
             v_n := @proxy@.on_purge_runs(
                 v_part, purge_runs.finished_before, v_left, purge_runs.include_undelivered
             );
-        EXCEPTION WHEN internal_error THEN
-            IF NOT @proxy@.is_shard_down(SQLSTATE, SQLERRM) THEN RAISE; END IF;
-            PERFORM @proxy@.skip_shard(v_part, SQLERRM);
-            v_error := SQLERRM;
-            CONTINUE;
+        @skip_if_down(v_part, v_error)@
         END;
         v_answered := true;
         v_left := v_left - v_n;
@@ -128,9 +120,7 @@ BEGIN
             v_outcome := @proxy@.on_pause_queue(
                 v_part, pause_queue.queue, pause_queue.reason, pause_queue.requested_by
             );
-        EXCEPTION WHEN internal_error THEN
-            IF NOT @proxy@.is_shard_down(SQLSTATE, SQLERRM) THEN RAISE; END IF;
-            PERFORM @proxy@.shard_unavailable(v_part, SQLERRM);
+        @unavailable_if_down(v_part)@
         END;
         IF v_answer IS NULL OR v_answer LIKE 'already%' THEN
             v_answer := v_outcome;
@@ -153,9 +143,7 @@ BEGIN
     FOR v_part IN SELECT w.head FROM @proxy@.walk(NULL) AS w (head) LOOP
         BEGIN
             v_outcome := @proxy@.on_resume_queue(v_part, resume_queue.queue);
-        EXCEPTION WHEN internal_error THEN
-            IF NOT @proxy@.is_shard_down(SQLSTATE, SQLERRM) THEN RAISE; END IF;
-            PERFORM @proxy@.shard_unavailable(v_part, SQLERRM);
+        @unavailable_if_down(v_part)@
         END;
         IF v_answer IS NULL OR v_answer NOT IN ('resumed') THEN
             v_answer := v_outcome;
@@ -198,10 +186,7 @@ BEGIN
     FOR v_part IN SELECT w.head FROM @proxy@.walk(NULL) AS w (head) LOOP
         BEGIN
             SELECT coalesce(array_agg(r), '{}') INTO v_rows FROM @proxy@.on_run_stats(v_part) AS r;
-        EXCEPTION WHEN internal_error THEN
-            IF NOT @proxy@.is_shard_down(SQLSTATE, SQLERRM) THEN RAISE; END IF;
-            PERFORM @proxy@.skip_shard(v_part, SQLERRM);
-            CONTINUE;
+        @skip_if_down(v_part)@
         END;
         RETURN QUERY SELECT * FROM unnest(v_rows);
     END LOOP;
@@ -220,10 +205,7 @@ BEGIN
     FOR v_part IN SELECT w.head FROM @proxy@.walk(NULL) AS w (head) LOOP
         BEGIN
             SELECT coalesce(array_agg(r), '{}') INTO v_rows FROM @proxy@.on_ledger_stats(v_part) AS r;
-        EXCEPTION WHEN internal_error THEN
-            IF NOT @proxy@.is_shard_down(SQLSTATE, SQLERRM) THEN RAISE; END IF;
-            PERFORM @proxy@.skip_shard(v_part, SQLERRM);
-            CONTINUE;
+        @skip_if_down(v_part)@
         END;
         RETURN QUERY SELECT * FROM unnest(v_rows);
     END LOOP;
