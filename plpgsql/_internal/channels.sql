@@ -13,7 +13,7 @@
 -- runrelay_cancel.
 -- The schema is current_schema() under the pinned search_path, which is the
 -- install's schema. The Python client builds the same names
--- (runrelay._backoff.channel); tests/python/test_loops.py
+-- (runrelay.contract.channel); tests/python/test_loops.py
 -- (test_channel_names_are_the_same_in_sql_and_python) keeps the two equal.
 CREATE FUNCTION _channel(p_kind text)
 RETURNS text

@@ -21,9 +21,7 @@ server has its own Listener in its own thread (task), so one that is down
 reconnects with its own backoff and delays no other. `make_listener` picks
 the kind a loop's `listen_dsn` calls for.
 
-`channel(schema, kind)` names a channel: NOTIFY is database-wide, so the
-install's schema is part of the name and two installs in one database never
-wake each other (SQL's `_channel` builds the same names).
+The channels' names are `runrelay.contract.channel(schema, kind)`.
 """
 
 from __future__ import annotations
@@ -72,22 +70,7 @@ except ImportError:  # pragma: no cover - psycopg_pool is a declared dependency
 ListenDsn = str | Sequence[str] | Callable[[], Sequence[str]]
 REFRESH = 30.0
 
-# The kinds of NOTIFY channel an install has: a queue has runnable work
-# (runs), a lane has events to deliver (ledger), a run ended (terminal),
-# events were acknowledged (delivered).
-CHANNEL_KINDS = ("runs", "ledger", "terminal", "delivered", "cancel")
 _BARE_NAME = re.compile(r"[a-z_][a-z0-9_]*")
-
-
-def channel(schema: str, kind: str) -> str:
-    """The name of an install's NOTIFY channel of one kind: `<schema>_<kind>`
-    (`runrelay_runs` for the default install). The one home of these names
-    in Python; SQL's `_channel(kind)` gives the same."""
-    if kind not in CHANNEL_KINDS:
-        raise ValueError(
-            f"no NOTIFY channel of kind {kind!r}: use one of {', '.join(CHANNEL_KINDS)}"
-        )
-    return f"{schema}_{kind}"
 
 
 def listen_statement(channel_name: str) -> sql.SQL | sql.Composed:

@@ -30,6 +30,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from . import _logging
+from .contract import LEASE_SECONDS_DEFAULT, LEASE_SECONDS_MAX, LEASE_SECONDS_MIN
 
 log = logging.getLogger("runrelay.cli")
 
@@ -919,7 +920,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--queues", help="comma-separated queues to claim from (default: every queue)")
     p.add_argument("--concurrency", type=_positive_int, default=4, help="handlers at once")
     p.add_argument("--batch-size", type=_positive_int, default=1, help="runs claimed per call")
-    p.add_argument("--lease-seconds", type=int, default=30, help="lease per claim (5-300)")
+    p.add_argument(
+        "--lease-seconds",
+        type=int,
+        default=LEASE_SECONDS_DEFAULT,
+        help=f"lease per claim ({LEASE_SECONDS_MIN}-{LEASE_SECONDS_MAX})",
+    )
     p.add_argument("--poll-interval", type=float, default=1.0, help="seconds between idle polls")
     p.add_argument(
         "--shutdown-grace",
@@ -979,7 +985,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="run lanes in flight at once, one batch each (each lane stays in order); about "
         "the batches per second wanted times the consumer's seconds per batch",
     )
-    p.add_argument("--lease-seconds", type=int, default=30, help="lease per claim (5-300)")
+    p.add_argument(
+        "--lease-seconds",
+        type=int,
+        default=LEASE_SECONDS_DEFAULT,
+        help=f"lease per claim ({LEASE_SECONDS_MIN}-{LEASE_SECONDS_MAX})",
+    )
     p.add_argument("--name", help="relay name in leases (default: relay-host:pid:random)")
     _connection_options(p)
     _metrics_options(p)

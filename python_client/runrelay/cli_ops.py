@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from .cli import CommandError, _duration, _positive_int, _reason, _require_url
+from .contract import LANES, RUN_STATUSES
 from .types import presumed_dead_holder
 
 EXIT_OK = 0
@@ -59,8 +60,6 @@ EXIT_REFUSED = 1
 EXIT_USAGE = 2
 EXIT_NOT_FOUND = 4
 
-RUN_STATUSES = ("queued", "running", "waiting", "completed", "failed", "cancelled")
-LANES = ("lifecycle", "observability")
 
 # Command: (args) -> exit code. Registered by cli.build_parser through add_commands.
 Command = Callable[[argparse.Namespace], int]

@@ -33,6 +33,7 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 
 from . import _core
+from .contract import LEASE_SECONDS_DEFAULT
 from .errors import ProxyTransaction, WrongShard, translate
 from .types import (
     AppendedEvent,
@@ -473,7 +474,7 @@ class _Methods:
         worker: str,
         queues: Sequence[str] | None = None,
         max_runs: int = 1,
-        lease_seconds: int = 30,
+        lease_seconds: int = LEASE_SECONDS_DEFAULT,
         call_id: uuid.UUID | None = None,
         tasks: Sequence[str] | None = None,
         *,
@@ -501,7 +502,7 @@ class _Methods:
         worker: str,
         queues: Sequence[str] | None = None,
         max_runs: int = 1,
-        lease_seconds: int = 30,
+        lease_seconds: int = LEASE_SECONDS_DEFAULT,
         call_id: uuid.UUID | None = None,
         tasks: Sequence[str] | None = None,
         *,
@@ -531,7 +532,7 @@ class _Methods:
         run_id: str,
         attempt: int,
         lease_token: uuid.UUID,
-        lease_seconds: int = 30,
+        lease_seconds: int = LEASE_SECONDS_DEFAULT,
         *,
         conn: Any = None,
     ) -> _Call[HeartbeatResult]:
@@ -713,7 +714,7 @@ class _Methods:
         lane: str = "lifecycle",
         run_id: str | None = None,
         max_events: int = 1,
-        lease_seconds: int = 30,
+        lease_seconds: int = LEASE_SECONDS_DEFAULT,
         wait_for_run: bool = False,
         expected_head: int | None = None,
         batch: bool = False,
@@ -742,7 +743,7 @@ class _Methods:
         run_id: str,
         event_ids: Sequence[int],
         claim_next: int = 0,
-        lease_seconds: int = 30,
+        lease_seconds: int = LEASE_SECONDS_DEFAULT,
         batch: bool = False,
         *,
         conn: Any = None,
@@ -760,7 +761,12 @@ class _Methods:
 
     @_operation
     def renew_ledger_lease(
-        self, relay: str, event_ids: Sequence[int], lease_seconds: int = 30, *, conn: Any = None
+        self,
+        relay: str,
+        event_ids: Sequence[int],
+        lease_seconds: int = LEASE_SECONDS_DEFAULT,
+        *,
+        conn: Any = None,
     ) -> _Call[list[RenewedLease]]:
         """Extend held leases -> list[RenewedLease]."""
         values = {"relay": relay, "event_ids": list(event_ids), "lease_seconds": lease_seconds}

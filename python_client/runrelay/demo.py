@@ -42,6 +42,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from .client import Client
+from .contract import TERMINAL_STATUSES
 from .relay import Relay
 from .sharding import shard_listen_dsns
 from .sinks import WebhookSink
@@ -589,9 +590,6 @@ def _progress(
     return False
 
 
-TERMINAL = ("completed", "failed", "cancelled")
-
-
 @dataclass
 class Verdict:
     """What the demo's end state says. A run still live or an event not
@@ -652,7 +650,9 @@ def check(
     is each enqueued run's expected final status, `runs` how many the
     scenario meant to enqueue (those never enqueued are unfinished)."""
     final = dict(admin.rows("SELECT run_id, status FROM runrelay.runs"))
-    ended = {run_id: final.get(run_id) for run_id in expected if final.get(run_id) in TERMINAL}
+    ended = {
+        run_id: final.get(run_id) for run_id in expected if final.get(run_id) in TERMINAL_STATUSES
+    }
     wrong = Counter(kinds[run_id] for run_id, status in ended.items() if status != expected[run_id])
     delivered: dict[tuple[str, str], list[int]] = defaultdict(list)
     undelivered: dict[tuple[str, str], set[int]] = defaultdict(set)

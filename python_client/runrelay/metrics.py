@@ -53,6 +53,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from psycopg import sql
 
 from ._backoff import first_line
+from .contract import WAIT_KINDS
 from .types import Lane, RunStatus
 
 log = logging.getLogger("runrelay.metrics")
@@ -68,7 +69,6 @@ PROCESS_KINDS = ("worker", "relay")
 PROCESS_STATES = ("alive", "presumed_dead")
 # The wait kinds (a waiting run's wait.kind); each is exported for
 # every queue, zero when no run waits that way.
-WAIT_KINDS = ("sleep", "event", "detached_runner")
 
 # The queue label that sums every queue beyond the exporter's bound.
 OTHER_QUEUE = "_other"

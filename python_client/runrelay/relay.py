@@ -80,12 +80,12 @@ from ._backoff import (
     ListenDsn,
     Listener,
     MultiListener,
-    channel,
     check_listen_dsn,
     first_line,
     make_listener,
 )
 from .client import Client
+from .contract import LEASE_SECONDS_DEFAULT, channel
 from .sinks import DeliveryError, Sink
 from .types import LedgerEvent, LedgerFailure, LedgerKind
 
@@ -124,7 +124,7 @@ class Relay:
         name: str | None = None,
         lanes: Sequence[str] = ("lifecycle", "observability"),
         batch_size: int = 100,
-        lease_seconds: int = 30,
+        lease_seconds: int = LEASE_SECONDS_DEFAULT,
         listen_dsn: ListenDsn | None = None,
         max_sleep: float = 5.0,
         metrics: CollectorRegistry | None = None,

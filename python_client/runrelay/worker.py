@@ -146,7 +146,6 @@ from ._backoff import (
     ListenDsn,
     Listener,
     MultiListener,
-    channel,
     check_listen_dsn,
     first_line,
     jittered,
@@ -155,6 +154,7 @@ from ._backoff import (
     wait_event,
 )
 from ._steps import Call, Pause, Steps, drive, drive_async
+from .contract import LEASE_SECONDS_DEFAULT, channel
 from .durable import DurableSteps
 from .maintenance import AsyncMaintenance, Maintenance
 from .tasks import Tasks
@@ -758,7 +758,7 @@ class _Loop(_Signals, _Recorder):
         queues: Sequence[str] | None = None,
         concurrency: int = 4,
         name: str | None = None,
-        lease_seconds: int = 30,
+        lease_seconds: int = LEASE_SECONDS_DEFAULT,
         heartbeat_every: float | None = None,
         batch_size: int = 1,
         poll_interval: float = 1.0,

@@ -61,6 +61,7 @@ from starlette.staticfiles import StaticFiles
 
 from .. import errors
 from ..client import AsyncClient
+from ..contract import LANES
 from ..types import RunStatus, presumed_dead_holder
 from . import present
 from .live import Notifications, event_stream
@@ -70,7 +71,6 @@ log = logging.getLogger("runrelay.dashboard")
 
 HERE = os.path.dirname(__file__)
 STATUSES = [s.value for s in RunStatus]
-LANES = ("lifecycle", "observability")
 # A form larger than this is refused before it is parsed.
 MAX_FORM_BYTES = 64 * 1024
 POOL_TIMEOUT_SECONDS = 5.0

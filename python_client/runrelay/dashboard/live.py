@@ -28,7 +28,8 @@ from collections.abc import AsyncIterator
 
 import psycopg
 
-from .._backoff import channel, listen_statement
+from .._backoff import listen_statement
+from ..contract import channel
 
 # The channels that say a page changed (not <schema>_cancel: a cancel that
 # ends a run also notifies <schema>_terminal).
