@@ -13,7 +13,8 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-RUN_STATUSES = ("queued", "running", "waiting", "completed", "failed", "cancelled")
+from runrelay.contract import RUN_STATUSES
+
 CLAIM_INDEXES = ("runs_claim_queue_idx", "runs_claim_any_idx")
 
 
