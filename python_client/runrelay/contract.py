@@ -31,6 +31,15 @@ LEASE_SECONDS_MIN = 5
 LEASE_SECONDS_MAX = 300
 LEASE_SECONDS_DEFAULT = 30
 
+# A reason (cancel_run, release_attempt, pause_queue, skip_ledger_events):
+# at most this many characters, _check_reason.
+REASON_CHARS = 2000
+
+# The message of a handler's or a sink's exception, as the worker and the
+# relay store it in an error: cut to this many characters (the package's own
+# cap; the error as a whole is held to the payload cap by the SQL).
+MESSAGE_CHARS = 2000
+
 # The kinds of NOTIFY channel an install has: a queue has runnable work
 # (runs), a lane has events to deliver (ledger), a run ended (terminal),
 # events were acknowledged (delivered), a held run was cancelled (cancel).

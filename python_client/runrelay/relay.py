@@ -85,7 +85,7 @@ from ._backoff import (
     make_listener,
 )
 from .client import Client
-from .contract import LEASE_SECONDS_DEFAULT, channel
+from .contract import LEASE_SECONDS_DEFAULT, MESSAGE_CHARS, channel
 from .sinks import DeliveryError, Sink
 from .types import LedgerEvent, LedgerFailure, LedgerKind
 
@@ -336,7 +336,10 @@ class Relay:
                 permanent = isinstance(exc, DeliveryError) and exc.permanent
                 # The consumer's Retry-After, if it sent one; None = server backoff.
                 retry_at = exc.retry_at if isinstance(exc, DeliveryError) else None
-                error: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc)[:2000]}
+                error: dict[str, Any] = {
+                    "type": type(exc).__name__,
+                    "message": str(exc)[:MESSAGE_CHARS],
+                }
                 if isinstance(exc, DeliveryError) and exc.status is not None:
                     error["status"] = exc.status
                 failures = self._retrying(

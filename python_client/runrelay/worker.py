@@ -154,7 +154,7 @@ from ._backoff import (
     wait_event,
 )
 from ._steps import Call, Pause, Steps, drive, drive_async
-from .contract import LEASE_SECONDS_DEFAULT, channel
+from .contract import LEASE_SECONDS_DEFAULT, MESSAGE_CHARS, REASON_CHARS, channel
 from .durable import DurableSteps
 from .maintenance import AsyncMaintenance, Maintenance
 from .tasks import Tasks
@@ -177,7 +177,6 @@ log = logging.getLogger("runrelay.worker")
 # A handler's traceback is stored in the attempt's error; the end of it (the
 # frames nearest the raise) is what matters, and a row should stay small.
 TRACEBACK_CHARS = 8000
-MESSAGE_CHARS = 2000
 # A settle_and_claim call is replayed after connection errors until it
 # resolves; once the worker stops, at most this many times, and shutdown
 # waits at most SETTLE_WAIT seconds for calls in flight.
@@ -412,7 +411,7 @@ def release_write(
     the server's clock) and the attempt does not count against max_attempts;
     the reason is recorded in the run.retry_scheduled event."""
     text = kind if not reason or reason == kind else f"{kind}: {reason}"
-    return "release_attempt", {**job.attempt.fence, "run_at": run_at, "reason": text[:2000]}
+    return "release_attempt", {**job.attempt.fence, "run_at": run_at, "reason": text[:REASON_CHARS]}
 
 
 def timeout_error(seconds: float) -> dict[str, Any]:

@@ -68,3 +68,11 @@ def test_lease_bounds_and_default_are_the_ones_lease_applies(db: psycopg.Connect
         contract.LEASE_SECONDS_MIN,
         contract.LEASE_SECONDS_MAX,
     )
+
+
+def test_reasons_are_capped_where_check_reason_caps_them(db: psycopg.Connection) -> None:
+    db.execute("SELECT runrelay._check_reason('reason', %s)", ["x" * contract.REASON_CHARS])
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="at most 2000"):
+        db.execute(
+            "SELECT runrelay._check_reason('reason', %s)", ["x" * (contract.REASON_CHARS + 1)]
+        )
