@@ -120,7 +120,7 @@ BEGIN
         -- Only ended runs have finished_at; the others' ranges are not read.
         v_statuses := ARRAY(
             SELECT s.status FROM unnest(v_statuses) AS s (status)
-            WHERE s.status IN ('completed', 'failed', 'cancelled')
+            WHERE _terminal(s.status)
         );
     END IF;
     v_running := list_runs.finished_before IS NULL AND coalesce(list_runs.status, 'running') = 'running';

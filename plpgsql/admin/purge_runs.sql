@@ -113,7 +113,7 @@ BEGIN
         FROM runs AS r
         WHERE
             r.run_id = ANY(v_candidates)
-            AND r.status IN ('completed', 'failed', 'cancelled')
+            AND _terminal(r.status)
             AND r.finished_at < purge_runs.finished_before
         ORDER BY r.run_id COLLATE "C"
         FOR UPDATE SKIP LOCKED

@@ -59,7 +59,7 @@ BEGIN
     IF v_status IS NULL THEN
         RETURN _restore_lock_wait(v_caller_lock_timeout, 'not_found');
     END IF;
-    IF v_status IN ('completed', 'failed', 'cancelled') THEN
+    IF _terminal(v_status) THEN
         RETURN _restore_lock_wait(v_caller_lock_timeout, 'already_terminal');
     END IF;
     INSERT INTO cancellations (run_id, reason, requested_at)
@@ -70,7 +70,7 @@ BEGIN
     IF v_run.run_id IS NULL THEN
         RETURN _restore_lock_wait(v_caller_lock_timeout, _record_call(cancel_run.call_id, 'cancel_run', cancel_run.run_id, v_digest, 'cancel_requested'));
     END IF;
-    IF v_run.status IN ('completed', 'failed', 'cancelled') THEN
+    IF _terminal(v_run.status) THEN
         DELETE FROM cancellations AS c WHERE c.run_id = cancel_run.run_id;
         RETURN _restore_lock_wait(v_caller_lock_timeout, 'already_terminal');
     END IF;

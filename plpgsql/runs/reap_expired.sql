@@ -95,7 +95,7 @@ BEGIN
     LOOP
         v_run := _try_lock_run(v_candidate.run_id);
         CONTINUE WHEN v_run.run_id IS NULL;
-        IF v_run.status IN ('completed', 'failed', 'cancelled') THEN
+        IF _terminal(v_run.status) THEN
             DELETE FROM cancellations AS c WHERE c.run_id = v_candidate.run_id;
             CONTINUE;
         END IF;

@@ -58,7 +58,7 @@ BEGIN
     IF v_run.run_id IS NULL THEN
         RETURN _restore_lock_wait(v_caller_lock_timeout, 'not_found');
     END IF;
-    IF v_run.status IN ('completed', 'failed', 'cancelled') THEN
+    IF _terminal(v_run.status) THEN
         RETURN _restore_lock_wait(v_caller_lock_timeout, 'terminal');
     END IF;
     PERFORM _lock_attempt(v_run.run_id, v_run.attempt_count);

@@ -30,6 +30,10 @@ def _quoted(text: str) -> set[str]:
 def test_run_statuses_and_the_terminal_ones_are_the_schemas(db: psycopg.Connection) -> None:
     assert _quoted(_rule(db, "runs_status")) == set(contract.RUN_STATUSES)
     assert _quoted(_rule(db, "runs_finished_iff_terminal")) == set(contract.TERMINAL_STATUSES)
+    # The functions' own rule, _terminal, says the same of every status.
+    for status in contract.RUN_STATUSES:
+        row = db.execute("SELECT runrelay._terminal(%s)", [status]).fetchone()
+        assert row == (status in contract.TERMINAL_STATUSES,), status
 
 
 def test_lanes_are_the_ones_check_lane_takes(db: psycopg.Connection) -> None:

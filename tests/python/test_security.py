@@ -142,6 +142,7 @@ ADMIN_VIEWS = frozenset({"run_stats", "ledger_stats", "wait_stats"})
 VOLATILITY_ALLOW_LIST: frozenset[str] = frozenset(
     {
         "_runnable",
+        "_terminal",
         "_fence_of",
         "_runs_rules",
         "_attempts_rules",
@@ -443,6 +444,7 @@ def test_every_function_is_volatile_unless_allow_listed(db: psycopg.Connection) 
     reviewed = frozenset(
         {
             "_runnable",
+            "_terminal",
             "_fence_of",
             "_runs_rules",
             "_attempts_rules",
