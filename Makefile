@@ -46,8 +46,8 @@ test-pg18: $(VENV)/.installed
 		env -u PGDATABASE bash scripts/test_suite.sh pytest -m 'not sharded' $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed
-	ruff check python_client tests devtools scripts bench
-	ruff format --check python_client tests devtools scripts bench
+	ruff check python_client migrations tests devtools scripts bench
+	ruff format --check python_client migrations tests devtools scripts bench
 	mypy
 
 freeze: $(VENV)/.installed

@@ -1,7 +1,7 @@
 """A fingerprint of what an install's code is, read from the catalog.
 
 Every revision ships its code as a patch chain (see
-``runrelay.migrations.codetree``); the fingerprint proves, independently of
+``runrelay._migrations.codetree``); the fingerprint proves, independently of
 that storage, what a migrated database ends up with. It covers, for the
 install's schema:
 

@@ -1,6 +1,6 @@
 """Writing a revision's code.patch (make freeze): development tooling only.
 
-The package reads patches (runrelay.migrations.codetree applies them); only a
+The package reads patches (runrelay._migrations.codetree applies them); only a
 checkout writes them, so this module is not in the wheel.
 
 A patch carries no context lines: each hunk is the lines it removes and the
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import difflib
 
-from runrelay.migrations.codetree import Tree, install_order
+from runrelay._migrations.codetree import Tree, install_order
 
 
 def normalise(text: str) -> str:

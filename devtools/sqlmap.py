@@ -22,7 +22,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from runrelay.migrations.codetree import CODE_DIRS
+from runrelay._migrations.codetree import CODE_DIRS
 
 REPO = Path(__file__).resolve().parents[1]
 PLPGSQL = REPO / "plpgsql"

@@ -10,7 +10,7 @@ plpgsql/ is the one readable source of truth:
 
 Each Alembic revision ships its code as a delta, ``frozen/<rev>/code.patch``:
 a unified diff from the previous revision's code tree to its own (see
-``runrelay.migrations.codetree``); migrations never read plpgsql/. Commands::
+``runrelay._migrations.codetree``); migrations never read plpgsql/. Commands::
 
     python -m devtools.sqlsource freeze       # write the head revision's code.patch (make freeze)
     python -m devtools.sqlsource check        # fail if the head's code differs from plpgsql/
@@ -34,9 +34,9 @@ import psycopg
 from psycopg import sql
 
 from devtools import catalog, codepatch
-from runrelay import migrations
-from runrelay.migrations import codetree
-from runrelay.migrations.codetree import CODE_DIRS, GRANTS, PATCH, RELEASED, PatchError, Tree
+from runrelay import _migrations as migrations
+from runrelay._migrations import codetree
+from runrelay._migrations.codetree import CODE_DIRS, GRANTS, PATCH, RELEASED, PatchError, Tree
 
 REPO = Path(__file__).resolve().parents[1]
 PLPGSQL = REPO / "plpgsql"

@@ -22,8 +22,8 @@ recreate_db() {
 if [ "$mode" = all ]; then
     step "sqlfluff lint"
     # Code patches (frozen/*/code.patch) are generated from plpgsql/, which is linted.
-    sqlfluff lint plpgsql/ python_client/runrelay/migrations/frozen/*/upgrade.sql \
-        python_client/runrelay/migrations/frozen/*/downgrade.sql \
+    sqlfluff lint plpgsql/ migrations/frozen/*/upgrade.sql \
+        migrations/frozen/*/downgrade.sql \
         tests/pgtap/ scripts/sql/
     # The proxy's SQL is a template (install.proxy_sql fills @schema@, ...):
     # its .sqlfluff gives stand-ins for the placeholders.

@@ -165,7 +165,7 @@ def _positive_float(text: str) -> float:
 def cmd_migrate(args: argparse.Namespace) -> int:
     """A single install: Alembic to --revision. A sharded one (--shard, or a
     database that is already a proxy): every shard, then the proxy, to head."""
-    from . import migrations
+    from . import _migrations as migrations
 
     url = _require_url(args)
     if args.shard or args.partitions is not None or _is_proxy(url, args.schema):
@@ -187,7 +187,7 @@ def _is_proxy(url: str, schema: str) -> bool:
 def _migrate_sharded(args: argparse.Namespace, proxy_url: str) -> int:
     import psycopg
 
-    from . import migrations
+    from . import _migrations as migrations
     from .sharding import install
 
     if args.revision not in ("head", migrations.head()):
@@ -215,7 +215,7 @@ def _migrate_sharded(args: argparse.Namespace, proxy_url: str) -> int:
 
 
 def cmd_downgrade(args: argparse.Namespace) -> int:
-    from . import migrations
+    from . import _migrations as migrations
 
     url = _require_url(args)
     if _is_proxy(url, args.schema):
@@ -594,7 +594,7 @@ def _check_roles(url: str, schema: str, read_write: bool) -> None:
 def _demo_database(url: str | None) -> Iterator[str]:
     """DATABASE_URL when given, otherwise a throwaway embedded PostgreSQL (the
     `runrelay[embedded]` extra); either way migrated to head first."""
-    from . import migrations
+    from . import _migrations as migrations
 
     if url:
         migrations.upgrade(url)

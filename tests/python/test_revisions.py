@@ -24,8 +24,8 @@ from alembic.script import ScriptDirectory
 from devtools import catalog, codepatch, sqlsource
 
 from conftest import REPO, alembic, create_database, drop_database
-from runrelay.migrations import codetree
-from runrelay.migrations.codetree import PatchError
+from runrelay._migrations import codetree
+from runrelay._migrations.codetree import PatchError
 
 SCHEMA = "rr_revisions"  # not the default: the checksums must not depend on it
 

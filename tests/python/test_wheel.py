@@ -54,13 +54,13 @@ def test_the_wheel_ships_the_migrations_and_no_dev_tooling(installed: Installed)
     versions = {n for n in names if n.startswith("runrelay/migrations/versions/0")}
     assert len(revisions) == len(versions) >= 4
     assert f"{frozen}RELEASED" in names
-    assert "runrelay/migrations/codetree.py" in names
+    assert "runrelay/_migrations/codetree.py" in names
     for rev in revisions:
         assert f"{frozen}{rev}/code.patch" in names
     assert not any(n.startswith(("devtools/", "tests/", "bench/", "plpgsql/")) for n in names)
     # The package applies patches; writing them (devtools/codepatch.py) is not shipped.
     with zipfile.ZipFile(installed.wheel) as wheel:
-        codetree = wheel.read("runrelay/migrations/codetree.py").decode()
+        codetree = wheel.read("runrelay/_migrations/codetree.py").decode()
     assert "def apply(" in codetree
     assert "def diff(" not in codetree and "def normalise(" not in codetree
 

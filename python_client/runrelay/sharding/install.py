@@ -646,7 +646,7 @@ def migrate(
     shard reachable, at a revision this package knows, distinct, and holding
     only its own event ids; the proxy's server has PL/Proxy. Returns the
     revision every shard and the proxy are at."""
-    from .. import migrations
+    from .. import _migrations as migrations
 
     if partitions is not None and not (
         1 <= partitions <= MAX_PARTITIONS and partitions & (partitions - 1) == 0
@@ -772,7 +772,7 @@ def migrate(
 def _revisions() -> list[str]:
     from alembic.script import ScriptDirectory
 
-    from .. import migrations
+    from .. import _migrations as migrations
 
     script = ScriptDirectory.from_config(migrations.config("postgresql://unused"))
     return [r.revision for r in script.walk_revisions()]

@@ -7,7 +7,7 @@ Revises: 0003
 Create Date: 2026-11-30
 """
 
-from runrelay.migrations import support
+from runrelay._migrations import support
 
 revision = "0004"
 down_revision = "0003"

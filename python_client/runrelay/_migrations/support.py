@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from alembic import op
 
-from runrelay.migrations.codetree import FROZEN, install_sql
+from runrelay._migrations.codetree import FROZEN, install_sql
 
 ROLE_SUFFIXES = ("producer", "worker", "relay", "admin")
 

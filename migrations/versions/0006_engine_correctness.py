@@ -8,7 +8,7 @@ Revises: 0005
 Create Date: 2026-12-02
 """
 
-from runrelay.migrations import support
+from runrelay._migrations import support
 
 revision = "0006"
 down_revision = "0005"

@@ -6,7 +6,7 @@ Revises: 0006
 Create Date: 2026-12-02
 """
 
-from runrelay.migrations import support
+from runrelay._migrations import support
 
 revision = "0007"
 down_revision = "0006"

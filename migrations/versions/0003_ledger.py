@@ -6,7 +6,7 @@ Revises: 0002
 Create Date: 2026-11-30
 """
 
-from runrelay.migrations import support
+from runrelay._migrations import support
 
 revision = "0003"
 down_revision = "0002"

@@ -5,7 +5,7 @@ Revises: 0007
 Create Date: 2026-12-02
 """
 
-from runrelay.migrations import support
+from runrelay._migrations import support
 
 revision = "0008"
 down_revision = "0007"

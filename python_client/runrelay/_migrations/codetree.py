@@ -25,11 +25,22 @@ exactly the code it shipped.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import re
 from collections.abc import Iterable
 from pathlib import Path
 
-FROZEN = Path(__file__).resolve().parent / "frozen"
+
+def alembic_home() -> Path:
+    """The folder of the Alembic home, the package runrelay.migrations: the
+    top-level migrations/ folder in a checkout, runrelay/migrations/ in a
+    wheel. Found without importing it (its __init__ imports this package)."""
+    spec = importlib.util.find_spec("runrelay.migrations")
+    if spec is None or spec.origin is None:
+        raise PatchError("the package runrelay.migrations (the Alembic home) is not installed")
+    return Path(spec.origin).resolve().parent
+
+
 CODE_DIRS = ("_internal", "runs", "ledger", "views", "admin")
 GRANTS = "grants.sql"
 PATCH = "code.patch"
@@ -44,6 +55,9 @@ _HUNK = re.compile(r"^@@ -([0-9]+)(?:,([0-9]+))? \+([0-9]+)(?:,([0-9]+))? @@\n$"
 
 class PatchError(Exception):
     """A revision's stored code cannot be assembled; nothing was executed."""
+
+
+FROZEN = alembic_home() / "frozen"
 
 
 def install_order(paths: Iterable[str]) -> list[str]:

@@ -5,7 +5,7 @@ Revises:
 Create Date: 2026-11-30
 """
 
-from runrelay.migrations import support
+from runrelay._migrations import support
 
 revision = "0001"
 down_revision = None

@@ -1,12 +1,14 @@
-"""The Alembic migrations that install runrelay, shipped inside the package.
+"""Running the Alembic migrations that install runrelay. Their home (env.py,
+versions/, frozen/) is the top-level migrations/ folder, shipped as the
+package ``runrelay.migrations``, which re-exports these functions:
 
     from runrelay import migrations
     migrations.upgrade("postgresql://...", schema="runrelay")   # to head
     migrations.downgrade("postgresql://...", "base")           # remove everything
 
 `runrelay migrate` and `runrelay downgrade` call these. They need no
-alembic.ini and no source checkout: the script location is this package
-(`runrelay:migrations`), and each revision executes the SQL frozen beside it
+alembic.ini and no source checkout: the script location is that package
+(the package `runrelay.migrations`), and each revision executes the SQL frozen beside it
 in `frozen/<rev>/`. See docs/migrations.md.
 """
 
@@ -18,7 +20,12 @@ from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
 
-SCRIPT_LOCATION = "runrelay:migrations"
+from .codetree import alembic_home
+
+# The folder itself, not `runrelay:migrations`: Alembic reads that as a
+# resource folder of the package runrelay, which in an editable checkout is
+# python_client/runrelay, not the top-level migrations/ the package maps.
+SCRIPT_LOCATION = str(alembic_home())
 
 
 def config(url: str, schema: str = "runrelay") -> Config:

@@ -7,7 +7,7 @@ Revises: 0004
 Create Date: 2026-12-01
 """
 
-from runrelay.migrations import support
+from runrelay._migrations import support
 
 revision = "0005"
 down_revision = "0004"
