@@ -251,8 +251,8 @@ COMMENT ON FUNCTION _append(text, jsonb) IS
 -- several runs (a batch claim's run.started, a batch completion's
 -- run.completed; _emit passes one). The caller holds the runs' row locks and
 -- reserved each seq with ledger_seq + 1 in its own UPDATE of the run. One
--- statement writes the events, then _wake_lanes, the rule _append follows,
--- moves their lifecycle lanes. Returns what _wake_lanes
+-- statement writes the events and finds the lanes that may need to move;
+-- _wake_lanes, the rule _append follows, moves those. Returns what _wake_lanes
 -- does: how many of the runs it notified on runrelay_ledger.
 CREATE FUNCTION _emit_lifecycle(
     p_run_ids text[],
@@ -268,7 +268,8 @@ SET search_path FROM CURRENT
 AS $$
 DECLARE
     v_now timestamptz := _now();
-    v_notified integer;
+    v_ids text[];
+    v_seqs bigint[];
 BEGIN
     IF coalesce(cardinality(p_run_ids), 0) = 0 THEN
         RETURN 0;
@@ -276,16 +277,36 @@ BEGIN
     -- generate_subscripts: the same row estimate in custom and generic
     -- plans, so the generic plan is kept (see _claim). One event per run, so
     -- the order of the rows does not matter.
-    INSERT INTO ledger_events AS l (
-        run_id, lane, seq, type, payload, delivery_key, transport_only,
-        created_at, next_attempt_at
+    --
+    -- The same statement reads each run's lifecycle lane, without a lock (a
+    -- primary-key probe; the snapshot is later than the run locks the
+    -- caller took, as _wake_lanes requires): a lane whose head is live is
+    -- left alone, exactly as _wake_lanes would leave it, and only the others
+    -- are handed to _wake_lanes. Most writes meet a live head, and then the
+    -- event costs this one statement.
+    WITH inserted AS (
+        INSERT INTO ledger_events AS l (
+            run_id, lane, seq, type, payload, delivery_key, transport_only,
+            created_at, next_attempt_at
+        )
+        SELECT
+            p_run_ids[g.i], 'lifecycle', p_seqs[g.i], p_type, coalesce(p_payloads[g.i], 'null'::jsonb),
+            p_run_ids[g.i] || ':' || p_seqs[g.i], p_transport_only, v_now, v_now
+        FROM generate_subscripts(p_run_ids, 1) AS g (i)
+        RETURNING l.run_id, l.seq
     )
-    SELECT
-        p_run_ids[g.i], 'lifecycle', p_seqs[g.i], p_type, coalesce(p_payloads[g.i], 'null'::jsonb),
-        p_run_ids[g.i] || ':' || p_seqs[g.i], p_transport_only, v_now, v_now
-    FROM generate_subscripts(p_run_ids, 1) AS g (i);
-    v_notified := _wake_lanes(p_run_ids, array_fill('lifecycle'::text, ARRAY[cardinality(p_run_ids)]), p_seqs);
-    RETURN v_notified;
+    SELECT array_agg(i.run_id), array_agg(i.seq)
+    INTO v_ids, v_seqs
+    FROM inserted AS i
+    WHERE (
+        SELECT t.head_seq FROM ledger_lanes AS t
+        WHERE t.run_id = i.run_id AND t.lane = 'lifecycle'
+        LIMIT 1
+    ) IS NULL;
+    IF v_ids IS NULL THEN
+        RETURN 0;
+    END IF;
+    RETURN _wake_lanes(v_ids, array_fill('lifecycle'::text, ARRAY[cardinality(v_ids)]), v_seqs);
 END;
 $$;
 

@@ -18,7 +18,7 @@
 -- A candidate with a cancel marker is cancelled instead of started. The
 -- others start together: one statement opens every attempt, one appends every
 -- run.started, so a claim of 100 runs costs the statements of a claim of 1.
--- Each claimed attempt carries its run's recorded steps (_steps_of: one
+-- Each claimed attempt carries its run's recorded steps (as _steps_of: one
 -- primary-key range of steps per run, null when it has none).
 -- Replay: with call_id, a repeated call returns the attempts the first call
 -- opened (for the same worker), in the same order (attempts.claim_position),
@@ -45,6 +45,7 @@ DECLARE
     v_run_id text;
     v_run_ids text[];
     v_claimed claim_attempts_result[];
+    v_marked text[];
     v_started text[];
     v_seqs bigint[];
     v_payloads jsonb[];
@@ -110,23 +111,6 @@ BEGIN
         RETURN '{}'::claim_attempts_result[];
     END IF;
 
-    -- A candidate with a cancel marker is cancelled instead of started (a
-    -- probe per candidate, in a snapshot taken after the candidates were
-    -- locked). Rare, so one run at a time.
-    FOR v_run_id IN
-        SELECT v_run_ids[c.i] FROM generate_subscripts(v_run_ids, 1) AS c (i)
-        WHERE (SELECT TRUE FROM cancellations AS m WHERE m.run_id = v_run_ids[c.i]) IS NOT NULL
-    LOOP
-        v_run_ids := array_remove(v_run_ids, v_run_id);
-        SELECT r.* INTO v_run FROM runs AS r WHERE r.run_id = v_run_id;
-        IF _runnable(v_run.status, v_run.key_held, v_run.run_at, v_now)
-            -- Ending a keyed run needs its key lock; never wait for it here.
-            AND (v_run.concurrency_key IS NULL
-                OR _try_lock_key(v_run.concurrency_key)) THEN
-            PERFORM _apply_marker(v_run);
-        END IF;
-    END LOOP;
-
     -- A lease runs from the moment it is granted: the clock is read now,
     -- after the candidates are locked, not at statement start. settle_and_claim
     -- claims after settlements that may have waited up to the lock bound, and
@@ -134,12 +118,18 @@ BEGIN
     -- already expired). v_now still decides what is due and runnable.
     v_granted := _clock_now();
 
-    -- The rest start together, in claim order: one statement re-reads each
-    -- locked row (the candidate scan's snapshot may predate a commit that
-    -- changed it, e.g. attempt_count) and opens the attempts; one more
-    -- appends every run.started.
+    -- The candidates start together, in claim order: one statement re-reads
+    -- each locked row (the candidate scan's snapshot may predate a commit
+    -- that changed it, e.g. attempt_count), sets aside those with a cancel
+    -- marker (a probe per candidate, in this snapshot, taken after the
+    -- candidates were locked), opens the others' attempts and reads their
+    -- recorded steps (one primary-key range of steps per run: the claim holds
+    -- the run's row, and a step is recorded only under it); one more appends
+    -- every run.started.
     WITH fresh AS (
-        SELECT r.run_id, c.ord
+        SELECT
+            r.run_id, c.ord,
+            (SELECT TRUE FROM cancellations AS m WHERE m.run_id = r.run_id) IS NOT NULL AS marked
         -- generate_subscripts, not unnest: unnest's row estimate is the array's
         -- length in a custom plan and 10 in the generic one, so custom plans
         -- always looked cheaper and PostgreSQL re-planned this statement on
@@ -160,7 +150,7 @@ BEGIN
         SET status = 'running', attempt_count = r.attempt_count + 1, updated_at = v_now,
             ledger_seq = r.ledger_seq + 1
         FROM fresh AS f
-        WHERE r.run_id = f.run_id
+        WHERE r.run_id = f.run_id AND NOT f.marked
         RETURNING
             r.run_id, r.attempt_count AS attempt, r.ledger_seq AS seq, r.queue, r.payload, r.resume, r.task, f.ord
     ),
@@ -179,16 +169,28 @@ BEGIN
         array_agg(
             (
                 s.run_id, s.attempt, o.lease_token, s.queue, s.payload, s.resume, v_granted + p_lease, s.task,
-                _steps_of(s.run_id)
+                (SELECT jsonb_object_agg(st.step, st.result) FROM steps AS st WHERE st.run_id = s.run_id)
             )::claim_attempts_result
             ORDER BY s.ord
         ),
         array_agg(s.run_id ORDER BY s.ord),
         array_agg(s.seq ORDER BY s.ord),
-        array_agg(jsonb_build_object('attempt', s.attempt, 'worker', p_worker) ORDER BY s.ord)
-    INTO v_claimed, v_started, v_seqs, v_payloads
+        array_agg(jsonb_build_object('attempt', s.attempt, 'worker', p_worker) ORDER BY s.ord),
+        (SELECT array_agg(f.run_id ORDER BY f.run_id COLLATE "C") FROM fresh AS f WHERE f.marked)
+    INTO v_claimed, v_started, v_seqs, v_payloads, v_marked
     FROM started AS s
     INNER JOIN opened AS o ON s.run_id = o.run_id;
+
+    -- A candidate with a cancel marker is cancelled instead of started.
+    -- Rare, so one run at a time. Its row is still locked (a candidate), so
+    -- what the statement above read of it holds.
+    FOREACH v_run_id IN ARRAY coalesce(v_marked, '{}'::text[]) LOOP
+        SELECT r.* INTO v_run FROM runs AS r WHERE r.run_id = v_run_id;
+        -- Ending a keyed run needs its key lock; never wait for it here.
+        IF v_run.concurrency_key IS NULL OR _try_lock_key(v_run.concurrency_key) THEN
+            PERFORM _apply_marker(v_run);
+        END IF;
+    END LOOP;
 
     PERFORM _emit_lifecycle(v_started, v_seqs, 'run.started', v_payloads);
     RETURN coalesce(v_claimed, '{}'::claim_attempts_result[]);

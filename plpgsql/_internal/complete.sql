@@ -21,8 +21,8 @@
 --   3. one item at a time, only where needed: a pending marker is applied
 --      (cancelled); final_events are appended ahead of run.completed;
 --   4. the items that passed are completed together: one statement for
---      their attempts, one for their runs, one lifecycle write of
---      run.completed, then the end-of-run bookkeeping (_ended).
+--      their attempts and their runs, one lifecycle write of run.completed,
+--      then the end-of-run bookkeeping (_ended).
 -- Each row is found once, by a primary-key probe (LATERAL ... LIMIT 1, so
 -- the plan is a probe whatever the statistics say: joined by key against the
 -- item list, a young install's plan could read the whole table), and updated
@@ -134,11 +134,13 @@ BEGIN
     -- since (the runs are locked, attempts change only under them, and a run
     -- that took final_events was found again).
     v_now := _now();
-    UPDATE attempts AS a
-    SET status = 'completed', finished_at = v_now, outcome = 'completed', outcome_op = 'complete'
-    FROM generate_subscripts(v_ids, 1) AS g (i)
-    WHERE a.ctid = v_atids[g.i];
-    WITH runs_done AS (
+    WITH attempts_done AS (
+        UPDATE attempts AS a
+        SET status = 'completed', finished_at = v_now, outcome = 'completed', outcome_op = 'complete'
+        FROM generate_subscripts(v_ids, 1) AS g (i)
+        WHERE a.ctid = v_atids[g.i]
+    ),
+    runs_done AS (
         UPDATE runs AS r
         SET status = 'completed',
             result = v_results[g.i],

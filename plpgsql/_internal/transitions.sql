@@ -44,26 +44,34 @@ COMMENT ON FUNCTION _promote_key(text) IS
 -- p_run_ids with its concurrency key (p_keys[i], NULL for none): its cancel
 -- marker is dropped (one that committed after the run's fence lost to the
 -- ending), runrelay_terminal is notified, and each distinct key's next run
--- is promoted, in key order (the caller holds those key locks).
+-- is promoted, in key order (the caller holds those key locks). Returns how
+-- many runs it notified (every one given).
 CREATE FUNCTION _ended(p_run_ids text[], p_status text, p_keys text[])
-RETURNS void
+RETURNS integer
 LANGUAGE plpgsql
 VOLATILE
 SET search_path FROM CURRENT
 AS $$
 DECLARE
     v_key text;
+    v_notified integer;
 BEGIN
-    DELETE FROM cancellations AS c
-    USING generate_subscripts(p_run_ids, 1) AS g (i)
-    CROSS JOIN LATERAL (
-        SELECT t.ctid AS tid FROM cancellations AS t WHERE t.run_id = p_run_ids[g.i] LIMIT 1
-    ) AS x
-    WHERE c.ctid = x.tid;
+    -- One statement: the markers go, and each run's terminal notification.
     -- generate_subscripts, not unnest: the same row estimate in custom and
     -- generic plans, so the generic plan is kept (see claim_attempts).
-    PERFORM pg_notify(_channel('terminal'), json_build_object('run_id', p_run_ids[g.i], 'status', p_status)::text)
-    FROM generate_subscripts(p_run_ids, 1) AS g (i);
+    WITH gone AS (
+        DELETE FROM cancellations AS c
+        USING generate_subscripts(p_run_ids, 1) AS g (i)
+        CROSS JOIN LATERAL (
+            SELECT t.ctid AS tid FROM cancellations AS t WHERE t.run_id = p_run_ids[g.i] LIMIT 1
+        ) AS x
+        WHERE c.ctid = x.tid
+    )
+    SELECT count(*) INTO v_notified
+    FROM (
+        SELECT pg_notify(_channel('terminal'), json_build_object('run_id', p_run_ids[g.i], 'status', p_status)::text)
+        FROM generate_subscripts(p_run_ids, 1) AS g (i)
+    ) AS n;
     IF cardinality(array_remove(p_keys, NULL)) > 0 THEN
         FOR v_key IN
             SELECT d.key
@@ -74,11 +82,12 @@ BEGIN
             PERFORM _promote_key(v_key);
         END LOOP;
     END IF;
+    RETURN v_notified;
 END;
 $$;
 
 COMMENT ON FUNCTION _ended(text[], text, text[]) IS
-'After runs end: drops their cancel markers, notifies runrelay_terminal, promotes their keys.';
+'After runs end: drops their cancel markers, notifies runrelay_terminal, promotes their keys; returns the runs notified.';
 
 -- Apply a cancellation: live attempts and the run become cancelled.
 CREATE FUNCTION _cancel(p_run runs, p_reason text, p_outcome_op text DEFAULT NULL, p_attempt integer DEFAULT NULL)
