@@ -1,0 +1,7 @@
+"""`python -m runrelay.cli`: the `runrelay` command."""
+
+import sys
+
+from . import main
+
+sys.exit(main())
