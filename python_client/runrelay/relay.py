@@ -74,16 +74,8 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ._backoff import (
-    CONNECTION_ERRORS,
-    Backoff,
-    ListenDsn,
-    Listener,
-    MultiListener,
-    check_listen_dsn,
-    first_line,
-    make_listener,
-)
+from ._backoff import CONNECTION_ERRORS, Backoff, first_line
+from ._listen import ListenDsn, Listener, MultiListener, check_listen_dsn, make_listener
 from .client import Client
 from .contract import LEASE_SECONDS_DEFAULT, MESSAGE_CHARS, channel
 from .sinks import DeliveryError, Sink

@@ -94,7 +94,7 @@ It is one DSN, a sequence of DSNs, or a callable returning the current ones
 (read again every 30 s): on a sharded install a NOTIFY is sent on the shard
 that holds the run and the proxy relays none, so pass
 `runrelay.sharding.shard_listen_dsns(proxy_dsn)` — one LISTEN session per
-shard, each reconnecting on its own (runrelay._backoff.MultiListener).
+shard, each reconnecting on its own (runrelay._listen.MultiListener).
 
 Time: every deadline a handler gives in seconds — Suspend.sleep, the
 timeout of Suspend.event / Suspend.detached, Retry(after=), Snooze(after=) —
@@ -138,20 +138,16 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from ._backoff import (
-    CONNECTION_ERRORS,
+from ._backoff import CONNECTION_ERRORS, Backoff, first_line, jittered, wait_event
+from ._listen import (
     AsyncListener,
     AsyncMultiListener,
-    Backoff,
     ListenDsn,
     Listener,
     MultiListener,
     check_listen_dsn,
-    first_line,
-    jittered,
     make_async_listener,
     make_listener,
-    wait_event,
 )
 from ._steps import Call, Pause, Steps, drive, drive_async
 from .contract import LEASE_SECONDS_DEFAULT, MESSAGE_CHARS, REASON_CHARS, channel

@@ -23,7 +23,7 @@ from psycopg_pool import ConnectionPool
 
 from conftest import alembic, create_database, drop_database, handed_back, run_in_thread
 from runrelay import AsyncClient, ClaimedAttempt, Client, LedgerEvent
-from runrelay._backoff import listen_statement
+from runrelay._listen import listen_statement
 from runrelay.contract import CHANNEL_KINDS, channel
 from runrelay.dashboard.live import Notifications
 from runrelay.relay import Relay

@@ -30,7 +30,8 @@ import pytest
 from conftest import run_in_thread
 from faults import terminate_backend, wait_for
 from runrelay import AsyncClient, Client
-from runrelay._backoff import CONNECTION_ERRORS, MultiListener
+from runrelay._backoff import CONNECTION_ERRORS
+from runrelay._listen import MultiListener
 from runrelay.errors import ShardUnavailable
 from runrelay.maintenance import Maintenance
 from runrelay.relay import Relay

@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator
 
 import psycopg
 
-from .._backoff import listen_statement
+from .._listen import listen_statement
 from ..contract import channel
 
 # The channels that say a page changed (not <schema>_cancel: a cancel that
