@@ -39,7 +39,7 @@ import psycopg
 from psycopg import pq
 
 from bench._load import Case, Factory, Recorder
-from runrelay import Client, _core
+from runrelay import Client, _operations
 from runrelay.types import EnqueueItem, LedgerKind
 from runrelay.worker import settled_and_claimed
 
@@ -484,7 +484,7 @@ def round_trips(url: str) -> dict[str, Any]:
                     getattr(client, name)(*args, **kwargs)
                 counts.setdefault(name, []).append(frontend_round_trips(out[0]))
         reset(conn)
-    methods = set(_core.OPERATIONS) | {"run_stats", "ledger_stats"}
+    methods = set(_operations.OPERATIONS) | {"run_stats", "ledger_stats"}
     return {
         "calls_per_method": CALLS_PER_METHOD,
         "max_by_method": {name: max(c) for name, c in sorted(counts.items())},

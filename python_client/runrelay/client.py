@@ -32,7 +32,7 @@ import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 
-from . import _core
+from . import _operations
 from .contract import LEASE_SECONDS_DEFAULT
 from .errors import ProxyTransaction, WrongShard, translate
 from .types import (
@@ -191,8 +191,8 @@ def _one_flight(
     conn: psycopg.Connection[Any],
     query: Any,
     params: dict[str, Any] | None,
-    before: Sequence[_core.Statement] = (),
-    after: Sequence[_core.Statement] = (),
+    before: Sequence[_operations.Statement] = (),
+    after: Sequence[_operations.Statement] = (),
 ) -> Rows:
     """Execute and fetch in one network round trip. Pipeline mode sends Parse,
     Bind, Execute and Sync together, so even the call on which psycopg first
@@ -213,8 +213,8 @@ async def _one_flight_async(
     conn: psycopg.AsyncConnection[Any],
     query: Any,
     params: dict[str, Any] | None,
-    before: Sequence[_core.Statement] = (),
-    after: Sequence[_core.Statement] = (),
+    before: Sequence[_operations.Statement] = (),
+    after: Sequence[_operations.Statement] = (),
 ) -> Rows:
     async with conn.pipeline():
         for text, args in before:
@@ -242,15 +242,15 @@ def _tracing_of(tracing: bool | TracerProvider) -> Tracing | None:
 
 def _queries(schema: str, tracing: Tracing | None) -> dict[str, str]:
     """Each function's statement; a tracing client's claims read their runs'
-    trace contexts in the same statement (_core.traced_claim_query).
+    trace contexts in the same statement (_operations.traced_claim_query).
 
     Rendered to text once, here: psycopg renders a sql.Composed again on every
     execute (about 70 µs for a call's statement, a tenth of a one-job worker
     call), while a text query's conversion is cached by psycopg."""
-    queries = {name: op.query(schema) for name, op in _core.OPERATIONS.items()}
+    queries = {name: op.query(schema) for name, op in _operations.OPERATIONS.items()}
     if tracing is not None:
-        for name in _core.TRACED_CLAIMS:
-            queries[name] = _core.traced_claim_query(schema, name)
+        for name in _operations.TRACED_CLAIMS:
+            queries[name] = _operations.traced_claim_query(schema, name)
     return {name: query.as_string(None) for name, query in queries.items()}
 
 
@@ -289,7 +289,7 @@ def _autocommit(conn: psycopg.Connection[Any]) -> Iterator[None]:
 
 
 class _Call(Generic[T]):
-    """What one API method asks for: a SQL function of `_core.OPERATIONS`, its
+    """What one API method asks for: a SQL function of `_operations.OPERATIONS`, its
     argument values and the caller's connection (or None). ``T`` is the type
     that function's `read` makes of its rows; the method body declares it."""
 
@@ -415,7 +415,7 @@ class _Methods:
         No items: no runs, and no round trip."""
         if not items:
             return _Call.known([])
-        return _Call("enqueue_runs", {"items": _core.enqueue_items(items)}, conn)
+        return _Call("enqueue_runs", {"items": _operations.enqueue_items(items)}, conn)
 
     @_operation
     def append_events(
@@ -516,7 +516,7 @@ class _Methods:
         fields), ClaimedAttempt objects or (ClaimedAttempt, result) pairs.
         After a lost reply, repeat the call with the same call_id."""
         values = {
-            "items": _core.settle_items(items),
+            "items": _operations.settle_items(items),
             "worker": worker,
             "queues": _names("queues", queues),
             "max_runs": max_runs,
@@ -596,7 +596,7 @@ class _Methods:
     ) -> _Call[list[CompletedItem]]:
         """Complete a batch in one round trip -> list[CompletedItem]. Items are
         ClaimedAttempt objects, (ClaimedAttempt, result) pairs or dicts."""
-        return _Call("complete_attempts", {"items": _core.complete_items(items)}, conn)
+        return _Call("complete_attempts", {"items": _operations.complete_items(items)}, conn)
 
     @_operation
     def fail_attempt(
@@ -1171,14 +1171,14 @@ class Client(_Methods):
         function: str,
         values: dict[str, Any],
         conn: Any,
-        before: Sequence[_core.Statement] = (),
-        after: Sequence[_core.Statement] = (),
+        before: Sequence[_operations.Statement] = (),
+        after: Sequence[_operations.Statement] = (),
     ) -> Rows:
-        params = _core.OPERATIONS[function].bind(values)
+        params = _operations.OPERATIONS[function].bind(values)
         run_id = values.get("run_id")
         rows = self._fetch(self._queries[function], params, conn, before, after, run_id)
-        if self.tracing is not None and function in _core.TRACED_CLAIMS:
-            rows = _core.untraced_rows(rows)
+        if self.tracing is not None and function in _operations.TRACED_CLAIMS:
+            rows = _operations.untraced_rows(rows)
         return rows
 
     def _fetch(
@@ -1186,8 +1186,8 @@ class Client(_Methods):
         query: Any,
         params: dict[str, Any] | None,
         conn: Any,
-        before: Sequence[_core.Statement] = (),
-        after: Sequence[_core.Statement] = (),
+        before: Sequence[_operations.Statement] = (),
+        after: Sequence[_operations.Statement] = (),
         run_id: Any = None,
     ) -> Rows:
         try:
@@ -1201,9 +1201,9 @@ class Client(_Methods):
 
     def _call(self, function: str, values: dict[str, Any], conn: Any) -> Any:
         _check_producer_conn(self.shards, function, values, conn)
-        if self.tracing is not None and function in _core.TRACED_ENQUEUES:
+        if self.tracing is not None and function in _operations.TRACED_ENQUEUES:
             with self.tracing.enqueue(function, values) as (span, context):
-                traced, before, after = _core.traced_enqueue(
+                traced, before, after = _operations.traced_enqueue(
                     function, values, context, conn is not None
                 )
                 result = self._run(function, traced, conn, before, after)
@@ -1216,14 +1216,14 @@ class Client(_Methods):
         function: str,
         values: dict[str, Any],
         conn: Any,
-        before: Sequence[_core.Statement] = (),
-        after: Sequence[_core.Statement] = (),
+        before: Sequence[_operations.Statement] = (),
+        after: Sequence[_operations.Statement] = (),
     ) -> Any:
         started = time.perf_counter()
         rows = self._execute(function, values, conn, before, after)
         if self._on_call is not None:
             self._on_call(function, time.perf_counter() - started)
-        return _core.OPERATIONS[function].read(rows)
+        return _operations.OPERATIONS[function].read(rows)
 
     @contextmanager
     def shard_transaction(self, run_id: str, **kwargs: Any) -> Iterator[psycopg.Connection[Any]]:
@@ -1258,14 +1258,14 @@ class Client(_Methods):
             protect_waiting_suspension=True,
             conn=conn,
         )
-        return _core.waiting_failure(prepared, failed)
+        return _operations.waiting_failure(prepared, failed)
 
     fail_waiting.__doc__ = FAIL_WAITING_DOC
 
     def declare_schedules(
         self, schedules: Sequence[Schedule], *, delete_others: bool = False, conn: Any = None
     ) -> dict[str, ScheduleOutcome | DeleteScheduleOutcome]:
-        names = _core.schedule_names(schedules)
+        names = _operations.schedule_names(schedules)
         done: dict[str, ScheduleOutcome | DeleteScheduleOutcome] = {}
         for schedule in schedules:
             done[schedule.name] = self.upsert_schedule(**schedule.arguments(), conn=conn)
@@ -1294,7 +1294,7 @@ class Client(_Methods):
         return self._view("wait_stats", conn)
 
     def _view(self, view: str, conn: Any) -> Rows:
-        return self._fetch(_core.view_query(self.schema, view), None, conn)
+        return self._fetch(_operations.view_query(self.schema, view), None, conn)
 
     def close(self) -> None:
         if self._own is not None:
@@ -1366,14 +1366,14 @@ class AsyncClient(_Methods):
         function: str,
         values: dict[str, Any],
         conn: Any,
-        before: Sequence[_core.Statement] = (),
-        after: Sequence[_core.Statement] = (),
+        before: Sequence[_operations.Statement] = (),
+        after: Sequence[_operations.Statement] = (),
     ) -> Rows:
-        params = _core.OPERATIONS[function].bind(values)
+        params = _operations.OPERATIONS[function].bind(values)
         run_id = values.get("run_id")
         rows = await self._fetch(self._queries[function], params, conn, before, after, run_id)
-        if self.tracing is not None and function in _core.TRACED_CLAIMS:
-            rows = _core.untraced_rows(rows)
+        if self.tracing is not None and function in _operations.TRACED_CLAIMS:
+            rows = _operations.untraced_rows(rows)
         return rows
 
     async def _fetch(
@@ -1381,8 +1381,8 @@ class AsyncClient(_Methods):
         query: Any,
         params: dict[str, Any] | None,
         conn: Any,
-        before: Sequence[_core.Statement] = (),
-        after: Sequence[_core.Statement] = (),
+        before: Sequence[_operations.Statement] = (),
+        after: Sequence[_operations.Statement] = (),
         run_id: Any = None,
     ) -> Rows:
         try:
@@ -1403,10 +1403,10 @@ class AsyncClient(_Methods):
     def _call(self, function: str, values: dict[str, Any], conn: Any) -> Coroutine[Any, Any, Any]:
         async def run() -> Any:
             _check_producer_conn(self.shards, function, values, conn)
-            read = _core.OPERATIONS[function].read
-            if self.tracing is not None and function in _core.TRACED_ENQUEUES:
+            read = _operations.OPERATIONS[function].read
+            if self.tracing is not None and function in _operations.TRACED_ENQUEUES:
                 with self.tracing.enqueue(function, values) as (span, context):
-                    traced, before, after = _core.traced_enqueue(
+                    traced, before, after = _operations.traced_enqueue(
                         function, values, context, conn is not None
                     )
                     result = read(await self._execute(function, traced, conn, before, after))
@@ -1454,14 +1454,14 @@ class AsyncClient(_Methods):
             protect_waiting_suspension=True,
             conn=conn,
         )
-        return _core.waiting_failure(prepared, failed)
+        return _operations.waiting_failure(prepared, failed)
 
     fail_waiting.__doc__ = FAIL_WAITING_DOC
 
     async def declare_schedules(
         self, schedules: Sequence[Schedule], *, delete_others: bool = False, conn: Any = None
     ) -> dict[str, ScheduleOutcome | DeleteScheduleOutcome]:
-        names = _core.schedule_names(schedules)
+        names = _operations.schedule_names(schedules)
         done: dict[str, ScheduleOutcome | DeleteScheduleOutcome] = {}
         for schedule in schedules:
             done[schedule.name] = await self.upsert_schedule(**schedule.arguments(), conn=conn)
@@ -1487,7 +1487,7 @@ class AsyncClient(_Methods):
         return await self._view("wait_stats", conn)
 
     async def _view(self, view: str, conn: Any) -> Rows:
-        return await self._fetch(_core.view_query(self.schema, view), None, conn)
+        return await self._fetch(_operations.view_query(self.schema, view), None, conn)
 
     async def close(self) -> None:
         if self._own is not None:

@@ -71,7 +71,7 @@ from runrelay import (
     StatementTimeout,
     SuspendOutcome,
     WrongIsolation,
-    _core,
+    _operations,
 )
 from sqlapi import events, run_row, table_checksum
 
@@ -253,7 +253,7 @@ def test_every_public_sql_function_is_a_method_with_the_same_parameter_names(
     db: psycopg.Connection, cls: type[Any]
 ) -> None:
     functions = public_functions(db)
-    assert set(functions) == set(_core.OPERATIONS), "client core and SQL API differ"
+    assert set(functions) == set(_operations.OPERATIONS), "the operation table and SQL API differ"
     for name, sql_args in functions.items():
         params = inspect.signature(getattr(cls, name)).parameters
         positional = [p for p in params if p not in ("self", "conn")]
@@ -1299,7 +1299,9 @@ def test_trace_counter_sees_round_trips(db: psycopg.Connection, db_url: str) -> 
 
 
 def _assert_one_round_trip_each(counts: dict[str, list[int]]) -> None:
-    assert set(counts) == set(_core.OPERATIONS) | set(VIEW_METHODS), "a method is not measured"
+    assert set(counts) == set(_operations.OPERATIONS) | set(VIEW_METHODS), (
+        "a method is not measured"
+    )
     bad = {name: c for name, c in counts.items() if c != [1] * ROUND_TRIP_CALLS}
     assert bad == {}, f"round trips per call, by method: {bad}"
 
@@ -1416,7 +1418,7 @@ def test_every_method_returns_its_declared_type(
 ) -> None:
     """Each method's values at run time are of the type its signature gives a
     type checker, including non-empty lists and the non-None side of every
-    optional result, so a declaration cannot drift from _core's row readers."""
+    optional result, so a declaration cannot drift from the operation table's row readers."""
     seen: dict[str, list[Any]] = {}
     # A recorded step's event would join the observability lane the
     # scenario's relay calls walk through.
@@ -1511,7 +1513,7 @@ def test_every_method_returns_its_declared_type(
         assert any(q.oldest_runnable_age_seconds is not None for q in queues), queues
 
     drive(scenario)
-    assert set(seen) == set(_core.OPERATIONS), "a method is not checked"
+    assert set(seen) == set(_operations.OPERATIONS), "a method is not checked"
     empty = {
         name
         for name, values in seen.items()

@@ -17,7 +17,7 @@ import pytest
 from devtools import docs as _docs
 
 import runrelay
-from runrelay import _core, errors
+from runrelay import _operations, errors
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"
@@ -69,8 +69,8 @@ def test_sql_api_md_documents_exactly_the_public_functions(db_url: str) -> None:
         for line in text.splitlines()
         if line.startswith("### `") and not line.endswith("(view)")
     }
-    assert headings == set(_core.OPERATIONS)
-    for name in _core.OPERATIONS:
+    assert headings == set(_operations.OPERATIONS)
+    for name in _operations.OPERATIONS:
         assert comments[name], f"{name} has no COMMENT ON FUNCTION"
         assert comments[name] in text
     assert "## Workers (`runrelay_worker`)" in text

@@ -35,7 +35,7 @@ from runrelay import (
     EnqueueItem,
     InvalidArgument,
     LedgerKind,
-    _core,
+    _operations,
 )
 from runrelay.relay import Relay
 from runrelay.sinks import JsonLinesSink, WebhookSink, trace_headers
@@ -535,7 +535,7 @@ def test_only_a_tracing_client_sends_anything_new(
         traced_enqueue = _sent(conn, lambda: tracing.enqueue_run("p2"))
         traced_claim = _sent(conn, lambda: tracing.claim_attempts("w"))
         # Untraced, every statement is the plain call of its function.
-        for name, op in _core.OPERATIONS.items():
+        for name, op in _operations.OPERATIONS.items():
             assert plain._queries[name] == op.query("runrelay").as_string(conn)
     for text in (plain_enqueue, plain_claim):
         assert "trace_context" not in text and "set_config" not in text

@@ -1,4 +1,4 @@
-"""The one core shared by Client and AsyncClient: every SQL statement the
+"""The operation table shared by Client and AsyncClient: every SQL statement the
 client runs, its parameters, and how its rows become typed results.
 
 Each operation is exactly one statement — one network round trip — with a
