@@ -1,10 +1,10 @@
 -- Writing the run ledger: _append (events under a run lock, seqs reserved
 -- here), _emit_lifecycle and _emit (engine lifecycle events at seqs the
--- caller reserved), and _wake_lanes, the one rule by which written events
+-- caller reserved), and _lanes_on_write, the one rule by which written events
 -- move their lanes (ledger_lanes, ledger_wakeups). The relay side of the
 -- lanes is ledger_lanes.sql.
 
--- _wake_lanes(): the lane rule of every ledger write. Element i of the three
+-- _lanes_on_write(): the lane rule of every ledger write. Element i of the three
 -- arrays names a lane (p_run_ids[i], p_lanes[i]), each lane at most once, and
 -- the first event just written to it (p_first_seqs[i]). Precondition: the
 -- caller holds the row locks of the runs, taken before the events were
@@ -47,7 +47,7 @@
 --
 -- One statement for all the lanes; it notifies runrelay_ledger once per run
 -- with a lane made claimable, and returns how many runs it notified.
-CREATE FUNCTION _wake_lanes(p_run_ids text[], p_lanes text[], p_first_seqs bigint[])
+CREATE FUNCTION _lanes_on_write(p_run_ids text[], p_lanes text[], p_first_seqs bigint[])
 RETURNS integer
 LANGUAGE plpgsql
 VOLATILE
@@ -175,7 +175,7 @@ BEGIN
 END;
 $$;
 
-COMMENT ON FUNCTION _wake_lanes(text[], text[], bigint[]) IS
+COMMENT ON FUNCTION _lanes_on_write(text[], text[], bigint[]) IS
 'The lane rule of every ledger write: wakes the written lanes that had nothing pending, never waiting for a lane row.';
 
 -- _append(): the one routine that appends events to a run's ledger.
@@ -185,7 +185,7 @@ COMMENT ON FUNCTION _wake_lanes(text[], text[], bigint[]) IS
 -- run and per-run seq order equals commit order. `p_events` must come from
 -- _normalize_events() or the engine. (Transitions, which advance ledger_seq
 -- in their own UPDATE of the run, use _emit_lifecycle instead.) The lanes
--- move by _wake_lanes, called from the same statement.
+-- move by _lanes_on_write, called from the same statement.
 CREATE FUNCTION _append(p_run_id text, p_events jsonb)
 RETURNS SETOF append_result
 LANGUAGE plpgsql
@@ -234,7 +234,7 @@ BEGIN
         GROUP BY i.lane
     ),
     lanes AS (
-        SELECT _wake_lanes(array_agg(p_run_id), array_agg(f.lane), array_agg(f.first_seq)) AS notified
+        SELECT _lanes_on_write(array_agg(p_run_id), array_agg(f.lane), array_agg(f.first_seq)) AS notified
         FROM firsts AS f
     )
     SELECT i.event_id, i.seq, i.delivery_key
@@ -252,7 +252,7 @@ COMMENT ON FUNCTION _append(text, jsonb) IS
 -- run.completed; _emit passes one). The caller holds the runs' row locks and
 -- reserved each seq with ledger_seq + 1 in its own UPDATE of the run. One
 -- statement writes the events and finds the lanes that may need to move;
--- _wake_lanes, the rule _append follows, moves those. Returns what _wake_lanes
+-- _lanes_on_write, the rule _append follows, moves those. Returns what _lanes_on_write
 -- does: how many of the runs it notified on runrelay_ledger.
 CREATE FUNCTION _emit_lifecycle(
     p_run_ids text[],
@@ -280,9 +280,9 @@ BEGIN
     --
     -- The same statement reads each run's lifecycle lane, without a lock (a
     -- primary-key probe; the snapshot is later than the run locks the
-    -- caller took, as _wake_lanes requires): a lane whose head is live is
-    -- left alone, exactly as _wake_lanes would leave it, and only the others
-    -- are handed to _wake_lanes. Most writes meet a live head, and then the
+    -- caller took, as _lanes_on_write requires): a lane whose head is live is
+    -- left alone, exactly as _lanes_on_write would leave it, and only the others
+    -- are handed to _lanes_on_write. Most writes meet a live head, and then the
     -- event costs this one statement.
     WITH inserted AS (
         INSERT INTO ledger_events AS l (
@@ -306,7 +306,7 @@ BEGIN
     IF v_ids IS NULL THEN
         RETURN 0;
     END IF;
-    RETURN _wake_lanes(v_ids, array_fill('lifecycle'::text, ARRAY[cardinality(v_ids)]), v_seqs);
+    RETURN _lanes_on_write(v_ids, array_fill('lifecycle'::text, ARRAY[cardinality(v_ids)]), v_seqs);
 END;
 $$;
 

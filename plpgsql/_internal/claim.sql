@@ -90,7 +90,7 @@ BEGIN
     SELECT (SELECT min(w.wake_at) FROM runs AS w) <= v_now, EXISTS (SELECT FROM paused_queues AS p)
     INTO v_due, v_paused;
     IF v_due THEN
-        PERFORM _wake_due(p_queues, 1000);
+        PERFORM _end_due_waits(p_queues, 1000);
     END IF;
 
     -- While a queue is paused, the claim names the queues it may take from:

@@ -110,7 +110,7 @@ $$;
 COMMENT ON FUNCTION _claim_candidates(text[], text[], integer, timestamptz) IS
 'Locks up to p_limit runnable runs (of the given tasks, if any), best first, SKIP LOCKED, by index ranges per queue.';
 
--- _wake_due(): wake up to p_limit waits whose time has come (a due sleep, or
+-- _end_due_waits(): wake up to p_limit waits whose time has come (a due sleep, or
 -- an event/detached_runner wait past its timeout), SKIP LOCKED. Runs with a
 -- cancel marker are cancelled instead, when their key lock is free.
 --
@@ -119,7 +119,7 @@ COMMENT ON FUNCTION _claim_candidates(text[], text[], integer, timestamptz) IS
 -- each queue; a generic plan would walk runs_wake_any_idx and filter out
 -- every other queue's due waits. A claim calls it only when some wait is
 -- due, so the planning is paid then and not on every claim.
-CREATE FUNCTION _wake_due(p_queues text[], p_limit integer)
+CREATE FUNCTION _end_due_waits(p_queues text[], p_limit integer)
 RETURNS integer
 LANGUAGE plpgsql
 VOLATILE
@@ -160,12 +160,12 @@ BEGIN
             END IF;
             CONTINUE;
         END IF;
-        PERFORM _wake(v_run, _timeout_resume(v_run));
+        PERFORM _end_wait(v_run, _timeout_resume(v_run));
         v_woken := v_woken + 1;
     END LOOP;
     RETURN v_woken;
 END;
 $$;
 
-COMMENT ON FUNCTION _wake_due(text[], integer) IS
+COMMENT ON FUNCTION _end_due_waits(text[], integer) IS
 'Wakes up to p_limit due sleeps and timed-out waits (SKIP LOCKED); applies pending cancel markers.';

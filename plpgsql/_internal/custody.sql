@@ -51,7 +51,7 @@
 --
 -- The paths that lock more than one row of a kind, and their order:
 --   claim_attempts   runs SKIP LOCKED (best first), key try-locks; due waits
---                    first (_wake_due: runs SKIP LOCKED, oldest wake_at first,
+--                    first (_end_due_waits: runs SKIP LOCKED, oldest wake_at first,
 --                    woken in run_id COLLATE "C" order); lanes as an appender.
 --   complete_attempts  keys (_lock_keys), runs in run_id COLLATE "C" order,
 --                    then per item its attempt; lanes as an appender.

@@ -2,7 +2,7 @@
 -- (_lock_event_lanes), where a scan of a lane's tail starts
 -- (_lane_scan_from), and recomputing a lane's head and availability
 -- (_refresh_lane, _refresh_event_lanes, _lane_recheck). The appender side of
--- the lanes (a written event wakes an empty lane) is _wake_lanes in append.sql;
+-- the lanes (a written event wakes an empty lane) is _lanes_on_write in append.sql;
 -- claiming a lane is claim_lane.sql, acknowledging acknowledge.sql.
 --
 -- Locks (the full order is in custody.sql): a relay locks ledger_lanes rows,

@@ -165,7 +165,7 @@ COMMENT ON FUNCTION _apply_marker(runs, text, integer) IS
 
 -- A waiting run wakes: its waiting (or prepared) attempt is resumed and the
 -- run is queued again with `p_resume` for its next attempt.
-CREATE FUNCTION _wake(p_run runs, p_resume jsonb)
+CREATE FUNCTION _end_wait(p_run runs, p_resume jsonb)
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
@@ -198,7 +198,7 @@ BEGIN
 END;
 $$;
 
-COMMENT ON FUNCTION _wake(runs, jsonb) IS
+COMMENT ON FUNCTION _end_wait(runs, jsonb) IS
 'Resumes a waiting run: attempt resumed, run queued with resume, run.resumed emitted.';
 
 -- End an attempt in failure (status failed or lost) and apply what the retry

@@ -202,7 +202,7 @@ COMMENT ON FUNCTION _normalize_wait(jsonb) IS
 'Validates a wait object and returns it canonicalised (kind, name/runner, until/timeout_at).';
 
 -- _wake_at(): when a wait ends by itself — runs.wake_at, the deadline that
--- claims (_wake_due), signal_run and the time checks of the fenced writes all
+-- claims (_end_due_waits), signal_run and the time checks of the fenced writes all
 -- read. A sleep ends at its until; an event or detached_runner wait at its
 -- timeout_at (never, without one). Once a detached runner has pushed its
 -- terminal (p_received_at), the owner must claim it within the claim window,

@@ -69,10 +69,10 @@ BEGIN
         -- The wait already ended by time (a timeout, a due sleep) even if no
         -- claim has delivered that yet: the time wins, and the signal is
         -- kept for a later wait.
-        PERFORM _wake(v_run, _timeout_resume(v_run));
+        PERFORM _end_wait(v_run, _timeout_resume(v_run));
     ELSIF v_run.status = 'waiting'
         AND _wait_signal_name(v_run.wait) = signal_run.name THEN
-        PERFORM _wake(v_run, jsonb_build_object('name', signal_run.name, 'payload', signal_run.payload));
+        PERFORM _end_wait(v_run, jsonb_build_object('name', signal_run.name, 'payload', signal_run.payload));
         RETURN _restore_lock_wait(v_caller_lock_timeout, _record_call(signal_run.call_id, 'signal_run', signal_run.run_id, v_digest, 'resumed'));
     END IF;
     INSERT INTO signals (run_id, name, payload, created_at)

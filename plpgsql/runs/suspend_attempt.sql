@@ -92,7 +92,7 @@ BEGIN
         IF v_signal.signal_id IS NOT NULL THEN
             DELETE FROM signals AS s WHERE s.signal_id = v_signal.signal_id;
             v_resume := jsonb_build_object('name', v_signal.name, 'payload', v_signal.payload);
-            PERFORM _wake(v_run, v_resume);
+            PERFORM _end_wait(v_run, v_resume);
             UPDATE attempts AS a
             SET outcome = 'resumed'
             WHERE a.run_id = suspend_attempt.run_id AND a.attempt = suspend_attempt.attempt;

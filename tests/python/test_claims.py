@@ -312,7 +312,7 @@ def test_claims_do_not_pay_for_another_queues_due_waits(
     queue y still sees a wait due somewhere and wakes its own: that must be a
     probe of y's range of runs_wake_idx, not a walk over x's waits. The
     claim's own statements run on generic plans, in which a queue filter
-    could not be folded; _wake_due plans per call for that reason."""
+    could not be folded; _end_due_waits plans per call for that reason."""
     db.execute("SET auto_explain.log_min_duration = -1")
     db.execute(
         """
