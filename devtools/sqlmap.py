@@ -26,7 +26,7 @@ from runrelay._migrations.codetree import CODE_DIRS
 
 REPO = Path(__file__).resolve().parents[1]
 PLPGSQL = REPO / "plpgsql"
-PUBLIC_DIRS = ("runs", "ledger", "admin")
+PUBLIC_DIRS = ("runs", "ledger", "schedules", "meta", "admin")
 
 _CREATE = re.compile(r"^CREATE (?:FUNCTION|VIEW) (\w+)", re.MULTILINE)
 _TABLE = re.compile(r"^CREATE TABLE (\w+)", re.MULTILINE)

@@ -4,8 +4,9 @@ package's migrations/frozen/.
 plpgsql/ is the one readable source of truth:
 
 * ``plpgsql/schema/*.sql`` — the current tables, sequences and indexes;
-* ``plpgsql/_internal``, ``runs``, ``ledger``, ``views`` — one function (or
-  view) per file: the *code*, dropped and recreated whole by every revision;
+* the folders of ``CODE_DIRS`` (``_internal``, ``runs``, ``ledger``,
+  ``schedules``, ``meta``, ``views``, ``admin``) — the *code*, functions and
+  views, dropped and recreated whole by every revision;
 * ``plpgsql/grants.sql`` — privileges, run after the code.
 
 Each Alembic revision ships its code as a delta, ``frozen/<rev>/code.patch``:

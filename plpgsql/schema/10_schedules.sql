@@ -4,7 +4,7 @@
 -- loop takes the due row first.
 --
 -- cron: five fields (minute hour day-of-month month day-of-week) or a macro,
--- parsed by _cron_parse (plpgsql/_internal/cron.sql) whenever it is used;
+-- parsed by _cron_parse (plpgsql/schedules/cron.sql) whenever it is used;
 -- stored with its whitespace collapsed. time_zone: a name of
 -- pg_timezone_names, as that view spells it. queue, payload, priority,
 -- max_attempts and concurrency_key are the enqueue_run arguments of every

@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 
 PREFIX = "schedule:"
 # The slot's part of a run_id: ISO 8601 in UTC to the second, e.g.
-# 2030-01-01T02:00:00Z (_schedule_run_id in plpgsql/_internal/schedules.sql).
+# 2030-01-01T02:00:00Z (_schedule_run_id in plpgsql/schedules/slots.sql).
 _STAMP = len("2030-01-01T02:00:00Z")
 
 

@@ -1,4 +1,4 @@
--- Cron expressions (plpgsql/_internal/cron.sql; docs/operations.md,
+-- Cron expressions (plpgsql/schedules/cron.sql; docs/operations.md,
 -- "Periodic runs"): the fields, lists, ranges, steps, names and macros;
 -- Vixie's day rule; slots across daylight-saving changes in Europe/Berlin
 -- and America/New_York (a skipped local time is the first instant after

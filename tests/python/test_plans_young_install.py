@@ -424,13 +424,18 @@ def test_enqueues_planned_on_emptied_tables_stay_probes_as_they_grow(
 def test_every_scheduler_and_ledger_function_plans_key_lookups_without_statistics(
     db: psycopg.Connection,
 ) -> None:
-    """Each public function of plpgsql/runs and plpgsql/ledger runs with
+    """Each public function of plpgsql/runs, plpgsql/ledger and the
+    schedulers' of plpgsql/schedules (enqueue_due_schedules,
+    schedules_next_due_at: the worker's maintenance rounds call them) runs with
     enable_seqscan off (a key lookup is a probe whatever the statistics say),
     jit off (the cost that makes a scan unattractive would otherwise make
     PostgreSQL compile each such statement, tens of milliseconds) and generic
     plans forced (no statement planned again on every call)."""
     root = Path(__file__).resolve().parents[2] / "plpgsql"
-    names = sorted(p.stem for folder in ("runs", "ledger") for p in (root / folder).glob("*.sql"))
+    names = sorted(
+        [p.stem for folder in ("runs", "ledger") for p in (root / folder).glob("*.sql")]
+        + ["enqueue_due_schedules", "schedules_next_due_at"]
+    )
     rows = db.execute(
         "SELECT p.proname, coalesce(p.proconfig, '{}') FROM pg_proc AS p"
         " WHERE p.pronamespace = 'runrelay'::regnamespace AND p.proname = ANY(%s)",

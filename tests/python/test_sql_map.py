@@ -68,7 +68,9 @@ def test_every_helper_is_listed_under_the_file_that_defines_it() -> None:
 
 def test_every_file_and_test_the_map_names_exists() -> None:
     text = MAP.read_text(encoding="utf-8")
-    for rel in re.findall(r"`((?:_internal|runs|ledger|views|admin|schema)/[\w./]+\.sql)`", text):
+    for rel in re.findall(
+        r"`((?:_internal|runs|ledger|schedules|meta|views|admin|schema)/[\w./]+\.sql)`", text
+    ):
         assert (REPO / "plpgsql" / rel).is_file(), f"the map names plpgsql/{rel}, which is gone"
     pinned = re.findall(r"`(tests/python/\w+\.py)::(\w+)`", text)
     assert pinned, "the map names the tests that pin the planner workarounds"

@@ -1,7 +1,7 @@
 """The code each revision installs, stored as a chain of patches.
 
-A revision's code is a *tree*: relative path -> text, the files of
-``plpgsql/_internal``, ``runs``, ``ledger``, ``views`` and ``grants.sql``
+A revision's code is a *tree*: relative path -> text, the files of the
+folders of ``CODE_DIRS`` under ``plpgsql/`` and ``grants.sql``
 (each normalised to end with exactly one newline). Revision ``<rev>`` stores
 only what changed, in ``frozen/<rev>/code.patch``: a unified diff
 (``--- a/<path>`` / ``+++ b/<path>``, ``/dev/null`` for an added or removed
@@ -41,7 +41,7 @@ def alembic_home() -> Path:
     return Path(spec.origin).resolve().parent
 
 
-CODE_DIRS = ("_internal", "runs", "ledger", "views", "admin")
+CODE_DIRS = ("_internal", "runs", "ledger", "schedules", "meta", "views", "admin")
 GRANTS = "grants.sql"
 PATCH = "code.patch"
 RELEASED = "RELEASED"
@@ -49,7 +49,7 @@ RELEASED = "RELEASED"
 Tree = dict[str, str]
 
 _REVISION = re.compile(r"^[0-9]{4}$")
-_PATH = re.compile(r"^(?:(?:_internal|runs|ledger|views|admin)/[A-Za-z0-9_]+\.sql|grants\.sql)$")
+_PATH = re.compile(rf"^(?:(?:{'|'.join(CODE_DIRS)})/[A-Za-z0-9_]+\.sql|grants\.sql)$")
 _HUNK = re.compile(r"^@@ -([0-9]+)(?:,([0-9]+))? \+([0-9]+)(?:,([0-9]+))? @@\n$")
 
 

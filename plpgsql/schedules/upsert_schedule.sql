@@ -1,7 +1,7 @@
 -- upsert_schedule(): declare periodic work, or change a declaration.
 --
 -- A schedule enqueues one run per slot of its cron expression in its time
--- zone (plpgsql/_internal/cron.sql; docs/operations.md, "Periodic runs"),
+-- zone (plpgsql/schedules/cron.sql; docs/operations.md, "Periodic runs"),
 -- with the given queue, payload, priority, max_attempts and concurrency_key,
 -- run_at the slot and run_id schedule:<name>:<slot in UTC>
 -- (_schedule_run_id). missed: what a maintainer that comes late enqueues
