@@ -127,3 +127,28 @@ def password_matches(given: str, expected: str) -> bool:
     a = hashlib.sha256(given.encode()).digest()
     b = hashlib.sha256(expected.encode()).digest()
     return hmac.compare_digest(a, b)
+
+
+class LoginLimiter:
+    """Failed logins counted per client address and in total over a sliding
+    window, in the process: new connections do not reset it. While either
+    count is at its limit, every login is refused, a right password too."""
+
+    def __init__(self, per_address: int, total: int, window: float) -> None:
+        self.per_address = per_address
+        self.total = total
+        self.window = window
+        self._failures: list[tuple[float, str]] = []
+
+    def _recent(self) -> list[tuple[float, str]]:
+        cutoff = time.monotonic() - self.window
+        self._failures = [(t, a) for t, a in self._failures if t > cutoff]
+        return self._failures
+
+    def blocked(self, address: str) -> bool:
+        recent = self._recent()
+        mine = sum(1 for _, a in recent if a == address)
+        return mine >= self.per_address or len(recent) >= self.total
+
+    def failed(self, address: str) -> None:
+        self._recent().append((time.monotonic(), address))
