@@ -56,10 +56,12 @@ freeze: $(VENV)/.installed
 migrate: $(VENV)/.installed
 	alembic upgrade head
 
-# Regenerate docs/errors.md (from runrelay.errors) and docs/sql-api.md (from a
-# database migrated to head); tests/python/test_docs.py fails when they are stale.
+# Regenerate docs/errors.md (from runrelay.errors), docs/sql-api.md and the
+# client's SQL API table, python_client/runrelay/sql_api.json (both from a
+# database migrated to head); tests/python/test_docs.py and test_sql_api.py fail
+# when they are stale.
 docs: $(VENV)/.installed
-	$(call WITH_PG,system) bash -c 'alembic upgrade head && $(PY) -m devtools.docs'
+	$(call WITH_PG,system) bash -c 'alembic upgrade head && $(PY) -m devtools.docs && $(PY) -m devtools.sqlapi'
 
 # Benchmarks start their own durable PostgreSQL (fsync and synchronous_commit
 # on), whatever DATABASE_URL says. The full run installs the peers (PyPI into
