@@ -29,6 +29,7 @@ from typing import Any
 
 import psycopg
 
+from devtools import sqlapi
 from runrelay import errors
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
@@ -142,49 +143,6 @@ class _View:
     roles: tuple[str, ...]
 
 
-_FUNCTIONS_SQL = """
-SELECT
-    p.oid,
-    p.proname,
-    pg_catalog.pg_get_function_result(p.oid),
-    coalesce(pg_catalog.obj_description(p.oid, 'pg_proc'), ''),
-    t.typrelid,
-    ARRAY(
-        SELECT DISTINCT substr(r.rolname, length(%(prefix)s) + 1)
-        FROM pg_catalog.aclexplode(p.proacl) AS a
-        INNER JOIN pg_catalog.pg_roles AS r ON r.oid = a.grantee
-        WHERE a.privilege_type = 'EXECUTE' AND starts_with(r.rolname, %(prefix)s)
-    )
-FROM pg_catalog.pg_proc AS p
-INNER JOIN pg_catalog.pg_type AS t ON t.oid = p.prorettype
-WHERE p.pronamespace = %(schema)s::regnamespace AND NOT starts_with(p.proname, '_')
-ORDER BY p.proname, p.oid
-"""
-
-# Input arguments in order, with their defaults (pg_get_function_arguments
-# renders the same text on one line; one line per argument reads better).
-_ARGUMENTS_SQL = """
-SELECT
-    a.name,
-    pg_catalog.format_type(a.type, NULL),
-    pg_catalog.pg_get_function_arg_default(p.oid, a.position::integer)
-FROM pg_catalog.pg_proc AS p,
-    unnest(
-        coalesce(p.proallargtypes, p.proargtypes::oid[]),
-        coalesce(p.proargmodes, array_fill('i'::"char", ARRAY[p.pronargs::integer])),
-        p.proargnames
-    ) WITH ORDINALITY AS a (type, mode, name, position)
-WHERE p.oid = %(oid)s AND a.mode IN ('i', 'b', 'v')
-ORDER BY a.position
-"""
-
-_COLUMNS_SQL = """
-SELECT a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod)
-FROM pg_catalog.pg_attribute AS a
-WHERE a.attrelid = %(relid)s AND a.attnum > 0 AND NOT a.attisdropped
-ORDER BY a.attnum
-"""
-
 _VIEWS_SQL = """
 SELECT
     c.oid,
@@ -204,8 +162,7 @@ ORDER BY c.relname
 
 
 def _columns(conn: psycopg.Connection[Any], relid: int) -> list[str]:
-    rows = conn.execute(_COLUMNS_SQL, {"relid": relid}).fetchall()
-    return [f"{name} {sqltype}" for name, sqltype in rows]
+    return [f"{c['name']} {c['type']}" for c in sqlapi.columns(conn, relid)]
 
 
 def _roles(found: list[str]) -> tuple[str, ...]:
@@ -213,17 +170,17 @@ def _roles(found: list[str]) -> tuple[str, ...]:
 
 
 def _functions(conn: psycopg.Connection[Any], schema: str) -> list[_Function]:
+    """The public functions, from the catalog as the SQL API table reads it."""
     out = []
-    params = {"schema": schema, "prefix": f"{schema}_"}
-    for oid, name, result, comment, relid, roles in conn.execute(_FUNCTIONS_SQL, params):
-        if not _roles(roles):
-            continue  # not part of any role's API
+    for fn in sqlapi.functions(conn, schema):
         arguments = []
-        for arg_name, arg_type, default in conn.execute(_ARGUMENTS_SQL, {"oid": oid}):
-            text = f"{arg_name} {arg_type}"
-            arguments.append(f"{text} DEFAULT {default}" if default is not None else text)
-        columns = _columns(conn, relid) if relid else []
-        out.append(_Function(name, arguments, result, columns, comment, _roles(roles)))
+        for p in fn.params:
+            text = f"{p['name']} {p['type']}"
+            arguments.append(f"{text} DEFAULT {p['default']}" if p["default"] is not None else text)
+        # A composite result's columns are listed under the signature; OUT
+        # and TABLE columns are in the RETURNS clause already.
+        listed = [f"{c['name']} {c['type']}" for c in fn.columns or []] if fn.composite else []
+        out.append(_Function(fn.name, arguments, fn.result, listed, fn.comment, fn.roles))
     return out
 
 

@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,8 @@ SELECT
     p.proretset,
     t.typrelid,
     pg_catalog.format_type(p.prorettype, NULL),
+    pg_catalog.pg_get_function_result(p.oid),
+    coalesce(pg_catalog.obj_description(p.oid, 'pg_proc'), ''),
     ARRAY(
         SELECT DISTINCT substr(r.rolname, length(%(prefix)s) + 1)
         FROM pg_catalog.aclexplode(p.proacl) AS a
@@ -76,18 +79,36 @@ ORDER BY a.attnum
 """
 
 
-def table(conn: psycopg.Connection[Any], schema: str = "runrelay") -> dict[str, Any]:
-    """name -> {roles, params: [{name, type, default}], returns_set, returns,
-    columns: [{name, type}] or null for a scalar result}, for every function
-    granted to a role of the install."""
-    out: dict[str, Any] = {}
+@dataclass(frozen=True)
+class Function:
+    """A public function as the catalog describes it."""
+
+    name: str
+    roles: tuple[str, ...]
+    params: list[dict[str, Any]]  # {name, type, default (SQL text or None)}
+    returns_set: bool
+    returns: str  # the return type (format_type, schema-relative)
+    result: str  # the whole RETURNS clause (pg_get_function_result)
+    columns: list[dict[str, str]] | None  # {name, type}; None for a scalar
+    composite: bool  # the columns are a composite type's, not OUT/TABLE arguments
+    comment: str
+
+
+def columns(conn: psycopg.Connection[Any], relid: int) -> list[dict[str, str]]:
+    """The columns of a table, view or composite type, in order."""
+    rows = conn.execute(_COLUMNS_SQL, {"relid": relid}).fetchall()
+    return [{"name": name, "type": sqltype} for name, sqltype in rows]
+
+
+def functions(conn: psycopg.Connection[Any], schema: str = "runrelay") -> list[Function]:
+    """Every function of `schema` granted to one of its roles, by name."""
+    out: list[Function] = []
     params = {"schema": schema, "prefix": f"{schema}_"}
-    for oid, name, returns_set, relid, returns, roles in conn.execute(_FUNCTIONS_SQL, params):
-        granted = [role for role in ROLES if role in roles]
+    rows = conn.execute(_FUNCTIONS_SQL, params).fetchall()
+    for oid, name, returns_set, relid, returns, result, comment, roles in rows:
+        granted = tuple(role for role in ROLES if role in roles)
         if not granted:
             continue  # not part of any role's API
-        if name in out:
-            raise ValueError(f"{name} is overloaded; the API table has one signature a name")
         inputs: list[dict[str, Any]] = []
         outputs: list[dict[str, str]] = []
         for arg_name, mode, arg_type, default in conn.execute(_ARGUMENTS_SQL, {"oid": oid}):
@@ -96,14 +117,38 @@ def table(conn: psycopg.Connection[Any], schema: str = "runrelay") -> dict[str, 
             if mode in ("o", "b", "t"):
                 outputs.append({"name": arg_name, "type": arg_type})
         if relid:
-            rows = conn.execute(_COLUMNS_SQL, {"relid": relid}).fetchall()
-            outputs = [{"name": column, "type": sqltype} for column, sqltype in rows]
-        out[name] = {
-            "roles": granted,
-            "params": inputs,
-            "returns_set": bool(returns_set),
-            "returns": returns.removeprefix(f"{schema}."),
-            "columns": outputs or None,
+            outputs = columns(conn, relid)
+        prefix = f"{schema}."
+        out.append(
+            Function(
+                name,
+                granted,
+                inputs,
+                bool(returns_set),
+                returns.removeprefix(prefix),
+                result,
+                outputs or None,
+                bool(relid),
+                comment,
+            )
+        )
+    return out
+
+
+def table(conn: psycopg.Connection[Any], schema: str = "runrelay") -> dict[str, Any]:
+    """name -> {roles, params: [{name, type, default}], returns_set, returns,
+    columns: [{name, type}] or null for a scalar result}, for every function
+    granted to a role of the install."""
+    out: dict[str, Any] = {}
+    for fn in functions(conn, schema):
+        if fn.name in out:
+            raise ValueError(f"{fn.name} is overloaded; the API table has one signature a name")
+        out[fn.name] = {
+            "roles": list(fn.roles),
+            "params": fn.params,
+            "returns_set": fn.returns_set,
+            "returns": fn.returns,
+            "columns": fn.columns,
         }
     return out
 
