@@ -55,7 +55,9 @@ run that takes its slot are one settle_and_claim call — one round trip and
 one commit per job (per batch with batch_size > 1) while there is work; the
 thread or task that ran the job runs what the call claimed. claim_attempts
 is only the loop's own: it fills free slots at the start and polls (or waits
-for a NOTIFY) once a call claimed nothing. A stopping worker settles with
+for a NOTIFY) once a call claimed nothing. Handlers that finish together
+share a call: at most SETTLE_CALLS calls are in flight, and outcomes that
+finish meanwhile go out together in the next (see _shared_settle_steps). A stopping worker settles with
 max_runs 0; runs a call claimed as the worker stopped are handed back at
 once. A Suspend with on_waiting is written on its own (see fusable). With
 fused=False every write and every claim is its own call, as above.
@@ -178,6 +180,14 @@ TRACEBACK_CHARS = 8000
 # waits at most SETTLE_WAIT seconds for calls in flight.
 SETTLE_TRIES = 6
 SETTLE_WAIT = 20.0
+# Shared settlements: at most this many settle_and_claim calls of one worker
+# in flight at once. The outcomes of jobs that finish while they are all busy
+# queue and go out together in the next call (group commit), at most
+# SETTLE_BATCH items a call. Two, not one: a call that waits (for a run's lock,
+# up to the lock bound) then holds back only the outcomes queued behind it in
+# its turn, while the other keeps the rest moving.
+SETTLE_CALLS = 2
+SETTLE_BATCH = 100
 
 
 class Suspend(Exception):
@@ -732,6 +742,30 @@ class Listen:
     seconds: float
 
 
+@dataclass(eq=False)
+class _Settlement:
+    """One body's outcomes to write (settle_and_claim items) and how many runs
+    it claims in their place, queued to go out in a call shared with other
+    bodies' (_Loop._shared_settle_steps). `turn` is the shell's event, set
+    when the request is answered or when its body is to make the next call."""
+
+    items: list[dict[str, Any]]
+    want: int
+    turn: Any
+    state: str = "queued"  # queued -> (leading ->) answered
+    settled: dict[tuple[str, int], str] = field(default_factory=dict)
+    claimed: list[ClaimedAttempt] = field(default_factory=list)
+    error: BaseException | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AwaitTurn:
+    """Wait until `settlement` is answered or its body is to make the next
+    shared call."""
+
+    settlement: _Settlement
+
+
 class _Loop(_Signals, _Recorder):
     """A worker's state and decisions, written once for Worker and AsyncWorker.
 
@@ -807,6 +841,10 @@ class _Loop(_Signals, _Recorder):
         # Jobs whose outcome a settle_and_claim call in flight is writing:
         # shutdown does not hand them back, and waits for their calls.
         self._settling: set[tuple[str, int]] = set()
+        # Shared settlements queued for the next call, and the calls in flight.
+        self._queued: list[_Settlement] = []
+        self._settle_calls = 0
+        self.settle_calls_in_flight = SETTLE_CALLS
         self.stats: dict[str, int] = {}
         self._metrics = worker_metrics(metrics)
         self._tracing = getattr(client, "tracing", None)
@@ -816,6 +854,10 @@ class _Loop(_Signals, _Recorder):
         raise NotImplementedError
 
     def _maintenance(self, client: Any, interval: float) -> Any:
+        raise NotImplementedError
+
+    def _event(self) -> Any:
+        """A new event of the shell's kind (set once, waited on by AwaitTurn)."""
         raise NotImplementedError
 
     def _check_tasks(self, tasks: Tasks) -> None:
@@ -991,7 +1033,7 @@ class _Loop(_Signals, _Recorder):
             self._settling.update(keys)
         try:
             try:
-                settled, claimed = yield from self._settle_call_steps(
+                settled, claimed = yield from self._shared_settle_steps(
                     [item for *_, item in fused], want
                 )
             finally:
@@ -1018,6 +1060,110 @@ class _Loop(_Signals, _Recorder):
         for job in nxt[1:]:
             yield Spawn(self._work_steps([job]))
         return nxt[:1]
+
+    def _shared_settle_steps(
+        self, items: list[dict[str, Any]], want: int
+    ) -> Steps[tuple[dict[tuple[str, int], str], list[ClaimedAttempt]]]:
+        """Write `items` and claim up to `want` runs, in a settle_and_claim
+        call shared with the other bodies that settle at the same time: a
+        body that finds fewer than settle_calls_in_flight calls going makes
+        the call itself, with every settlement queued by then; otherwise its
+        settlement waits for the next call, which the body at the head of the
+        queue makes as soon as a call ends. No body waits for another's
+        handler: a call carries what finished while the calls before it were
+        in flight. Each settlement gets its own items' outcomes and claims of
+        its own, up to its want."""
+        mine = _Settlement(items, want, self._event())
+        with self._lock:
+            self._queued.append(mine)
+            if self._settle_calls < self.settle_calls_in_flight:
+                self._settle_calls += 1
+                mine.state = "leading"
+        if mine.state == "queued":
+            try:
+                yield AwaitTurn(mine)
+            except BaseException:
+                self._leave_queue(mine)  # cancelled while waiting (shutdown)
+                raise
+        if mine.state == "leading":
+            yield from self._settle_round_steps()
+        if mine.error is not None:
+            raise mine.error
+        return mine.settled, mine.claimed
+
+    def _settle_round_steps(self) -> Steps[None]:
+        """One shared call, made by a leading body: the queued settlements
+        (up to SETTLE_BATCH items), answered whatever happens; then the call's
+        turn passes to the settlement now at the head of the queue."""
+        with self._lock:
+            batch: list[_Settlement] = []
+            size = 0
+            while self._queued and (not batch or size + len(self._queued[0].items) <= SETTLE_BATCH):
+                size += len(self._queued[0].items)
+                batch.append(self._queued.pop(0))
+        try:
+            yield from self._settle_batch_steps(batch)
+        finally:
+            with self._lock:
+                for s in batch:
+                    if s.state != "answered" and s.error is None:
+                        s.error = RuntimeError("the shared settle_and_claim call was abandoned")
+                    s.state = "answered"
+                after = self._queued[0] if self._queued else None
+                if after is None:
+                    self._settle_calls -= 1
+                else:
+                    after.state = "leading"
+            for s in batch:
+                s.turn.set()
+            if after is not None:
+                after.turn.set()
+
+    def _leave_queue(self, mine: _Settlement) -> None:
+        """A waiting settlement's body is gone: it leaves the queue, and if
+        the next call was its to make, that turn passes on."""
+        with self._lock:
+            if mine not in self._queued:
+                return  # in a call already; its answer goes unread
+            self._queued.remove(mine)
+            if mine.state != "leading":
+                return
+            after = self._queued[0] if self._queued else None
+            if after is None:
+                self._settle_calls -= 1
+            else:
+                after.state = "leading"
+        if after is not None:
+            after.turn.set()
+
+    def _settle_batch_steps(self, batch: list[_Settlement]) -> Steps[None]:
+        """The call of a batch of settlements. If it fails with anything but
+        a lost connection, one settlement's item may be what the server
+        refused (a result over the payload cap): each is then written by a
+        call of its own, so only that one fails."""
+        try:
+            settled, claimed = yield from self._settle_call_steps(
+                [item for s in batch for item in s.items], sum(s.want for s in batch)
+            )
+        except CONNECTION_ERRORS as exc:
+            for s in batch:
+                s.error = exc
+            return
+        except Exception as exc:
+            if len(batch) == 1:
+                batch[0].error = exc
+                return
+            for s in batch:
+                try:
+                    s.settled, s.claimed = yield from self._settle_call_steps(s.items, s.want)
+                except Exception as alone:
+                    s.error = alone
+                s.state = "answered"
+            return
+        for s in batch:
+            s.settled = settled
+            s.claimed, claimed = claimed[: s.want], claimed[s.want :]
+            s.state = "answered"
 
     def _settle_call_steps(
         self, items: list[dict[str, Any]], max_runs: int
@@ -1276,6 +1422,9 @@ class Worker(_Loop):
     def _maintenance(self, client: Any, interval: float) -> Maintenance:
         return Maintenance(client, interval=interval, prune_after=None)
 
+    def _event(self) -> threading.Event:
+        return threading.Event()
+
     # -- control -----------------------------------------------------------
     def stop(self) -> None:
         """Stop claiming; run() returns after the shutdown grace period."""
@@ -1355,6 +1504,9 @@ class Worker(_Loop):
                 self._stop.wait(step.seconds)
             else:
                 time.sleep(step.seconds)
+            return None
+        if isinstance(step, AwaitTurn):
+            step.settlement.turn.wait()
             return None
         if isinstance(step, Invoke):
             return step.fn()
@@ -1454,6 +1606,9 @@ class AsyncWorker(_Loop):
     def _maintenance(self, client: Any, interval: float) -> AsyncMaintenance:
         return AsyncMaintenance(client, interval=interval, prune_after=None)
 
+    def _event(self) -> asyncio.Event:
+        return asyncio.Event()
+
     def stop(self) -> None:
         """Stop claiming; run() returns after the shutdown grace period."""
         self._stop.set()
@@ -1522,6 +1677,9 @@ class AsyncWorker(_Loop):
                 await wait_event(self._stop, step.seconds)
             else:
                 await asyncio.sleep(step.seconds)
+            return None
+        if isinstance(step, AwaitTurn):
+            await step.settlement.turn.wait()
             return None
         if isinstance(step, Invoke):
             result = step.fn()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -120,8 +121,8 @@ def _nothing_claimed_unworked(db: psycopg.Connection) -> None:
 def test_one_settle_and_claim_per_job_and_no_separate_writes(
     db: psycopg.Connection, db_url: str, flavor: str, concurrency: int
 ) -> None:
-    """N jobs: every outcome is written by one settle_and_claim, which also
-    claims the next run; claim_attempts only fills the slots at the start
+    """N jobs: every outcome is written by a settle_and_claim, which also
+    claims the next runs; claim_attempts only fills the slots at the start
     (and polls once the queue is empty), and no other write is sent."""
     n = 30
     for i in range(n):
@@ -130,7 +131,15 @@ def test_one_settle_and_claim_per_job_and_no_separate_writes(
     statuses = Counter(s for (s,) in db.execute("SELECT status FROM runrelay.runs"))
     assert statuses == {"completed": n}
     sent = Counter(fn for fn, _ in client.sent)
-    assert sent["settle_and_claim"] == n  # one per job, each settling that job
+    # Each job's outcome is written once, by a settle_and_claim call; with
+    # several handlers, outcomes that finish together share a call.
+    settled = [
+        item["run_id"] for fn, v in client.sent if fn == "settle_and_claim" for item in v["items"]
+    ]
+    assert sorted(settled) == [f"j{i:02}" for i in range(n)]
+    assert sent["settle_and_claim"] <= n
+    if concurrency == 1:
+        assert sent["settle_and_claim"] == n
     writes = ("complete_attempt", "complete_attempts", "fail_attempt", "suspend_attempt",
               "release_attempt")  # fmt: skip
     assert not any(sent[w] for w in writes), sent
@@ -322,3 +331,123 @@ def test_the_two_call_path_stays_available(
     assert sent["settle_and_claim"] == 0
     assert sent["complete_attempt"] == 5
     assert sent["claim_attempts"] >= 6
+
+
+def _busy_calls(flavor: str, db: psycopg.Connection, db_url: str, b2_result: Any) -> Recorder:
+    """a1 and a2 finish first, and their settle_and_claim calls (as many as
+    a worker makes at once) wait on their runs' rows, which a session holds;
+    b1 and b2 finish while both calls wait, b2 with `b2_result`. Then the
+    session lets go. Returns the recording client once the worker is idle."""
+    for run_id in ("a1", "a2", "b1", "b2"):
+        db.execute("SELECT runrelay.enqueue_run(%s)", (run_id,))
+    locked = threading.Event()
+    holder: dict[str, Any] = {}
+
+    def busy(worker: Worker | AsyncWorker) -> bool:
+        return worker._settle_calls == worker.settle_calls_in_flight == 2
+
+    def result_of(job: Job) -> Any:
+        return b2_result if job.run_id == "b2" else {"ok": job.run_id}
+
+    def control() -> None:
+        with psycopg.connect(db_url) as locker:
+            wait_for(
+                lambda: (
+                    locker.execute(
+                        "SELECT count(*) FROM runrelay.attempts"
+                        " WHERE run_id IN ('a1', 'a2') AND status = 'running'"
+                    ).fetchone()
+                    == (2,)
+                ),
+                what="a1 and a2 running",
+            )
+            locker.commit()
+            locker.execute(
+                "SELECT 1 FROM runrelay.runs WHERE run_id IN ('a1', 'a2') FOR UPDATE"
+            ).fetchall()
+            locked.set()
+            wait_for(lambda: "worker" in holder and len(holder["worker"]._queued) == 2,
+                     what="b1 and b2 queued behind the busy calls")  # fmt: skip
+            locker.commit()
+
+    controller = threading.Thread(target=control)
+    controller.start()
+    try:
+        if flavor == "sync":
+
+            def handler(job: Job) -> Any:
+                if job.run_id.startswith("a"):
+                    locked.wait(30)
+                else:
+                    wait_for(lambda: busy(holder["worker"]), what="both calls busy")
+                return result_of(job)
+
+            with Recording(db_url, prepare_threshold=None) as client:
+                worker = Worker(client, handler, concurrency=4, poll_interval=0.05,
+                                maintenance=False)  # fmt: skip
+                holder["worker"] = worker
+                worker.run(until_idle=0.5)
+                return client
+
+        async def ahandler(job: Job) -> Any:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                ready = locked.is_set() if job.run_id.startswith("a") else busy(holder["worker"])
+                if ready:
+                    break
+                await asyncio.sleep(0.01)
+            return result_of(job)
+
+        async def main() -> Recorder:
+            async with AsyncRecording(db_url, prepare_threshold=None) as client:
+                worker = AsyncWorker(client, ahandler, concurrency=4, poll_interval=0.05,
+                                     maintenance=False)  # fmt: skip
+                holder["worker"] = worker
+                await worker.run(until_idle=0.5)
+                return client
+
+        return asyncio.run(main())
+    finally:
+        controller.join(60)
+
+
+def _settled_runs(client: Recorder) -> list[set[str]]:
+    return [
+        {item["run_id"] for item in values["items"]}
+        for fn, values in client.sent
+        if fn == "settle_and_claim" and values["items"]
+    ]
+
+
+@pytest.mark.parametrize("flavor", ["sync", "async"])
+def test_outcomes_that_finish_while_the_calls_are_busy_go_out_in_one_call(
+    db: psycopg.Connection, db_url: str, flavor: str
+) -> None:
+    """Group commit: a worker makes at most two settle_and_claim calls at
+    once; outcomes that finish meanwhile wait in a queue and the next call
+    carries all of them (and claims as many runs), without waiting for any
+    handler still running."""
+    client = _busy_calls(flavor, db, db_url, {"ok": "b2"})
+    calls = _settled_runs(client)
+    assert {"b1", "b2"} in calls, calls
+    assert sorted(run for call in calls for run in call) == ["a1", "a2", "b1", "b2"]
+    statuses = dict(db.execute("SELECT run_id, status FROM runrelay.runs").fetchall())
+    assert statuses == dict.fromkeys(("a1", "a2", "b1", "b2"), "completed")
+    results = dict(db.execute("SELECT run_id, result->>'ok' FROM runrelay.runs").fetchall())
+    assert results == {run: run for run in ("a1", "a2", "b1", "b2")}
+
+
+@pytest.mark.parametrize("flavor", ["sync", "async"])
+def test_an_outcome_the_server_refuses_does_not_sink_those_sent_with_it(
+    db: psycopg.Connection, db_url: str, flavor: str
+) -> None:
+    """b2's result is over the payload cap, so the shared call of b1 and b2
+    is refused whole (54000, nothing written); each is then sent alone: b1
+    completes, only b2's write fails (its run goes back when its lease
+    expires, as after any failed write)."""
+    client = _busy_calls(flavor, db, db_url, {"big": "x" * (1 << 20)})
+    calls = _settled_runs(client)
+    shared = calls.index({"b1", "b2"})
+    assert {"b1"} in calls[shared + 1 :] and {"b2"} in calls[shared + 1 :], calls
+    statuses = dict(db.execute("SELECT run_id, status FROM runrelay.runs").fetchall())
+    assert statuses == {"a1": "completed", "a2": "completed", "b1": "completed", "b2": "running"}
