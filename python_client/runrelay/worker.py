@@ -57,10 +57,11 @@ thread or task that ran the job runs what the call claimed. claim_attempts
 is only the loop's own: it fills free slots at the start and polls (or waits
 for a NOTIFY) once a call claimed nothing. Handlers that finish together
 share a call: at most SETTLE_CALLS calls are in flight, and outcomes that
-finish meanwhile go out together in the next (see _shared_settle_steps). A stopping worker settles with
-max_runs 0; runs a call claimed as the worker stopped are handed back at
-once. A Suspend with on_waiting is written on its own (see fusable). With
-fused=False every write and every claim is its own call, as above.
+finish meanwhile go out together in the next (see _shared_settle_steps).
+A stopping worker settles with max_runs 0; runs a call claimed as the
+worker stopped are handed back at once. A Suspend with on_waiting is
+written on its own (see fusable). With fused=False every write and every
+claim is its own call, as above.
 
 Maintenance (on by default): each worker also calls reap_expired every
 lease_seconds/2 (at least 1 s, at most 30 s; override with
