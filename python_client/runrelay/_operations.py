@@ -9,6 +9,7 @@ the server resolves the function without guessing.
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -43,8 +44,10 @@ class Operation:
     function: str
     read: Callable[[list[Row]], Any]
 
-    @property
+    @functools.cached_property
     def params(self) -> tuple[tuple[str, str], ...]:
+        """(name, SQL type) of each parameter, read from the table once:
+        bind() runs on every call."""
         return tuple((p["name"], p["type"]) for p in SQL_API[self.function]["params"])
 
     @property
