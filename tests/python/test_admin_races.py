@@ -399,18 +399,25 @@ def test_claims_racing_a_pause_take_no_run_of_the_queue_once_it_is_paused(
 ) -> None:
     """Four workers claim from every queue in a loop while an operator pauses
     queue `p`: no attempt of `p` is opened by a claim that started after
-    the pause committed (an attempt's claimed_at is its claim's statement
-    time), and the other queue keeps being claimed."""
+    the pause committed, and the other queue keeps being claimed. A claim
+    that started before may still take a run of `p`, and its attempt's
+    claimed_at (the grant time, after its candidates were locked) may fall
+    after the pause: so each worker notes the clock on its own connection
+    once it has seen the pause, and only its claims after that note count."""
     for i in range(400):
         enqueue(db, f"p{i}", queue="p")
         enqueue(db, f"o{i}", queue="o")
     stop = threading.Event()
+    paused = threading.Event()
     errors: list[BaseException] = []
+    seen: dict[str, Any] = {}
 
     def worker(n: int) -> None:
         conn = connect()
         try:
             while not stop.is_set():
+                if paused.is_set() and f"w{n}" not in seen:
+                    seen[f"w{n}"] = conn.execute("SELECT clock_timestamp()").fetchone()[0]
                 for row in call(conn, "claim_attempts", worker=f"w{n}", max_runs=2):
                     scalar(conn, "complete_attempt", **fenced(row))
         except BaseException as exc:  # pragma: no cover - reported below
@@ -428,8 +435,7 @@ def test_claims_racing_a_pause_take_no_run_of_the_queue_once_it_is_paused(
         if row[0] >= 20:
             break
     assert scalar(operator, "pause_queue", queue="p") == "paused"
-    after = operator.execute("SELECT clock_timestamp()").fetchone()
-    assert after is not None
+    paused.set()
     while time.monotonic() < deadline:  # the other queue goes on
         left = db.execute(
             "SELECT count(*) FROM runrelay.runs WHERE queue = 'o' AND status = 'queued'"
@@ -443,12 +449,14 @@ def test_claims_racing_a_pause_take_no_run_of_the_queue_once_it_is_paused(
         t.join(timeout=60)
     assert errors == []
     assert row[0] == 0, "the other queue was not drained while p was paused"
-    late = db.execute(
-        "SELECT count(*) FROM runrelay.attempts AS a JOIN runrelay.runs AS r USING (run_id)"
-        " WHERE r.queue = 'p' AND a.claimed_at >= %s",
-        [after[0]],
-    ).fetchone()
-    assert late == (0,)
+    assert sorted(seen) == [f"w{n}" for n in range(4)]
+    for name, noted in seen.items():
+        late = db.execute(
+            "SELECT count(*) FROM runrelay.attempts AS a JOIN runrelay.runs AS r USING (run_id)"
+            " WHERE r.queue = 'p' AND a.worker = %s AND a.claimed_at >= %s",
+            [name, noted],
+        ).fetchone()
+        assert late == (0,), name
     queued = db.execute(
         "SELECT count(*) FROM runrelay.runs WHERE queue = 'p' AND status = 'queued'"
     )
