@@ -38,6 +38,7 @@ AS $$
 DECLARE
     v_now timestamptz;
     v_granted timestamptz;
+    v_replay boolean;
     v_due boolean;
     v_paused boolean;
     v_queues text[];
@@ -46,49 +47,52 @@ DECLARE
     v_run_ids text[];
     v_claimed claim_attempts_result[];
     v_marked text[];
-    v_started text[];
+    v_woken text[];
     v_seqs bigint[];
-    v_payloads jsonb[];
 BEGIN
-    -- Two tests, not `p_call_id IS NOT NULL AND EXISTS (...)`: a custom plan
-    -- of that folds to false without a call_id, always looks cheaper than the
-    -- generic plan, and was re-planned on every call. The look-up is ordered
-    -- by call_id, not an EXISTS: without statistics an EXISTS expects many
-    -- matches and plans a sequential scan that "finds the first at once"
-    -- (and walks the whole table when there is none); ordered, only the
-    -- call_id index gives the first row without a sort.
-    IF p_call_id IS NOT NULL THEN
-        IF (
+    -- One statement asks three things. Was this call_id's claim made
+    -- already (a replay)? The look-up is ordered by call_id, not an EXISTS:
+    -- without statistics an EXISTS expects many matches and plans a
+    -- sequential scan that "finds the first at once" (and walks the whole
+    -- table when there is none); ordered, only the call_id index gives the
+    -- first row without a sort, and without a call_id it is a probe for a
+    -- NULL key, which finds nothing at once. (The callers force generic
+    -- plans, so no custom plan folds it away and is re-planned every call.)
+    --
+    -- Is a wait due? Bounded so one claim never does unbounded work: with
+    -- more than 1000 waits falling due at once, each claim wakes the 1000
+    -- oldest. The check is the earliest wake_at, which the planner always
+    -- answers with one probe of runs_wake_any_idx; an EXISTS over
+    -- `wake_at <= now` may be planned as a scan over every waiting run (a
+    -- generic plan cannot see how few are due).
+    --
+    -- Is any queue paused (pause_queue)? A scan of a table that is empty
+    -- unless an operator paused a queue, so a claim pays nothing more for
+    -- pauses than this one look while there are none. Paused queues' waits
+    -- are still woken: a woken run is only queued.
+    v_now := _now();
+    SELECT
+        (
             SELECT a.call_id FROM attempts AS a
             WHERE a.call_id = p_call_id
             ORDER BY a.call_id
             LIMIT 1
-        ) IS NOT NULL THEN
-            RETURN ARRAY(
-                SELECT (
-                    a.run_id, a.attempt, a.lease_token, r.queue, r.payload, r.resume, a.lease_expires_at, r.task,
-                    _steps_of(a.run_id)
-                )::claim_attempts_result
-                FROM attempts AS a
-                INNER JOIN runs AS r ON a.run_id = r.run_id
-                WHERE a.call_id = p_call_id AND a.worker = p_worker
-                ORDER BY a.claim_position  -- the order the claim took them in
-            );
-        END IF;
+        ) IS NOT NULL,
+        (SELECT min(w.wake_at) FROM runs AS w) <= v_now,
+        EXISTS (SELECT FROM paused_queues AS p)
+    INTO v_replay, v_due, v_paused;
+    IF v_replay THEN
+        RETURN ARRAY(
+            SELECT (
+                a.run_id, a.attempt, a.lease_token, r.queue, r.payload, r.resume, a.lease_expires_at, r.task,
+                _steps_of(a.run_id)
+            )::claim_attempts_result
+            FROM attempts AS a
+            INNER JOIN runs AS r ON a.run_id = r.run_id
+            WHERE a.call_id = p_call_id AND a.worker = p_worker
+            ORDER BY a.claim_position  -- the order the claim took them in
+        );
     END IF;
-
-    -- Bounded so one claim never does unbounded work: with more than 1000
-    -- waits falling due at once, each claim wakes the 1000 oldest. The check
-    -- is the earliest wake_at, which the planner always answers with one probe
-    -- of runs_wake_any_idx; an EXISTS over `wake_at <= now` may be planned as
-    -- a scan over every waiting run (a generic plan cannot see how few are due).
-    -- The same statement asks whether any queue is paused (pause_queue): a
-    -- scan of a table that is empty unless an operator paused a queue, so a
-    -- claim pays nothing more for pauses than this one look while there are
-    -- none. Paused queues' waits are still woken: a woken run is only queued.
-    v_now := _now();
-    SELECT (SELECT min(w.wake_at) FROM runs AS w) <= v_now, EXISTS (SELECT FROM paused_queues AS p)
-    INTO v_due, v_paused;
     IF v_due THEN
         PERFORM _end_due_waits(p_queues, 1000);
     END IF;
@@ -105,9 +109,8 @@ BEGIN
         END IF;
     END IF;
 
-    SELECT array_agg(c.run_id ORDER BY c.ord) INTO v_run_ids
-    FROM _claim_candidates(v_queues, p_tasks, p_max_runs, v_now) WITH ORDINALITY AS c (run_id, ord);
-    IF v_run_ids IS NULL THEN
+    v_run_ids := _claim_candidates(v_queues, p_tasks, p_max_runs, v_now);
+    IF cardinality(v_run_ids) = 0 THEN
         RETURN '{}'::claim_attempts_result[];
     END IF;
 
@@ -118,17 +121,20 @@ BEGIN
     -- already expired). v_now still decides what is due and runnable.
     v_granted := _clock_now();
 
-    -- The candidates start together, in claim order: one statement re-reads
-    -- each locked row (the candidate scan's snapshot may predate a commit
-    -- that changed it, e.g. attempt_count), sets aside those with a cancel
-    -- marker (a probe per candidate, in this snapshot, taken after the
-    -- candidates were locked), opens the others' attempts and reads their
+    -- The candidates start together, in claim order, in one statement: it
+    -- re-reads each locked row (the candidate scan's snapshot may predate a
+    -- commit that changed it, e.g. attempt_count), sets aside those with a
+    -- cancel marker (a probe per candidate, in this snapshot, taken after the
+    -- candidates were locked), opens the others' attempts, reads their
     -- recorded steps (one primary-key range of steps per run: the claim holds
-    -- the run's row, and a step is recorded only under it); one more appends
-    -- every run.started.
+    -- the run's row, and a step is recorded only under it) and appends their
+    -- run.started events, as _emit_lifecycle does: the same rows, and each
+    -- lane's head read in the same statement, so that only a lane with
+    -- nothing pending goes to _lanes_on_write (most claims meet a live head
+    -- and write their events in this one statement).
     WITH fresh AS (
         SELECT
-            r.run_id, c.ord,
+            r.run_id, r.tid, c.ord,
             (SELECT TRUE FROM cancellations AS m WHERE m.run_id = r.run_id) IS NOT NULL AS marked
         -- generate_subscripts, not unnest: unnest's row estimate is the array's
         -- length in a custom plan and 10 in the generic one, so custom plans
@@ -140,7 +146,7 @@ BEGIN
         -- flat, the status filters match the claim indexes and the planner
         -- may read every queued run and hash them against the candidates.
         CROSS JOIN LATERAL (
-            SELECT r.run_id, r.status, r.key_held, r.run_at
+            SELECT r.run_id, r.ctid AS tid, r.status, r.key_held, r.run_at
             FROM runs AS r WHERE r.run_id = v_run_ids[c.ord] LIMIT 1
         ) AS r
         WHERE _runnable(r.status, r.key_held, r.run_at, v_now)
@@ -150,7 +156,10 @@ BEGIN
         SET status = 'running', attempt_count = r.attempt_count + 1, updated_at = v_now,
             ledger_seq = r.ledger_seq + 1
         FROM fresh AS f
-        WHERE r.run_id = f.run_id AND NOT f.marked
+        -- Where the probe found it: the row is locked, so it has not moved.
+        -- (Joined by run_id, a generic plan may merge the candidates with
+        -- the whole primary key.)
+        WHERE r.ctid = f.tid AND NOT f.marked
         RETURNING
             r.run_id, r.attempt_count AS attempt, r.ledger_seq AS seq, r.queue, r.payload, r.resume, r.task, f.ord
     ),
@@ -164,6 +173,17 @@ BEGIN
             v_granted + p_lease, p_call_id, s.ord
         FROM started AS s
         RETURNING a.run_id, a.lease_token
+    ),
+    announced AS (
+        INSERT INTO ledger_events AS l (
+            run_id, lane, seq, type, payload, delivery_key, transport_only,
+            created_at, next_attempt_at
+        )
+        SELECT
+            s.run_id, 'lifecycle', s.seq, 'run.started', jsonb_build_object('attempt', s.attempt, 'worker', p_worker),
+            s.run_id || ':' || s.seq, FALSE, v_now, v_now
+        FROM started AS s
+        RETURNING l.run_id, l.seq
     )
     SELECT
         array_agg(
@@ -173,13 +193,18 @@ BEGIN
             )::claim_attempts_result
             ORDER BY s.ord
         ),
-        array_agg(s.run_id ORDER BY s.ord),
-        array_agg(s.seq ORDER BY s.ord),
-        array_agg(jsonb_build_object('attempt', s.attempt, 'worker', p_worker) ORDER BY s.ord),
+        array_agg(e.run_id) FILTER (WHERE h.head_seq IS NULL),
+        array_agg(e.seq) FILTER (WHERE h.head_seq IS NULL),
         (SELECT array_agg(f.run_id ORDER BY f.run_id COLLATE "C") FROM fresh AS f WHERE f.marked)
-    INTO v_claimed, v_started, v_seqs, v_payloads, v_marked
+    INTO v_claimed, v_woken, v_seqs, v_marked
     FROM started AS s
-    INNER JOIN opened AS o ON s.run_id = o.run_id;
+    INNER JOIN opened AS o ON s.run_id = o.run_id
+    INNER JOIN announced AS e ON s.run_id = e.run_id
+    LEFT JOIN LATERAL (
+        SELECT t.head_seq FROM ledger_lanes AS t
+        WHERE t.run_id = e.run_id AND t.lane = 'lifecycle'
+        LIMIT 1
+    ) AS h ON TRUE;
 
     -- A candidate with a cancel marker is cancelled instead of started.
     -- Rare, so one run at a time. Its row is still locked (a candidate), so
@@ -192,7 +217,9 @@ BEGIN
         END IF;
     END LOOP;
 
-    PERFORM _emit_lifecycle(v_started, v_seqs, 'run.started', v_payloads);
+    IF v_woken IS NOT NULL THEN
+        PERFORM _lanes_on_write(v_woken, array_fill('lifecycle'::text, ARRAY[cardinality(v_woken)]), v_seqs);
+    END IF;
     RETURN coalesce(v_claimed, '{}'::claim_attempts_result[]);
 END;
 $$;

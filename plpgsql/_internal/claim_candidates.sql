@@ -13,7 +13,7 @@
 -- runnable runs of each task are found first by a skip scan of the same
 -- index (one probe per such queue), then read as pairs.
 CREATE FUNCTION _claim_candidates(p_queues text[], p_tasks text[], p_limit integer, p_now timestamptz)
-RETURNS TABLE (run_id text)
+RETURNS text[]
 LANGUAGE plpgsql
 VOLATILE
 SET search_path FROM CURRENT
@@ -51,58 +51,62 @@ BEGIN
             );
         END IF;
         IF cardinality(v_pairs) = 0 THEN
-            RETURN;
+            RETURN '{}'::text[];
         END IF;
-        RETURN QUERY
-        SELECT c.run_id
-        FROM generate_subscripts(v_pairs, 1) AS p (i)
-        CROSS JOIN LATERAL (
-            SELECT r.run_id, r.priority, r.run_at
-            FROM runs AS r
-            WHERE
-                r.task = v_pairs[p.i][2]
-                AND r.queue = v_pairs[p.i][1]
-                AND _runnable(r.status, r.key_held, r.run_at, p_now)
-            ORDER BY r.priority DESC, r.run_at
+        RETURN ARRAY(
+            SELECT c.run_id
+            FROM generate_subscripts(v_pairs, 1) AS p (i)
+            CROSS JOIN LATERAL (
+                SELECT r.run_id, r.priority, r.run_at
+                FROM runs AS r
+                WHERE
+                    r.task = v_pairs[p.i][2]
+                    AND r.queue = v_pairs[p.i][1]
+                    AND _runnable(r.status, r.key_held, r.run_at, p_now)
+                ORDER BY r.priority DESC, r.run_at
+                LIMIT p_limit
+                FOR UPDATE SKIP LOCKED
+            ) AS c
+            ORDER BY c.priority DESC, c.run_at
             LIMIT p_limit
-            FOR UPDATE SKIP LOCKED
-        ) AS c
-        ORDER BY c.priority DESC, c.run_at
-        LIMIT p_limit;
+        );
     ELSIF p_queues IS NULL THEN
-        RETURN QUERY
-        SELECT r.run_id
-        FROM runs AS r
-        WHERE _runnable(r.status, r.key_held, r.run_at, p_now)
-        ORDER BY r.priority DESC, r.run_at
-        LIMIT p_limit
-        FOR UPDATE SKIP LOCKED;
+        RETURN ARRAY(
+            SELECT r.run_id
+            FROM runs AS r
+            WHERE _runnable(r.status, r.key_held, r.run_at, p_now)
+            ORDER BY r.priority DESC, r.run_at
+            LIMIT p_limit
+            FOR UPDATE SKIP LOCKED
+        );
     ELSIF cardinality(p_queues) = 1 THEN
-        RETURN QUERY
-        SELECT r.run_id
-        FROM runs AS r
-        WHERE
-            r.queue = p_queues[1]
-            AND _runnable(r.status, r.key_held, r.run_at, p_now)
-        ORDER BY r.priority DESC, r.run_at
-        LIMIT p_limit
-        FOR UPDATE SKIP LOCKED;
-    ELSE
-        RETURN QUERY
-        SELECT c.run_id
-        FROM unnest(p_queues) AS q (name)
-        CROSS JOIN LATERAL (
-            SELECT r.run_id, r.priority, r.run_at
+        RETURN ARRAY(
+            SELECT r.run_id
             FROM runs AS r
             WHERE
-                r.queue = q.name
+                r.queue = p_queues[1]
                 AND _runnable(r.status, r.key_held, r.run_at, p_now)
             ORDER BY r.priority DESC, r.run_at
             LIMIT p_limit
             FOR UPDATE SKIP LOCKED
-        ) AS c
-        ORDER BY c.priority DESC, c.run_at
-        LIMIT p_limit;
+        );
+    ELSE
+        RETURN ARRAY(
+            SELECT c.run_id
+            FROM unnest(p_queues) AS q (name)
+            CROSS JOIN LATERAL (
+                SELECT r.run_id, r.priority, r.run_at
+                FROM runs AS r
+                WHERE
+                    r.queue = q.name
+                    AND _runnable(r.status, r.key_held, r.run_at, p_now)
+                ORDER BY r.priority DESC, r.run_at
+                LIMIT p_limit
+                FOR UPDATE SKIP LOCKED
+            ) AS c
+            ORDER BY c.priority DESC, c.run_at
+            LIMIT p_limit
+        );
     END IF;
 END;
 $$;

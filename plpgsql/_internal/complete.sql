@@ -23,6 +23,9 @@
 --   4. the items that passed are completed together: one statement for
 --      their attempts and their runs, one lifecycle write of run.completed,
 --      then the end-of-run bookkeeping (_ended).
+-- The common batch (no final_events, no run with a concurrency key) takes
+-- steps 2 to 4 in one statement that writes all its items or none; a batch
+-- it cannot complete whole goes through the steps one by one (below).
 -- Each row is found once, by a primary-key probe (LATERAL ... LIMIT 1, so
 -- the plan is a probe whatever the statistics say: joined by key against the
 -- item list, a young install's plan could read the whole table), and updated
@@ -69,19 +72,109 @@ DECLARE
     v_attempt_tids tid[];
     v_rtids tid[] := '{}'::tid[];
     v_atids tid[] := '{}'::tid[];
+    v_keyed boolean;
+    v_done bigint;
+    v_woken text[];
+    v_woken_seqs bigint[];
 BEGIN
     -- 1. The run rows, locked in the given order; what the fence reads of
     -- them (a locked row is its latest version), and where each is.
-    SELECT array_agg(r.attempt_count ORDER BY g.i), array_agg(r.tid ORDER BY g.i)
-    INTO v_counts, v_run_tids
+    SELECT
+        array_agg(r.attempt_count ORDER BY g.i),
+        array_agg(r.tid ORDER BY g.i),
+        bool_or(r.concurrency_key IS NOT NULL)
+    INTO v_counts, v_run_tids, v_keyed
     FROM generate_subscripts(p_run_ids, 1) AS g (i)
     LEFT JOIN LATERAL (
-        SELECT r.attempt_count, r.ctid AS tid
+        SELECT r.attempt_count, r.ctid AS tid, r.concurrency_key
         FROM runs AS r
         WHERE r.run_id = p_run_ids[g.i]
         LIMIT 1
         FOR NO KEY UPDATE
     ) AS r ON TRUE;
+
+    -- The common batch: no item has final_events and no run a key. Then
+    -- steps 2 to 4 are one statement, all or none: it decides every item as
+    -- step 2 does (the same fence, the same marker probe, in a snapshot taken
+    -- after step 1's locks) and, only if every item passes, writes what step 4
+    -- writes, run.completed as _emit_lifecycle writes it (reading each lane's
+    -- head in the same statement, so only an empty lane goes to
+    -- _lanes_on_write) and each run's runrelay_terminal notification, as
+    -- _ended sends it. _ended's other two tasks have nothing to do here: no
+    -- run has a key to promote, and no marker was pending. A batch with an
+    -- item that does not pass writes nothing here and goes through the steps
+    -- below, which decide it item by item.
+    IF NOT v_keyed AND p_events <@ ARRAY['[]'::jsonb] AND _fast_paths() THEN
+        v_now := _now();
+        WITH decided AS (
+            SELECT
+                g.i, a.tid,
+                _fence_of(
+                    CASE WHEN v_counts[g.i] IS NOT NULL THEN p_run_ids[g.i] END, v_counts[g.i],
+                    a.attempt, a.lease_token, a.status, a.outcome_op, a.outcome, p_tokens[g.i], 'complete'
+                ) IS NULL
+                AND (SELECT TRUE FROM cancellations AS c WHERE c.run_id = p_run_ids[g.i]) IS NULL AS passed
+            FROM generate_subscripts(p_run_ids, 1) AS g (i)
+            LEFT JOIN LATERAL (
+                SELECT a.attempt, a.lease_token, a.status, a.outcome_op, a.outcome, a.ctid AS tid
+                FROM attempts AS a
+                WHERE a.run_id = p_run_ids[g.i] AND a.attempt = p_attempts[g.i]
+                LIMIT 1
+            ) AS a ON TRUE
+        ),
+        passing AS (
+            SELECT d.i, d.tid FROM decided AS d
+            WHERE NOT EXISTS (SELECT FROM decided AS x WHERE NOT x.passed)
+        ),
+        attempts_done AS (
+            UPDATE attempts AS a
+            SET status = 'completed', finished_at = v_now, outcome = 'completed', outcome_op = 'complete'
+            FROM passing AS p
+            WHERE a.ctid = p.tid
+        ),
+        runs_done AS (
+            UPDATE runs AS r
+            SET status = 'completed',
+                result = p_results[p.i],
+                wait = NULL,
+                wake_at = NULL,
+                finished_at = v_now,
+                updated_at = v_now,
+                ledger_seq = r.ledger_seq + 1
+            FROM passing AS p
+            WHERE r.ctid = v_run_tids[p.i]
+            RETURNING p.i, r.ledger_seq AS seq
+        ),
+        announced AS (
+            INSERT INTO ledger_events AS l (
+                run_id, lane, seq, type, payload, delivery_key, transport_only,
+                created_at, next_attempt_at
+            )
+            SELECT
+                p_run_ids[d.i], 'lifecycle', d.seq, 'run.completed',
+                jsonb_build_object('attempt', p_attempts[d.i], 'result', p_results[d.i]),
+                p_run_ids[d.i] || ':' || d.seq, FALSE, v_now, v_now
+            FROM runs_done AS d
+            RETURNING l.run_id, l.seq
+        )
+        SELECT
+            count(pg_notify(_channel('terminal'), json_build_object('run_id', e.run_id, 'status', 'completed')::text)),
+            array_agg(e.run_id) FILTER (WHERE h.head_seq IS NULL),
+            array_agg(e.seq) FILTER (WHERE h.head_seq IS NULL)
+        INTO v_done, v_woken, v_woken_seqs
+        FROM announced AS e
+        LEFT JOIN LATERAL (
+            SELECT t.head_seq FROM ledger_lanes AS t
+            WHERE t.run_id = e.run_id AND t.lane = 'lifecycle'
+            LIMIT 1
+        ) AS h ON TRUE;
+        IF v_done = cardinality(p_run_ids) THEN
+            IF v_woken IS NOT NULL THEN
+                PERFORM _lanes_on_write(v_woken, array_fill('lifecycle'::text, ARRAY[cardinality(v_woken)]), v_woken_seqs);
+            END IF;
+            RETURN array_fill('completed'::text, ARRAY[cardinality(p_run_ids)]);
+        END IF;
+    END IF;
 
     -- 2. A fresh snapshot: the attempts, the fence and the cancel markers.
     SELECT

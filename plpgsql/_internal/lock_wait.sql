@@ -30,8 +30,14 @@ AS $$
 DECLARE
     v_caller text := current_setting('lock_timeout');
 BEGIN
+    -- set_config in an IF, not a PERFORM: every writing call runs this, and
+    -- a PERFORM is a statement of its own (executor start, a snapshot) where
+    -- an IF's condition is evaluated as a plain expression. set_config
+    -- answers the value it set, never null.
     IF v_caller = '0' OR v_caller::interval > interval '10 seconds' THEN
-        PERFORM set_config('lock_timeout', '10s', TRUE);
+        IF set_config('lock_timeout', '10s', TRUE) IS NULL THEN
+            RAISE EXCEPTION 'runrelay: lock_timeout was not set';
+        END IF;
     END IF;
     RETURN v_caller;
 END;
@@ -47,8 +53,11 @@ VOLATILE
 SET search_path FROM CURRENT
 AS $$
 BEGIN
+    -- An IF, not a PERFORM, as in _bound_lock_wait.
     IF current_setting('lock_timeout') <> p_caller THEN
-        PERFORM set_config('lock_timeout', p_caller, TRUE);
+        IF set_config('lock_timeout', p_caller, TRUE) IS NULL THEN
+            RAISE EXCEPTION 'runrelay: lock_timeout was not restored';
+        END IF;
     END IF;
 END;
 $$;

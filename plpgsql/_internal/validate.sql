@@ -334,9 +334,17 @@ BEGIN
             format('must be a one-dimensional array of 1 to 100 %s names, or null for every %s', p_noun, p_noun),
             format('Pass null to claim from every %s, or a non-empty array of %s names.', p_noun, p_noun));
     END IF;
+    -- Checked by the rule itself (inlined, no statement); _check_id only
+    -- to say what is wrong with a name that breaks it. One name (a worker's
+    -- usual list) needs no de-duplication.
     FOREACH v_name IN ARRAY p_names LOOP
-        PERFORM _check_id(p_parameter, v_name);
+        IF NOT coalesce(_id_valid(v_name), FALSE) THEN
+            PERFORM _check_id(p_parameter, v_name);
+        END IF;
     END LOOP;
+    IF cardinality(p_names) = 1 THEN
+        RETURN ARRAY[p_names[array_lower(p_names, 1)]];
+    END IF;
     SELECT array_agg(DISTINCT q.name) INTO v_names FROM unnest(p_names) AS q (name);
     RETURN v_names;
 END;

@@ -33,6 +33,13 @@
 -- attempts the first call opened, opens nothing). If the first call rolled
 -- back, the repeat does the work afresh.
 --
+-- Cost: the call a worker makes for each job (completions without
+-- final_events of runs without a concurrency key, then a claim) is checked
+-- by one statement and settled by two (_complete: lock, then decide and
+-- write), and the claim takes three (_claim: replay, due waits and pauses;
+-- candidates; start); the result is one more. tests/python/test_statements.py
+-- pins that count.
+--
 -- Locks (custody.sql). Every blocking acquisition comes first and follows
 -- the custody order: with more than one item, every key lock of the items
 -- in key order (_lock_keys), then (unless every item is a completion:
@@ -84,6 +91,9 @@ DECLARE
     v_hint constant text := 'Pass an array of {run_id, attempt, lease_token, op?, ...} objects, one per run, at most 1000; '
         || 'op complete (result?, final_events?), fail (error, retry_at?, final_events?), '
         || 'suspend (wait, final_events?) or release (run_at?, reason?).';
+    v_plain boolean;
+    v_tokens_sorted uuid[];
+    v_results_sorted jsonb[];
     v_item jsonb;
     v_index integer := 0;
     v_op text;
@@ -110,193 +120,313 @@ DECLARE
     v_column text;
     v_detail_hint text;
 BEGIN
-    PERFORM _require_read_committed();
-    PERFORM _check_id('worker', settle_and_claim.worker);
-    PERFORM _check_int('max_runs', settle_and_claim.max_runs, 0, 1000);
-    v_queues := _check_names('queues', settle_and_claim.queues, 'queue');
-    v_tasks := _check_names('tasks', settle_and_claim.tasks, 'task');
-    PERFORM _check_json('items', settle_and_claim.items, 'array');
-    IF jsonb_array_length(settle_and_claim.items) > 1000 THEN
-        PERFORM _invalid('items', format('has %s items; at most 1000', jsonb_array_length(settle_and_claim.items)), v_hint);
-    END IF;
-
-    -- Every item is validated before anything is locked or written: first
-    -- what every item names (_check_item) and the shape of its op.
-    FOR v_item IN SELECT i.value FROM jsonb_array_elements(settle_and_claim.items) AS i (value) LOOP
-        v_index := v_index + 1;
-        PERFORM _check_item('items', v_index, v_item, v_run_ids, v_hint);
-        IF v_item ? 'op' AND jsonb_typeof(v_item -> 'op') IS DISTINCT FROM 'string' THEN
-            PERFORM _invalid('items', format('item %s: op must be a string', v_index), v_hint);
-        END IF;
-        v_op := coalesce(v_item ->> 'op', 'complete');
-        v_fields := CASE v_op
-            WHEN 'complete' THEN ARRAY['result', 'final_events']
-            WHEN 'fail' THEN ARRAY['error', 'retry_at', 'final_events']
-            WHEN 'suspend' THEN ARRAY['wait', 'final_events']
-            WHEN 'release' THEN ARRAY['run_at', 'reason']
-        END;
-        IF v_fields IS NULL THEN
-            PERFORM _invalid('items', format('item %s: unknown op %s', v_index, _quote(v_op)), v_hint);
-        END IF;
-        IF EXISTS (
-            SELECT 1 FROM jsonb_object_keys(v_item) AS k (name)
-            WHERE k.name NOT IN ('run_id', 'attempt', 'lease_token', 'op') AND k.name <> ALL(v_fields)
-        ) THEN
-            PERFORM _invalid('items', format('item %s: a field that a %s item does not take', v_index, v_op), v_hint);
-        END IF;
-        IF v_op = 'complete' AND jsonb_typeof(v_item -> 'result') = 'null' THEN
-            PERFORM _invalid('items', format('item %s: result must not be null', v_index), v_hint);
-        END IF;
-        v_run_ids := v_run_ids || (v_item ->> 'run_id');
-        v_attempts := v_attempts || (v_item ->> 'attempt')::integer;
-        v_ops := v_ops || v_op;
-        -- A completion without final_events has no field left to check.
-        v_checked := v_checked OR v_op <> 'complete' OR v_item ? 'final_events';
-    END LOOP;
-
-    -- Then the op's own fields, by the checks of the op's function
-    -- (_normalize_events, _normalize_wait, _check_time, _check_reason), which
-    -- name that function's parameter; the handler names items instead, with
-    -- the item's position, since that is the parameter of this call. (A block
-    -- with a handler costs a subtransaction, so only when there is a field.)
-    IF v_checked THEN
-        BEGIN
-            FOR v_i IN 1 .. cardinality(v_run_ids) LOOP
-                v_index := v_i;  -- the handler names the item by it
-                v_item := settle_and_claim.items -> (v_i - 1);
-                IF v_item ? 'final_events' THEN
-                    PERFORM _normalize_events('final_events', v_item -> 'final_events', FALSE);
-                END IF;
-                CASE v_ops[v_i]
-                    WHEN 'complete' THEN
-                        NULL;
-                    WHEN 'fail' THEN
-                        IF coalesce(jsonb_typeof(v_item -> 'error'), 'null') = 'null' THEN
-                            PERFORM _invalid('items', format('item %s: a fail item needs error', v_index), v_hint);
-                        END IF;
-                        IF jsonb_typeof(v_item -> 'retry_at') NOT IN ('string', 'null') THEN
-                            PERFORM _invalid('items', format('item %s: retry_at must be a timestamp string', v_index), v_hint);
-                        END IF;
-                        v_field := 'retry_at';
-                        v_time := (v_item ->> 'retry_at')::timestamptz;
-                        PERFORM _check_time('retry_at', v_time);
-                    WHEN 'suspend' THEN
-                        PERFORM _normalize_wait(v_item -> 'wait');
-                    ELSE
-                        IF jsonb_typeof(v_item -> 'run_at') NOT IN ('string', 'null') THEN
-                            PERFORM _invalid('items', format('item %s: run_at must be a timestamp string', v_index), v_hint);
-                        END IF;
-                        v_field := 'run_at';
-                        v_time := (v_item ->> 'run_at')::timestamptz;
-                        PERFORM _check_time('run_at', v_time);
-                        IF jsonb_typeof(v_item -> 'reason') NOT IN ('string', 'null') THEN
-                            PERFORM _invalid('items', format('item %s: reason must be a string', v_index), v_hint);
-                        END IF;
-                        PERFORM _check_reason('reason', v_item ->> 'reason');
-                END CASE;
-            END LOOP;
-        EXCEPTION WHEN invalid_parameter_value OR invalid_datetime_format OR datetime_field_overflow THEN
-            GET STACKED DIAGNOSTICS
-                v_state = RETURNED_SQLSTATE,
-                v_message = MESSAGE_TEXT,
-                v_column = COLUMN_NAME,
-                v_detail_hint = PG_EXCEPTION_HINT;
-            IF v_column = 'items' THEN
-                RAISE;
-            END IF;
-            IF v_state <> '22023' THEN
-                -- The cast's own message would repeat the value whole.
-                v_message := format('%s is not a timestamp (got %s)', v_field,
-                    _quote(settle_and_claim.items -> (v_index - 1) ->> v_field));
-            END IF;
-            PERFORM _invalid('items',
-                format('item %s: %s', v_index, regexp_replace(v_message, '^runrelay: ', '')),
-                coalesce(nullif(v_detail_hint, ''), v_hint));
-        END;
-    END IF;
-
-    -- Locks, in the custody order: every key lock first; with an item other
-    -- than a completion among several, every run row too, in run_id
-    -- COLLATE "C" order (the completions' routine locks its runs in that
-    -- order itself, and a lone item's function takes its own).
-    IF cardinality(v_run_ids) > 1 THEN
-        PERFORM _lock_keys(v_run_ids);
-        IF 'complete' <> ANY(v_ops) THEN
-            PERFORM 1 FROM runs AS r
-            WHERE r.run_id = ANY(v_run_ids)
-            ORDER BY r.run_id COLLATE "C"
-            FOR NO KEY UPDATE;
-        END IF;
-    ELSIF v_ops[1] = 'complete' THEN
-        PERFORM _lock_key_of(v_run_ids[1]);
-    END IF;
-
-    -- The completions together, by the one completion routine (what
-    -- complete_attempt and complete_attempts run), in run_id order.
+    -- The call a worker makes for every job: each item a completion with no
+    -- final_events (run_id, attempt, lease_token, result?, op 'complete'?) of
+    -- a run without a concurrency key. One statement checks everything the
+    -- checks below would check of such a call (isolation, worker, max_runs,
+    -- the items' size, nesting and fields, no repeated run) and reads the
+    -- items into arrays, in item order and in the lock order; a key is read
+    -- without a lock, as _lock_keys reads it (a run's key never changes).
+    -- Such a call needs no key lock and no run lock ahead of _complete (the
+    -- custody order below takes neither for keyless completions), so it goes
+    -- straight to _complete. Any other call, valid or not, takes the path
+    -- below, whose checks name what is wrong.
     SELECT
-        array_agg(s.i ORDER BY v_run_ids[s.i] COLLATE "C"),
-        array_agg(v_run_ids[s.i] ORDER BY v_run_ids[s.i] COLLATE "C"),
-        array_agg(v_attempts[s.i] ORDER BY v_run_ids[s.i] COLLATE "C"),
-        array_agg((settle_and_claim.items -> (s.i - 1) ->> 'lease_token')::uuid ORDER BY v_run_ids[s.i] COLLATE "C"),
-        array_agg(coalesce(settle_and_claim.items -> (s.i - 1) -> 'result', '{}'::jsonb) ORDER BY v_run_ids[s.i] COLLATE "C"),
-        array_agg(
-            _normalize_events('final_events', coalesce(settle_and_claim.items -> (s.i - 1) -> 'final_events', '[]'::jsonb), FALSE)
+        coalesce(
+            _fast_paths()
+            AND current_setting('transaction_isolation') = 'read committed'
+            AND _id_valid(settle_and_claim.worker)
+            AND settle_and_claim.max_runs BETWEEN 0 AND 1000
+            AND jsonb_typeof(settle_and_claim.items) = 'array'
+            AND count(*) <= 1000
+            AND bool_and(e.plain AND e.attempt >= 1) IS NOT FALSE
+            AND (
+                SELECT octet_length(settle_and_claim.items::text) <= s.max_payload_bytes
+                FROM settings AS s
+            )
+            AND (
+                octet_length(settle_and_claim.items::text) < 1024
+                OR NOT jsonb_path_exists(settle_and_claim.items, 'strict $.**{512}')
+            ),
+            FALSE
+        ),
+        -- In item order: the rows come in it (no aggregate sorts its own).
+        coalesce(array_agg(e.run_id), '{}'::text[]),
+        coalesce(array_agg(e.attempt), '{}'::integer[]),
+        array_agg(e.token),
+        array_agg(e.result)
+    INTO v_plain, v_run_ids, v_attempts, v_tokens, v_results
+    FROM (
+        SELECT
+            x.i, x.item ->> 'run_id' AS run_id, x.plain,
+            CASE WHEN x.plain THEN (x.item ->> 'attempt')::integer END AS attempt,
+            CASE WHEN x.plain THEN (x.item ->> 'lease_token')::uuid END AS token,
+            coalesce(x.item -> 'result', '{}'::jsonb) AS result
+        FROM (
+            SELECT
+                e.i, e.item,
+                -- CASE, not AND: the later tests may be evaluated only on an
+                -- object with string fields.
+                CASE
+                    WHEN
+                        jsonb_typeof(e.item) = 'object'
+                        AND jsonb_typeof(e.item -> 'run_id') = 'string'
+                        AND jsonb_typeof(e.item -> 'attempt') = 'number'
+                        AND jsonb_typeof(e.item -> 'lease_token') = 'string'
+                        THEN
+                            (e.item - ARRAY['run_id', 'attempt', 'lease_token', 'op', 'result']) = '{}'::jsonb
+                            AND coalesce(e.item -> 'op', '"complete"'::jsonb) = '"complete"'::jsonb
+                            AND jsonb_typeof(e.item -> 'result') IS DISTINCT FROM 'null'
+                            AND _id_valid(e.item ->> 'run_id')
+                            AND (e.item ->> 'attempt') ~ '^[0-9]{1,9}$'
+                            AND (e.item ->> 'lease_token')
+                            ~* '^[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$'
+                            AND (
+                                SELECT r.concurrency_key FROM runs AS r
+                                WHERE r.run_id = e.item ->> 'run_id'
+                                LIMIT 1
+                            ) IS NULL
+                    ELSE FALSE
+                END AS plain
+            FROM jsonb_array_elements(
+                CASE WHEN jsonb_typeof(settle_and_claim.items) = 'array' THEN settle_and_claim.items END
+            ) WITH ORDINALITY AS e (item, i)
+        ) AS x
+        ORDER BY x.i  -- the order of the function's rows: no sort
+    ) AS e;
+
+    -- Several items: no run repeated, and the lock order (one item is in it).
+    IF v_plain AND cardinality(v_run_ids) > 1 THEN
+        SELECT
+            count(DISTINCT v_run_ids[s.i]) = count(*),
+            array_agg(s.i ORDER BY v_run_ids[s.i] COLLATE "C")
+        INTO v_plain, v_positions
+        FROM generate_subscripts(v_run_ids, 1) AS s (i);
+    ELSE
+        v_positions := ARRAY[1];
+    END IF;
+
+    IF v_plain THEN
+        v_queues := _check_names('queues', settle_and_claim.queues, 'queue');
+        v_tasks := _check_names('tasks', settle_and_claim.tasks, 'task');
+        IF cardinality(v_run_ids) > 0 THEN
+            v_ids := '{}'::text[];
+            v_numbers := '{}'::integer[];
+            v_tokens_sorted := '{}'::uuid[];
+            v_results_sorted := '{}'::jsonb[];
+            FOREACH v_i IN ARRAY v_positions LOOP
+                v_ids := v_ids || v_run_ids[v_i];
+                v_numbers := v_numbers || v_attempts[v_i];
+                v_tokens_sorted := v_tokens_sorted || v_tokens[v_i];
+                v_results_sorted := v_results_sorted || v_results[v_i];
+            END LOOP;
+            v_settled := _complete(
+                v_ids, v_numbers, v_tokens_sorted, v_results_sorted,
+                array_fill('[]'::jsonb, ARRAY[cardinality(v_ids)])
+            );
+            FOR v_i IN 1 .. cardinality(v_positions) LOOP
+                v_outcomes[v_positions[v_i]] := v_settled[v_i];
+            END LOOP;
+        END IF;
+    ELSE
+        v_run_ids := '{}'::text[];
+        v_attempts := '{}'::integer[];
+        PERFORM _require_read_committed();
+        PERFORM _check_id('worker', settle_and_claim.worker);
+        PERFORM _check_int('max_runs', settle_and_claim.max_runs, 0, 1000);
+        v_queues := _check_names('queues', settle_and_claim.queues, 'queue');
+        v_tasks := _check_names('tasks', settle_and_claim.tasks, 'task');
+        PERFORM _check_json('items', settle_and_claim.items, 'array');
+        IF jsonb_array_length(settle_and_claim.items) > 1000 THEN
+            PERFORM _invalid('items', format('has %s items; at most 1000', jsonb_array_length(settle_and_claim.items)), v_hint);
+        END IF;
+
+        -- Every item is validated before anything is locked or written: first
+        -- what every item names (_check_item) and the shape of its op.
+        FOR v_item IN SELECT i.value FROM jsonb_array_elements(settle_and_claim.items) AS i (value) LOOP
+            v_index := v_index + 1;
+            PERFORM _check_item('items', v_index, v_item, v_run_ids, v_hint);
+            IF v_item ? 'op' AND jsonb_typeof(v_item -> 'op') IS DISTINCT FROM 'string' THEN
+                PERFORM _invalid('items', format('item %s: op must be a string', v_index), v_hint);
+            END IF;
+            v_op := coalesce(v_item ->> 'op', 'complete');
+            v_fields := CASE v_op
+                WHEN 'complete' THEN ARRAY['result', 'final_events']
+                WHEN 'fail' THEN ARRAY['error', 'retry_at', 'final_events']
+                WHEN 'suspend' THEN ARRAY['wait', 'final_events']
+                WHEN 'release' THEN ARRAY['run_at', 'reason']
+            END;
+            IF v_fields IS NULL THEN
+                PERFORM _invalid('items', format('item %s: unknown op %s', v_index, _quote(v_op)), v_hint);
+            END IF;
+            IF EXISTS (
+                SELECT 1 FROM jsonb_object_keys(v_item) AS k (name)
+                WHERE k.name NOT IN ('run_id', 'attempt', 'lease_token', 'op') AND k.name <> ALL(v_fields)
+            ) THEN
+                PERFORM _invalid('items', format('item %s: a field that a %s item does not take', v_index, v_op), v_hint);
+            END IF;
+            IF v_op = 'complete' AND jsonb_typeof(v_item -> 'result') = 'null' THEN
+                PERFORM _invalid('items', format('item %s: result must not be null', v_index), v_hint);
+            END IF;
+            v_run_ids := v_run_ids || (v_item ->> 'run_id');
+            v_attempts := v_attempts || (v_item ->> 'attempt')::integer;
+            v_ops := v_ops || v_op;
+            -- A completion without final_events has no field left to check.
+            v_checked := v_checked OR v_op <> 'complete' OR v_item ? 'final_events';
+        END LOOP;
+
+        -- Then the op's own fields, by the checks of the op's function
+        -- (_normalize_events, _normalize_wait, _check_time, _check_reason), which
+        -- name that function's parameter; the handler names items instead, with
+        -- the item's position, since that is the parameter of this call. (A block
+        -- with a handler costs a subtransaction, so only when there is a field.)
+        IF v_checked THEN
+            BEGIN
+                FOR v_i IN 1 .. cardinality(v_run_ids) LOOP
+                    v_index := v_i;  -- the handler names the item by it
+                    v_item := settle_and_claim.items -> (v_i - 1);
+                    IF v_item ? 'final_events' THEN
+                        PERFORM _normalize_events('final_events', v_item -> 'final_events', FALSE);
+                    END IF;
+                    CASE v_ops[v_i]
+                        WHEN 'complete' THEN
+                            NULL;
+                        WHEN 'fail' THEN
+                            IF coalesce(jsonb_typeof(v_item -> 'error'), 'null') = 'null' THEN
+                                PERFORM _invalid('items', format('item %s: a fail item needs error', v_index), v_hint);
+                            END IF;
+                            IF jsonb_typeof(v_item -> 'retry_at') NOT IN ('string', 'null') THEN
+                                PERFORM _invalid('items', format('item %s: retry_at must be a timestamp string', v_index), v_hint);
+                            END IF;
+                            v_field := 'retry_at';
+                            v_time := (v_item ->> 'retry_at')::timestamptz;
+                            PERFORM _check_time('retry_at', v_time);
+                        WHEN 'suspend' THEN
+                            PERFORM _normalize_wait(v_item -> 'wait');
+                        ELSE
+                            IF jsonb_typeof(v_item -> 'run_at') NOT IN ('string', 'null') THEN
+                                PERFORM _invalid('items', format('item %s: run_at must be a timestamp string', v_index), v_hint);
+                            END IF;
+                            v_field := 'run_at';
+                            v_time := (v_item ->> 'run_at')::timestamptz;
+                            PERFORM _check_time('run_at', v_time);
+                            IF jsonb_typeof(v_item -> 'reason') NOT IN ('string', 'null') THEN
+                                PERFORM _invalid('items', format('item %s: reason must be a string', v_index), v_hint);
+                            END IF;
+                            PERFORM _check_reason('reason', v_item ->> 'reason');
+                    END CASE;
+                END LOOP;
+            EXCEPTION WHEN invalid_parameter_value OR invalid_datetime_format OR datetime_field_overflow THEN
+                GET STACKED DIAGNOSTICS
+                    v_state = RETURNED_SQLSTATE,
+                    v_message = MESSAGE_TEXT,
+                    v_column = COLUMN_NAME,
+                    v_detail_hint = PG_EXCEPTION_HINT;
+                IF v_column = 'items' THEN
+                    RAISE;
+                END IF;
+                IF v_state <> '22023' THEN
+                    -- The cast's own message would repeat the value whole.
+                    v_message := format('%s is not a timestamp (got %s)', v_field,
+                        _quote(settle_and_claim.items -> (v_index - 1) ->> v_field));
+                END IF;
+                PERFORM _invalid('items',
+                    format('item %s: %s', v_index, regexp_replace(v_message, '^runrelay: ', '')),
+                    coalesce(nullif(v_detail_hint, ''), v_hint));
+            END;
+        END IF;
+
+        -- Locks, in the custody order: every key lock first; with an item other
+        -- than a completion among several, every run row too, in run_id
+        -- COLLATE "C" order (the completions' routine locks its runs in that
+        -- order itself, and a lone item's function takes its own).
+        IF cardinality(v_run_ids) > 1 THEN
+            PERFORM _lock_keys(v_run_ids);
+            IF 'complete' <> ANY(v_ops) THEN
+                PERFORM 1 FROM runs AS r
+                WHERE r.run_id = ANY(v_run_ids)
+                ORDER BY r.run_id COLLATE "C"
+                FOR NO KEY UPDATE;
+            END IF;
+        ELSIF v_ops[1] = 'complete' THEN
+            PERFORM _lock_key_of(v_run_ids[1]);
+        END IF;
+
+        -- The completions together, by the one completion routine (what
+        -- complete_attempt and complete_attempts run), in run_id order.
+        SELECT
+            array_agg(s.i ORDER BY v_run_ids[s.i] COLLATE "C"),
+            array_agg(v_run_ids[s.i] ORDER BY v_run_ids[s.i] COLLATE "C"),
+            array_agg(v_attempts[s.i] ORDER BY v_run_ids[s.i] COLLATE "C"),
+            array_agg((settle_and_claim.items -> (s.i - 1) ->> 'lease_token')::uuid ORDER BY v_run_ids[s.i] COLLATE "C"),
+            array_agg(coalesce(settle_and_claim.items -> (s.i - 1) -> 'result', '{}'::jsonb) ORDER BY v_run_ids[s.i] COLLATE "C"),
+            array_agg(
+                _normalize_events('final_events', coalesce(settle_and_claim.items -> (s.i - 1) -> 'final_events', '[]'::jsonb), FALSE)
+                ORDER BY v_run_ids[s.i] COLLATE "C"
+            )
+        INTO v_positions, v_ids, v_numbers, v_tokens, v_results, v_events
+        FROM generate_subscripts(v_ops, 1) AS s (i)
+        WHERE v_ops[s.i] = 'complete';
+        IF v_positions IS NOT NULL THEN
+            v_settled := _complete(v_ids, v_numbers, v_tokens, v_results, v_events);
+            FOR v_i IN 1 .. cardinality(v_positions) LOOP
+                v_outcomes[v_positions[v_i]] := v_settled[v_i];
+            END LOOP;
+        END IF;
+
+        -- Every other item by its own function, in run_id order.
+        FOR v_i IN
+            SELECT s.i FROM generate_subscripts(v_ops, 1) AS s (i)
+            WHERE v_ops[s.i] <> 'complete'
             ORDER BY v_run_ids[s.i] COLLATE "C"
-        )
-    INTO v_positions, v_ids, v_numbers, v_tokens, v_results, v_events
-    FROM generate_subscripts(v_ops, 1) AS s (i)
-    WHERE v_ops[s.i] = 'complete';
-    IF v_positions IS NOT NULL THEN
-        v_settled := _complete(v_ids, v_numbers, v_tokens, v_results, v_events);
-        FOR v_i IN 1 .. cardinality(v_positions) LOOP
-            v_outcomes[v_positions[v_i]] := v_settled[v_i];
+        LOOP
+            v_item := settle_and_claim.items -> (v_i - 1);
+            CASE v_ops[v_i]
+                WHEN 'fail' THEN
+                    v_outcomes[v_i] := fail_attempt(
+                        v_run_ids[v_i], v_attempts[v_i], (v_item ->> 'lease_token')::uuid,
+                        v_item -> 'error', (v_item ->> 'retry_at')::timestamptz,
+                        coalesce(v_item -> 'final_events', '[]'::jsonb));
+                WHEN 'suspend' THEN
+                    v_outcomes[v_i] := suspend_attempt(
+                        v_run_ids[v_i], v_attempts[v_i], (v_item ->> 'lease_token')::uuid,
+                        v_item -> 'wait', coalesce(v_item -> 'final_events', '[]'::jsonb));
+                ELSE
+                    v_outcomes[v_i] := release_attempt(
+                        v_run_ids[v_i], v_attempts[v_i], (v_item ->> 'lease_token')::uuid,
+                        (v_item ->> 'run_at')::timestamptz, v_item ->> 'reason');
+            END CASE;
         END LOOP;
     END IF;
 
-    -- Every other item by its own function, in run_id order.
-    FOR v_i IN
-        SELECT s.i FROM generate_subscripts(v_ops, 1) AS s (i)
-        WHERE v_ops[s.i] <> 'complete'
-        ORDER BY v_run_ids[s.i] COLLATE "C"
-    LOOP
-        v_item := settle_and_claim.items -> (v_i - 1);
-        CASE v_ops[v_i]
-            WHEN 'fail' THEN
-                v_outcomes[v_i] := fail_attempt(
-                    v_run_ids[v_i], v_attempts[v_i], (v_item ->> 'lease_token')::uuid,
-                    v_item -> 'error', (v_item ->> 'retry_at')::timestamptz,
-                    coalesce(v_item -> 'final_events', '[]'::jsonb));
-            WHEN 'suspend' THEN
-                v_outcomes[v_i] := suspend_attempt(
-                    v_run_ids[v_i], v_attempts[v_i], (v_item ->> 'lease_token')::uuid,
-                    v_item -> 'wait', coalesce(v_item -> 'final_events', '[]'::jsonb));
-            ELSE
-                v_outcomes[v_i] := release_attempt(
-                    v_run_ids[v_i], v_attempts[v_i], (v_item ->> 'lease_token')::uuid,
-                    (v_item ->> 'run_at')::timestamptz, v_item ->> 'reason');
-        END CASE;
-    END LOOP;
-
+    -- The settled rows, then the claim's, in one statement: the claim runs
+    -- here, after every settlement.
     RETURN QUERY
     SELECT
-        'settled'::text, v_run_ids[s.i], v_attempts[s.i], v_outcomes[s.i],
-        NULL::uuid, NULL::text, NULL::jsonb, NULL::jsonb, NULL::timestamptz, NULL::text, NULL::jsonb
-    FROM generate_subscripts(v_run_ids, 1) AS s (i)
-    ORDER BY s.i;
-
-    IF settle_and_claim.max_runs > 0 THEN
-        RETURN QUERY
+        o.kind, o.run_id, o.attempt, o.outcome, o.lease_token, o.queue, o.payload, o.resume,
+        o.lease_expires_at, o.task, o.steps
+    FROM (
         SELECT
+            1 AS part, s.i::bigint AS ord,
+            'settled'::text AS kind, v_run_ids[s.i] AS run_id, v_attempts[s.i] AS attempt, v_outcomes[s.i] AS outcome,
+            NULL::uuid AS lease_token, NULL::text AS queue, NULL::jsonb AS payload, NULL::jsonb AS resume,
+            NULL::timestamptz AS lease_expires_at, NULL::text AS task, NULL::jsonb AS steps
+        FROM generate_subscripts(v_run_ids, 1) AS s (i)
+        UNION ALL
+        SELECT
+            2, c.ord,
             'claimed'::text, c.run_id, c.attempt, NULL::text,
             c.lease_token, c.queue, c.payload, c.resume, c.lease_expires_at, c.task, c.steps
-        FROM unnest(_claim(
-            settle_and_claim.worker, v_queues, v_tasks, settle_and_claim.max_runs,
-            _lease(settle_and_claim.lease_seconds), settle_and_claim.call_id
-        )) WITH ORDINALITY AS c (
+        FROM unnest(
+            CASE WHEN settle_and_claim.max_runs > 0 THEN _claim(
+                settle_and_claim.worker, v_queues, v_tasks, settle_and_claim.max_runs,
+                _lease(settle_and_claim.lease_seconds), settle_and_claim.call_id
+            ) END
+        ) WITH ORDINALITY AS c (
             run_id, attempt, lease_token, queue, payload, resume, lease_expires_at, task, steps, ord
         )
-        ORDER BY c.ord;
-    END IF;
+    ) AS o
+    ORDER BY o.part, o.ord;
     PERFORM _restore_lock_wait(v_caller_lock_timeout);
 END;
 $$;

@@ -1,16 +1,20 @@
 -- settle_and_claim against the separate calls it fuses (SPEC §3.2).
 --
--- Each case builds the same state twice, under the prefixes fused<n>_ and
--- split<n>_ (runs, queues and concurrency keys all carry the prefix). The
--- fused side makes one settle_and_claim call; the split side makes the calls
--- a worker makes without it: the item's own function for each item, in item
--- order, then claim_attempts. The two must give the same answer (outcomes,
--- claimed runs and their attempts, payloads and resumes) and leave the same
--- rows: runs, attempts and ledger events (type, order, payload), with the
--- prefix, lease tokens and the moments of this transaction normalised away
--- (the fixtures are in helpers_settle.sql).
+-- Each case builds the same state three times, under the prefixes fused<n>_,
+-- split<n>_ and ref<n>_ (runs, queues and concurrency keys all carry the
+-- prefix). The fused side makes one settle_and_claim call; the split side
+-- makes the calls a worker makes without it: the item's own function for
+-- each item, in item order, then claim_attempts; the reference side makes
+-- the fused call with runrelay.reference_paths on, so that no fused fast path
+-- is taken (settle_and_claim's one-statement check of a plain call,
+-- _complete's one-statement batch) and every item goes through the general
+-- steps. All three must give the same answer (outcomes, claimed runs and
+-- their attempts, payloads and resumes) and leave the same rows: runs,
+-- attempts and ledger events (type, order, payload), with the prefix, lease
+-- tokens and the moments of this transaction normalised away (the fixtures
+-- are in helpers_settle.sql).
 BEGIN;
-SELECT plan(51);
+SELECT plan(102);
 
 -- plain: one completion; the claim takes the next run of the queue.
 SELECT tests.start_run(p || 'a') FROM tests.sc_both('plain') AS p;
@@ -120,6 +124,51 @@ SELECT tests.sc_case(
       ["claimed", "next", 1, null], ["claimed", "c", 2, null], ["claimed", "e", 2, null]]',
     3
 );
+
+-- plain_batch: several plain completions, out of run_id order (a worker's
+-- shared settlement): every item completes in the one statement of the
+-- fused path; answers in item order.
+SELECT tests.start_run(p || r) FROM tests.sc_both('plain_batch') AS p CROSS JOIN unnest(ARRAY['c', 'a', 'b']) AS r;
+SELECT runrelay.enqueue_run(run_id => p || 'next', queue => p || 'b') FROM tests.sc_both('plain_batch') AS p;
+SELECT tests.sc_case(
+    'plain_batch', '[{"run": "c", "result": {"c": 3}}, {"run": "a"}, {"run": "b", "op": "complete", "result": [1]}]',
+    ARRAY['b'],
+    '[["settled", "c", 1, "completed"], ["settled", "a", 1, "completed"], ["settled", "b", 1, "completed"],
+      ["claimed", "next", 1, null]]'
+);
+
+-- plain_stale: a batch of plain completions with a stale one among them: the
+-- fused statement writes all or none, so the batch goes item by item.
+SELECT tests.start_run(p || r) FROM tests.sc_both('plain_stale') AS p CROSS JOIN unnest(ARRAY['a', 'b', 'c']) AS r;
+SELECT tests.sc_case(
+    'plain_stale', '[{"run": "a"}, {"run": "b", "lease_token": "5b3cf6a4-5cc8-4f4c-9d5e-0e0f7b4a9c11"}, {"run": "c"}]',
+    ARRAY['a'],
+    '[["settled", "a", 1, "completed"], ["settled", "b", 1, "fence_lost"], ["settled", "c", 1, "completed"]]'
+);
+
+-- plain_keyed: plain completions, one of a keyed run: the call takes the
+-- custody path (key locks first); the next run of the key is promoted.
+SELECT tests.start_run(p || 'a') FROM tests.sc_both('plain_keyed') AS p;
+SELECT tests.start_run(p || 'k', 3, p || 'key') FROM tests.sc_both('plain_keyed') AS p;
+SELECT runrelay.enqueue_run(run_id => p || 'k2', queue => p || 'k', concurrency_key => p || 'key')
+FROM tests.sc_both('plain_keyed') AS p;
+SELECT tests.sc_case(
+    'plain_keyed', '[{"run": "k"}, {"run": "a"}]', ARRAY['k'],
+    '[["settled", "k", 1, "completed"], ["settled", "a", 1, "completed"], ["claimed", "k2", 1, null]]'
+);
+
+-- again: a completion already written (a worker's retried call): the answer
+-- recorded the first time, nothing written.
+SELECT tests.start_run(p || 'a') FROM tests.sc_both('again') AS p;
+SELECT runrelay.complete_attempt(p || 'a', 1, tests.token(p || 'a'), '{"first": true}') FROM tests.sc_both('again') AS p;
+SELECT tests.sc_case('again', '[{"run": "a", "result": {"second": true}}]', ARRAY['a'], '[["settled", "a", 1, "completed"]]');
+
+-- waited: the attempt suspended (a sleep); a completion with its token is
+-- fence_lost, and the claim wakes nothing yet.
+SELECT tests.start_run(p || 'a') FROM tests.sc_both('waited') AS p;
+SELECT runrelay.suspend_attempt(p || 'a', 1, tests.token(p || 'a'), '{"kind": "sleep", "until": "2100-01-01T00:00:00Z"}')
+FROM tests.sc_both('waited') AS p;
+SELECT tests.sc_case('waited', '[{"run": "a"}]', ARRAY['a'], '[["settled", "a", 1, "fence_lost"]]');
 
 -- replay: the same call again (a lost reply) answers the same, settlements
 -- through their fences and the claim through call_id, and writes nothing.

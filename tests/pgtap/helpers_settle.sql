@@ -222,8 +222,27 @@ BEGIN
 END;
 $$;
 
--- Both sides of one case: the same answer (and the one expected), and the
--- same rows afterwards.
+-- The reference side: the fused call with runrelay.reference_paths on, so
+-- that settle_and_claim and _complete take their general steps only, never
+-- a fused fast path (_internal/reference_paths.sql).
+CREATE FUNCTION tests.sc_reference(
+    p_prefix text, p_spec jsonb, p_queues text[], p_max_runs integer DEFAULT 1, p_call_id uuid DEFAULT NULL
+)
+RETURNS jsonb
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_out jsonb;
+BEGIN
+    PERFORM set_config('runrelay.reference_paths', 'on', TRUE);
+    v_out := tests.sc_fused(p_prefix, p_spec, p_queues, p_max_runs, p_call_id);
+    PERFORM set_config('runrelay.reference_paths', '', TRUE);
+    RETURN v_out;
+END;
+$$;
+
+-- The three sides of one case: the same answer (and the one expected), and
+-- the same rows afterwards.
 CREATE FUNCTION tests.sc_case(
     p_case text, p_spec jsonb, p_queues text[], p_expected jsonb, p_max_runs integer DEFAULT 1
 )
@@ -233,8 +252,14 @@ AS $$
 DECLARE
     v_fused jsonb := tests.sc_fused('fused_' || p_case || '_', p_spec, p_queues, p_max_runs);
     v_split jsonb := tests.sc_split('split_' || p_case || '_', p_spec, p_queues, p_max_runs);
+    v_reference jsonb := tests.sc_reference('ref_' || p_case || '_', p_spec, p_queues, p_max_runs);
 BEGIN
     RETURN NEXT is(v_fused, v_split, p_case || ': the fused call answers as the separate calls');
+    RETURN NEXT is(v_fused, v_reference, p_case || ': the fused paths answer as the general steps');
+    RETURN NEXT is(
+        tests.sc_snapshot('fused_' || p_case || '_'), tests.sc_snapshot('ref_' || p_case || '_'),
+        p_case || ': the fused paths leave the rows the general steps leave'
+    );
     RETURN NEXT is(
         (SELECT jsonb_agg(jsonb_build_array(r.value ->> 'kind', r.value ->> 'run_id', r.value -> 'attempt', r.value ->> 'outcome'))
          FROM jsonb_array_elements(v_fused) AS r (value)),
@@ -253,5 +278,7 @@ CREATE FUNCTION tests.sc_both(p_case text)
 RETURNS SETOF text
 LANGUAGE sql
 AS $$
-    SELECT 'fused_' || p_case || '_' UNION ALL SELECT 'split_' || p_case || '_';
+    SELECT 'fused_' || p_case || '_'
+    UNION ALL SELECT 'split_' || p_case || '_'
+    UNION ALL SELECT 'ref_' || p_case || '_';
 $$;

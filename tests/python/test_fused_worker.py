@@ -266,7 +266,11 @@ def test_a_stopping_worker_settles_without_claiming(
     # stop() claim nothing (one sent just before it may have: its runs go back).
     released = worker.stats.get("released_on_shutdown", 0)
     assert worker.stats["claimed"] == len(handled) + released
-    assert 0 in [v["max_runs"] for fn, v in client.sent if fn == "settle_and_claim"]
+    # The settlement of the job that stopped the worker asks for no run. It
+    # may share a call with a settlement that still asked for one (group
+    # commit), so count what the calls asked for against what they settled.
+    calls = [v for fn, v in client.sent if fn == "settle_and_claim"]
+    assert sum(v["max_runs"] for v in calls) < sum(len(v["items"]) for v in calls)
 
 
 @pytest.mark.parametrize("flavor", ["sync", "async"])

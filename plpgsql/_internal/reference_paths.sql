@@ -1,0 +1,17 @@
+-- _fast_paths(): whether a call may take a fused path where one exists:
+-- settle_and_claim's check of a worker's usual call in one statement, and
+-- _complete's completion of a whole batch in one statement. Each fused path
+-- does what the general steps beside it do, for the calls it takes; a
+-- session that sets runrelay.reference_paths to on takes the general steps
+-- for every call instead. The tests do, to hold the two to the same
+-- outcomes, states, attempts and events (tests/pgtap/027_settle_and_claim.sql);
+-- nothing else needs to. SQL-standard body: the planner inlines it, so the
+-- check costs no call.
+CREATE FUNCTION _fast_paths()
+RETURNS boolean
+LANGUAGE sql
+VOLATILE
+RETURN coalesce(current_setting('runrelay.reference_paths', TRUE), '') <> 'on';
+
+COMMENT ON FUNCTION _fast_paths() IS
+'Whether fused fast paths may be taken (false when runrelay.reference_paths is on, for equivalence tests).';
