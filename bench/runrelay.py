@@ -48,12 +48,32 @@ TABLES = ", ".join(
     for t in ("ledger_lanes", "ledger_events", "signals", "cancellations", "attempts", "runs")
 )
 
+# Queued runs as enqueue_run leaves them: the run at ledger_seq 1, its
+# run.queued event, and its lifecycle lane with that event at the head. (The
+# events and lanes are read from the loaded runs, so a sharded load routes
+# only LOAD_RUNS.) Without them every claim would create the run's lane and
+# notify the relays, which no enqueued run makes its claim do.
 LOAD_RUNS = """
 INSERT INTO runrelay.runs (run_id, queue, status, payload, run_at, max_attempts,
-                           created_at, updated_at)
-SELECT 'r-' || i, 'default', 'queued', '{"n": 1}', now() - interval '1 hour', 3, now(), now()
+                           created_at, updated_at, ledger_seq)
+SELECT 'r-' || i, 'default', 'queued', '{"n": 1}', now() - interval '1 hour', 3, now(), now(), 1
 FROM generate_series(1, %(runs)s) AS i
 """
+LOAD_RUN_EVENTS = [
+    """
+    INSERT INTO runrelay.ledger_events (run_id, lane, seq, type, payload, delivery_key,
+                                        created_at, next_attempt_at)
+    SELECT r.run_id, 'lifecycle', 1, 'run.queued',
+           jsonb_build_object('queue', r.queue, 'run_at', r.run_at, 'priority', r.priority,
+                              'concurrency_key', r.concurrency_key),
+           r.run_id || ':1', r.created_at, r.created_at
+    FROM runrelay.runs AS r
+    """,
+    """
+    INSERT INTO runrelay.ledger_lanes (run_id, lane, head_seq, available_at)
+    SELECT r.run_id, 'lifecycle', 1, r.created_at FROM runrelay.runs AS r
+    """,
+]
 
 # Runs with `events` pending lifecycle events each (oldest run first).
 LOAD_LEDGER = [
@@ -82,9 +102,10 @@ LOAD_LEDGER = [
 # row (the second statement only where the install has the table).
 LOAD_KEYED_RUNS = """
 INSERT INTO runrelay.runs (run_id, queue, status, payload, run_at, max_attempts,
-                           concurrency_key, key_position, key_held, created_at, updated_at)
+                           concurrency_key, key_position, key_held, created_at, updated_at,
+                           ledger_seq)
 SELECT 'r-' || i, 'default', 'queued', '{"n": 1}', now() - interval '1 hour', 3,
-       'k-' || i, nextval('runrelay.runs_key_position_seq'), false, now(), now()
+       'k-' || i, nextval('runrelay.runs_key_position_seq'), false, now(), now(), 1
 FROM generate_series(1, %(runs)s) AS i
 """
 LOAD_KEY_ROWS = """
@@ -110,6 +131,8 @@ def reset(conn: psycopg.Connection[Any]) -> None:
 def load_runs(conn: psycopg.Connection[Any], runs: int) -> None:
     if runs:
         conn.execute(LOAD_RUNS, {"runs": runs})
+        for statement in LOAD_RUN_EVENTS:
+            conn.execute(statement)
 
 
 def load_ledger(conn: psycopg.Connection[Any], runs: int, events: int) -> None:
@@ -132,6 +155,8 @@ def keyed_runs_loader(url: str, runs: int) -> Callable[[], None]:
         with psycopg.connect(url, autocommit=True) as conn:
             reset(conn)
             conn.execute(LOAD_KEYED_RUNS, {"runs": runs})
+            for statement in LOAD_RUN_EVENTS:
+                conn.execute(statement)
             if has_key_rows(conn):
                 conn.execute(LOAD_KEY_ROWS, {"runs": runs})
                 conn.execute("ANALYZE runrelay.concurrency_keys")

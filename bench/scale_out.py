@@ -279,7 +279,7 @@ def _load(install: Install, statements: list[str], params: dict[str, Any]) -> Ca
 
 
 def runs_loader(install: Install, runs: int) -> Callable[[], None]:
-    return _load(install, [LOAD_RUNS] if runs else [], {"runs": runs})
+    return _load(install, [LOAD_RUNS, *rr.LOAD_RUN_EVENTS] if runs else [], {"runs": runs})
 
 
 def ledger_loader(install: Install, runs: int, events: int) -> Callable[[], None]:

@@ -17,7 +17,9 @@
 -- blocked lanes and their failed events are found without locks, then
 -- re-checked under them: an event requeued or delivered meanwhile is left
 -- as it is. Cost: ledger_lanes_blocked_idx, then each lane's pending
--- events from its head (ledger_lane_seq_idx).
+-- events from its head (ledger_lane_seq_idx). With enable_seqscan off, as
+-- the ledger functions run: statistics taken while ledger_events was small
+-- made the per-lane look-ups sequential scans of the whole table.
 CREATE TYPE requeued_lane AS (
     run_id text,
     lane text,
@@ -34,6 +36,8 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path FROM CURRENT
+SET enable_seqscan = off
+SET jit = off
 AS $$
 DECLARE
     v_caller_lock_timeout text := _bound_lock_wait();

@@ -53,7 +53,94 @@ DECLARE
     v_held boolean := FALSE;
     v_inserted text;
     v_trace_context jsonb;
+    v_created bigint;
+    v_laned bigint;
 BEGIN
+    -- A producer's usual call: a new run without a concurrency key. One
+    -- statement checks what the steps below check of it (READ COMMITTED,
+    -- _enqueue_valid, the task's name, this shard's ownership of the run_id)
+    -- and writes what they write: the run, its run.queued event at seq 1 (as
+    -- _emit), and its lifecycle lane with that event at the head, notifying
+    -- the relays (as _lanes_on_write does for a lane it creates). A run_id
+    -- that exists already (a repeated enqueue) or any argument that fails a
+    -- check writes nothing here and takes the steps below, which answer or
+    -- name what is wrong.
+    IF enqueue_run.concurrency_key IS NULL AND _fast_paths() THEN
+        v_now := _now();
+        v_run_at := coalesce(enqueue_run.run_at, v_now);
+        WITH checked AS (
+            SELECT
+                current_setting('transaction_isolation') = 'read committed'
+                AND _enqueue_valid(
+                    enqueue_run.run_id, enqueue_run.queue, enqueue_run.payload, enqueue_run.run_at,
+                    enqueue_run.priority, enqueue_run.max_attempts, enqueue_run.payload_retention, NULL,
+                    s.max_payload_bytes
+                )
+                AND (enqueue_run.task IS NULL OR coalesce(_id_valid(enqueue_run.task), FALSE))
+                AND NOT EXISTS (
+                    SELECT FROM shard_ownership AS o
+                    WHERE NOT _routing_partition(enqueue_run.run_id, o.partition_count) = ANY (o.partitions)
+                ) AS ok
+            FROM settings AS s
+        ),
+        created AS (
+            INSERT INTO runs AS r (
+                run_id, queue, status, priority, concurrency_key, key_position, key_held,
+                payload, run_at, max_attempts, payload_retention, created_at, updated_at, ledger_seq,
+                trace_context, task
+            )
+            SELECT
+                enqueue_run.run_id, enqueue_run.queue, 'queued', enqueue_run.priority, NULL, NULL, FALSE,
+                enqueue_run.payload, v_run_at, enqueue_run.max_attempts, enqueue_run.payload_retention,
+                v_now, v_now, 1,
+                -- Only once the arguments passed, as the steps below read it.
+                CASE WHEN current_setting('runrelay.trace_context', TRUE) <> '' THEN _setting_trace_context() END,
+                enqueue_run.task
+            FROM checked AS c
+            WHERE c.ok
+            ON CONFLICT ON CONSTRAINT runs_pkey DO NOTHING
+            RETURNING r.run_id
+        ),
+        announced AS (
+            INSERT INTO ledger_events AS l (
+                run_id, lane, seq, type, payload, delivery_key, transport_only, created_at, next_attempt_at
+            )
+            SELECT
+                c.run_id, 'lifecycle', 1, 'run.queued',
+                jsonb_build_object(
+                    'queue', enqueue_run.queue,
+                    'run_at', v_run_at,
+                    'priority', enqueue_run.priority,
+                    'concurrency_key', NULL
+                ),
+                c.run_id || ':1', FALSE, v_now, v_now
+            FROM created AS c
+            RETURNING l.run_id
+        ),
+        laned AS (
+            INSERT INTO ledger_lanes AS ll (run_id, lane, head_seq, available_at)
+            SELECT a.run_id, 'lifecycle', 1, v_now FROM announced AS a
+            ON CONFLICT ON CONSTRAINT ledger_lanes_pkey DO NOTHING
+            RETURNING ll.run_id
+        )
+        SELECT
+            (SELECT count(*) FROM created),
+            (SELECT count(pg_notify(_channel('ledger'), l.run_id)) FROM laned AS l)
+        INTO v_created, v_laned;
+        IF v_created = 1 THEN
+            IF v_laned = 0 THEN
+                -- A lane row left for this run_id: the lane rule decides.
+                PERFORM _lanes_on_write(ARRAY[enqueue_run.run_id], ARRAY['lifecycle'], ARRAY[1::bigint]);
+            END IF;
+            IF _runnable('queued', FALSE, v_run_at, v_now) THEN
+                PERFORM pg_notify(_channel('runs'), enqueue_run.queue);
+            END IF;
+            RETURN QUERY SELECT enqueue_run.run_id, 'queued'::text, TRUE;
+            PERFORM _restore_lock_wait(v_caller_lock_timeout);
+            RETURN;
+        END IF;
+    END IF;
+
     PERFORM _require_read_committed();
     PERFORM _check_enqueue('', enqueue_run.run_id, enqueue_run.queue, enqueue_run.payload, enqueue_run.run_at,
         enqueue_run.priority, enqueue_run.max_attempts, enqueue_run.payload_retention, enqueue_run.concurrency_key);

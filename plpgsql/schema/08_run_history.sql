@@ -12,11 +12,15 @@
 -- runs (grants.sql), so only the tables' owner does, and the triggers run
 -- as that owner. Part of the schema, not of the code each revision
 -- reinstalls (migrations/support.py keeps the functions a trigger calls).
+-- enable_seqscan is off, as in the ledger functions: with statistics taken
+-- while ledger_events was small, the per-run look-ups below were planned as
+-- sequential scans of the whole table.
 CREATE FUNCTION _runs_deleted()
 RETURNS trigger
 LANGUAGE plpgsql
 VOLATILE
 SET search_path FROM CURRENT
+SET enable_seqscan = off
 AS $$
 DECLARE
     v_tids tid[];

@@ -2,6 +2,10 @@
 -- delimited by a header and an end line, so that sections written
 -- separately merge side by side.
 
+-- ==== purge plans ==========================================================
+ALTER FUNCTION _runs_deleted() RESET enable_seqscan;
+-- ==== end: purge plans =====================================================
+
 -- ==== durable steps ========================================================
 -- 0008 has no steps: every recorded step is dropped (a run retried after the
 -- downgrade does its steps again).

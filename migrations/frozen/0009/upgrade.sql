@@ -418,3 +418,12 @@ CREATE TABLE steps (
 );
 ALTER TABLE settings ADD COLUMN step_events boolean NOT NULL DEFAULT TRUE;
 -- ==== end: durable steps ===================================================
+
+-- ==== purge plans ==========================================================
+-- The trigger that deletes a deleted run's ledger rows looks them up by
+-- run_id, a probe per run; with statistics taken while ledger_events was
+-- small (a young install) its plan was a sequential scan of the whole table
+-- per run. It runs with enable_seqscan off, as the ledger functions do
+-- (plpgsql/schema/08_run_history.sql).
+ALTER FUNCTION _runs_deleted() SET enable_seqscan = off;
+-- ==== end: purge plans =====================================================
