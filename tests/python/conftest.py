@@ -142,20 +142,28 @@ def client(db: psycopg.Connection, db_url: str) -> Iterator[Client]:
         yield Client(pool)
 
 
-@pytest.fixture
-def plans(db: psycopg.Connection) -> Callable[[], list[str]]:
-    """Plans of every statement the server runs for this connection, nested
-    statements inside functions included (auto_explain at NOTICE level)."""
+def capture_plans(
+    conn: psycopg.Connection, *, analyze: bool = False, json: bool = False
+) -> Callable[[], list[str]]:
+    """From now on, the plan of every statement the server runs for `conn`,
+    nested statements inside functions included (auto_explain at NOTICE
+    level); with `analyze`, with the rows and buffers each node touched (no
+    timing), and with `json` in auto_explain's JSON format. Returns a
+    function that takes the messages captured since it was last called."""
     captured: list[str] = []
-    db.add_notice_handler(lambda d: captured.append(d.message_primary or ""))
-    db.execute("LOAD 'auto_explain'")
-    for setting in (
+    conn.add_notice_handler(lambda d: captured.append(d.message_primary or ""))
+    conn.execute("LOAD 'auto_explain'")
+    settings = [
         "auto_explain.log_min_duration = 0",
         "auto_explain.log_nested_statements = on",
         "auto_explain.log_level = notice",
-        "auto_explain.log_analyze = off",
-    ):
-        db.execute(f"SET {setting}")
+        f"auto_explain.log_analyze = {'on' if analyze else 'off'}",
+        f"auto_explain.log_format = {'json' if json else 'text'}",
+    ]
+    if analyze:
+        settings += ["auto_explain.log_buffers = on", "auto_explain.log_timing = off"]
+    for setting in settings:
+        conn.execute(f"SET {setting}")
 
     def take() -> list[str]:
         out = list(captured)
@@ -163,6 +171,13 @@ def plans(db: psycopg.Connection) -> Callable[[], list[str]]:
         return out
 
     return take
+
+
+@pytest.fixture
+def plans(db: psycopg.Connection) -> Callable[[], list[str]]:
+    """Plans of every statement the server runs for this connection, nested
+    statements inside functions included (auto_explain at NOTICE level)."""
+    return capture_plans(db)
 
 
 def handed_back(db: psycopg.Connection, run_id: str) -> tuple[str, str, str]:

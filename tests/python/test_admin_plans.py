@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from conftest import reset
+from conftest import capture_plans, reset
 from sqlapi import call, scalar
 
 RUNS = 1_000_000
@@ -103,25 +103,7 @@ def million(db_url: str) -> Iterator[str]:
 
 def explained(conn: psycopg.Connection) -> Callable[[], list[str]]:
     """Every nested statement's plan with its buffers, as auto_explain logs it."""
-    captured: list[str] = []
-    conn.add_notice_handler(lambda d: captured.append(d.message_primary or ""))
-    conn.execute("LOAD 'auto_explain'")
-    for setting in (
-        "auto_explain.log_min_duration = 0",
-        "auto_explain.log_nested_statements = on",
-        "auto_explain.log_level = notice",
-        "auto_explain.log_analyze = on",
-        "auto_explain.log_buffers = on",
-        "auto_explain.log_timing = off",
-    ):
-        conn.execute(f"SET {setting}")
-
-    def take() -> list[str]:
-        out = list(captured)
-        captured.clear()
-        return out
-
-    return take
+    return capture_plans(conn, analyze=True)
 
 
 def nested(plans: list[str]) -> list[str]:

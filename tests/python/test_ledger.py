@@ -16,6 +16,7 @@ from datetime import timedelta
 import psycopg
 import pytest
 
+from conftest import capture_plans
 from sqlapi import backend_pid, call, enqueue, scalar, table_checksum, wait_until_blocked
 
 Connect = Callable[..., psycopg.Connection]
@@ -223,25 +224,8 @@ def big_backlog(db_url: str) -> Iterator[str]:
 
 
 def _explained(conn: psycopg.Connection) -> Callable[[], str]:
-    captured: list[str] = []
-    conn.add_notice_handler(lambda d: captured.append(d.message_primary or ""))
-    conn.execute("LOAD 'auto_explain'")
-    for setting in (
-        "auto_explain.log_min_duration = 0",
-        "auto_explain.log_nested_statements = on",
-        "auto_explain.log_level = notice",
-        "auto_explain.log_analyze = on",
-        "auto_explain.log_buffers = on",
-        "auto_explain.log_timing = off",
-    ):
-        conn.execute(f"SET {setting}")
-
-    def take() -> str:
-        out = "\n".join(captured)
-        captured.clear()
-        return out
-
-    return take
+    take = capture_plans(conn, analyze=True)
+    return lambda: "\n".join(take())
 
 
 def _max_buffers(plans: str) -> int:

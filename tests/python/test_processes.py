@@ -17,6 +17,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from conftest import capture_plans
 from runrelay import Client
 from runrelay.cli import main
 from runrelay.dashboard import DashboardSettings
@@ -87,28 +88,18 @@ def test_list_processes_reads_the_hour_never_the_history(db: psycopg.Connection)
     leased = call(db, "claim_ledger", relay="r-live", run_id="live-1")
     assert [e["kind"] for e in leased] == ["claimed"]
 
-    captured: list[str] = []
-    db.add_notice_handler(lambda d: captured.append(d.message_primary or ""))
-    db.execute("LOAD 'auto_explain'")
-    for setting in (
-        "auto_explain.log_min_duration = 0",
-        "auto_explain.log_nested_statements = on",
-        "auto_explain.log_level = notice",
-        "auto_explain.log_analyze = on",
-        "auto_explain.log_buffers = on",
-        "auto_explain.log_timing = off",
-    ):
-        db.execute(f"SET {setting}")
+    take = capture_plans(db, analyze=True)
     for analysed in (False, True):
         if analysed:
             db.execute("ANALYZE runrelay.attempts, runrelay.ledger_events, runrelay.ledger_lanes")
         for _ in range(7):  # past PL/pgSQL's switch to a generic plan
-            captured.clear()
+            take()
             rows = call(db, "list_processes")
             assert [(r["name"], r["kind"], r["held"], r["presumed_dead"]) for r in rows] == [
                 ("w-live", "worker", 1, False),
                 ("r-live", "relay", 1, False),
             ]
+            captured = take()
             inner = [p for p in captured if "WITH seen AS" in p]
             assert inner, captured
             text = "\n".join(inner)

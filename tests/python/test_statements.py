@@ -25,6 +25,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from conftest import capture_plans
 from sqlapi import call
 
 # Rows any one node of the call's plans may produce across its loops, or
@@ -86,23 +87,10 @@ def backlog(db: psycopg.Connection, request: pytest.FixtureRequest) -> None:
 def explained(db: psycopg.Connection) -> Iterator[Callable[[], list[dict[str, Any]]]]:
     """The plans, with EXPLAIN ANALYZE figures, of every statement the server
     runs for this connection from now on, nested ones included."""
-    captured: list[str] = []
-    db.add_notice_handler(lambda d: captured.append(d.message_primary or ""))
-    db.execute("LOAD 'auto_explain'")
-    for setting in (
-        "auto_explain.log_min_duration = 0",
-        "auto_explain.log_nested_statements = on",
-        "auto_explain.log_analyze = on",
-        "auto_explain.log_timing = off",
-        "auto_explain.log_format = json",
-        "auto_explain.log_level = notice",
-    ):
-        db.execute(f"SET {setting}")
+    messages = capture_plans(db, analyze=True, json=True)
 
     def take() -> list[dict[str, Any]]:
-        plans = [json.loads(m[m.index("{") :]) for m in captured if "plan:" in m]
-        captured.clear()
-        return plans
+        return [json.loads(m[m.index("{") :]) for m in messages() if "plan:" in m]
 
     yield take
     db.execute("SET auto_explain.log_min_duration = -1")
