@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--window", type=float, default=6.0, help="seconds per measurement")
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--backlog", type=int, default=60_000)
+    parser.add_argument("--backlog", type=int, default=150_000)
     parser.add_argument("--quick", action="store_true", help="one short repetition, no install")
     parser.add_argument("--dsn", help="use this server instead of a fresh durable cluster")
     args = parser.parse_args(argv)
