@@ -14,12 +14,21 @@ logging and its defaults.
 * Procrastinate: `App(connector=PsycopgConnector(...))`, a no-op async task,
   `run_worker_async()` with its defaults (concurrency 1).
 
-Each system runs `processes` worker processes. They start, report ready,
+And the relays: one runrelay `Relay` as docs/python-client.md starts it
+(`Relay(client, sink, listen_dsn=url)`, every other option its default: 16
+lanes in flight, batches of 100), a no-op sink, against one PgQ consumer
+written as PgQ's own consumer loop runs (next_batch, get_batch_events,
+finish_batch and a commit per batch; a second's sleep when no batch is
+ready), each over enough pending events to last the window, in batches of
+100.
+
+Each system runs `processes` worker processes (a relay, one process). They start, report ready,
 and run until SIGTERM; the window opens a second after the last is ready
 and closes `window` seconds later. Throughput is the change in the jobs the
 database holds as done across the window, counted from outside (runrelay:
 completed runs; PgQueuer: jobs gone from its queue table; Procrastinate:
-succeeded jobs), so no library reports its own figure. Systems take turns
+succeeded jobs; relays: events delivered, or for PgQ the consumer's
+position), so no library reports its own figure. Systems take turns
 repetition by repetition, so drift on a shared machine hits each alike. The
 peers come from bench/.venv-peers (bench.peers); without it they are
 reported as skipped. `make bench` runs it after the main table;
@@ -100,6 +109,57 @@ asyncio.run(main())
 """
 
 
+RELAY = """
+import sys
+from psycopg_pool import ConnectionPool
+from runrelay import Client
+from runrelay.relay import Relay
+
+client = Client(ConnectionPool(sys.argv[1], kwargs={"autocommit": True}))
+relay = Relay(client, lambda relay_name, events: None, listen_dsn=sys.argv[1])
+relay.install_signal_handlers()
+print("ready", flush=True)
+relay.run()
+"""
+
+# PgQ's consumer loop (as pgq's Python Consumer runs it): one transaction per
+# batch, finished with the batch; a pause of loop_delay (1 s) when none is ready.
+PGQ_CONSUMER = f"""
+import signal, sys, time
+import psycopg
+
+stopping = []
+signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
+conn = psycopg.connect(sys.argv[1])
+print("ready", flush=True)
+while not stopping:
+    batch = conn.execute("SELECT pgq.next_batch('{peers.PGQ_QUEUE}', 'c1')").fetchone()[0]
+    if batch is None:
+        conn.commit()
+        time.sleep(1.0)
+        continue
+    events = conn.execute("SELECT ev_id, ev_type, ev_data FROM pgq.get_batch_events(%s)", [batch])
+    for _event in events:
+        pass
+    conn.execute("SELECT pgq.finish_batch(%s)", [batch])
+    conn.commit()
+"""
+
+# PgQ's consumer moves several times as many events per second as a Relay:
+# it is loaded with this many times the Relay's events.
+PGQ_FACTOR = 5
+
+# Where PgQ's consumer c1 stands: the queue's event count at its last tick.
+PGQ_DONE = f"""
+SELECT t.tick_event_seq
+FROM pgq.subscription AS s
+JOIN pgq.consumer AS c ON c.co_id = s.sub_consumer
+JOIN pgq.queue AS q ON q.queue_id = s.sub_queue
+JOIN pgq.tick AS t ON t.tick_queue = s.sub_queue AND t.tick_id = s.sub_last_tick
+WHERE c.co_name = 'c1' AND q.queue_name = '{peers.PGQ_QUEUE}'
+"""
+
+
 @dataclass
 class System:
     name: str
@@ -107,7 +167,9 @@ class System:
     code: str
     url: str
     load: Callable[[], None]
-    done: str  # SQL: how many jobs the database holds as done
+    done: str  # SQL: how many jobs (or events) the database holds as done
+    processes: int | None = None  # None: the --processes of the run
+    unit: str = "jobs/s"
 
 
 def _count(url: str, query: str) -> int:
@@ -117,8 +179,14 @@ def _count(url: str, query: str) -> int:
     return int(row[0])
 
 
-def measure(system: System, processes: int, window: float, backlog: int) -> float:
-    """Jobs per second done by `processes` worker processes of `system`."""
+def measure(
+    system: System, processes: int, window: float, backlog: int, strict: bool = True
+) -> float:
+    """Jobs (or events) per second done by the worker processes of `system`.
+    A system that runs out of work inside the window raises; not `strict`
+    (the quick smoke test), it is logged and the figure is a lower bound."""
+    processes = system.processes or processes
+    option = "events" if system.unit == "events/s" else "backlog"
     system.load()
     env = {**os.environ, "PYTHONPATH": str(REPO / "python_client")}
     procs = [
@@ -143,10 +211,14 @@ def measure(system: System, processes: int, window: float, backlog: int) -> floa
         before, started = _count(system.url, system.done), time.perf_counter()
         time.sleep(window)
         after, stopped = _count(system.url, system.done), time.perf_counter()
-        if after >= backlog:
-            raise RuntimeError(
-                f"{system.name} ran out of work inside the window: raise --backlog above {backlog}"
+        if after >= backlog or after == before:
+            message = (
+                f"{system.name} ran out of work (or did none) inside the window:"
+                f" raise --{option} above {backlog}"
             )
+            if strict:
+                raise RuntimeError(message)
+            log(f"{message} (quick: the figure is a lower bound)")
     finally:
         for p in procs:
             if p.poll() is None:
@@ -210,39 +282,111 @@ def systems(
     return out, skipped
 
 
+def relays(
+    server: _server.Server, events: int, install: bool, quick: bool
+) -> tuple[list[System], dict[str, str]]:
+    """A runrelay Relay over `events` pending events (100 per run's lane) and
+    a PgQ consumer over PGQ_FACTOR times as many (a tick per 100): enough for
+    each to last the settling second and the window. The quick smoke test
+    runs the Relay only."""
+    skipped: dict[str, str] = {}
+    url = server.create_database("shipped_relay")
+    _server.migrate(url)
+    out = [
+        System(
+            "runrelay Relay",
+            sys.executable,
+            RELAY,
+            url,
+            rr.ledger_loader(url, max(1, events // 100), 100),
+            "SELECT count(*) FROM runrelay.ledger_events WHERE delivered_at IS NOT NULL",
+            processes=1,
+            unit="events/s",
+        )
+    ]
+    if quick:
+        skipped["PgQ consumer"] = "measured in full runs only"
+        return out, skipped
+    url = server.create_database("shipped_pgq")
+    try:
+        peers.ensure_pgq(url, install)
+    except peers.Skipped as why:
+        skipped["PgQ consumer"] = str(why)
+        return out, skipped
+    out.append(
+        System(
+            "PgQ consumer",
+            sys.executable,
+            PGQ_CONSUMER,
+            url,
+            peers.pgq_loader(url, max(1, events * PGQ_FACTOR // 100), 100),
+            PGQ_DONE,
+            processes=1,
+            unit="events/s",
+        )
+    )
+    return out, skipped
+
+
+def table(title: str, results: dict[str, list[float]], skipped: dict[str, str], unit: str) -> None:
+    """The results of one group, runrelay's loop first, as a markdown table."""
+    names = list(results)
+    base = statistics.median(results[names[0]])
+    print(f"\n{title}\n")
+    print(f"| loop | {unit} (min-max) | runrelay ÷ it |")
+    print("|---|---|---|")
+    for name, rates in results.items():
+        median = statistics.median(rates)
+        ratio = "" if name == names[0] or not median else f"{base / median:.2f}x"
+        print(f"| {name} | {median:,.0f} ({min(rates):,.0f}-{max(rates):,.0f}) | {ratio} |")
+    for name, why in skipped.items():
+        print(f"| {name} | skipped: {why} | |")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.shipped", description=__doc__)
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--window", type=float, default=6.0, help="seconds per measurement")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--backlog", type=int, default=150_000)
+    parser.add_argument("--events", type=int, default=400_000, help="events for the relays")
     parser.add_argument("--quick", action="store_true", help="one short repetition, no install")
     parser.add_argument("--dsn", help="use this server instead of a fresh durable cluster")
     args = parser.parse_args(argv)
     if args.quick:
-        args.reps, args.window, args.backlog = 1, 1.5, 30_000
+        args.reps, args.window, args.backlog, args.events = 1, 1.5, 30_000, 100_000
     server = _server.start(args.dsn)
     try:
-        cases, skipped = systems(server, args.backlog, install=not args.quick)
-        results: dict[str, list[float]] = {c.name: [] for c in cases}
+        workers, skipped = systems(server, args.backlog, install=not args.quick)
+        relay_loops, relays_skipped = relays(
+            server, args.events, install=not args.quick, quick=args.quick
+        )
+        groups = [(workers, args.backlog), (relay_loops, args.events)]
+        results: dict[str, list[float]] = {c.name: [] for c, _ in _cases(groups)}
         for rep in range(args.reps):
-            for case in cases:
-                rate = measure(case, args.processes, args.window, args.backlog)
+            for case, backlog in _cases(groups):
+                rate = measure(case, args.processes, args.window, backlog, strict=not args.quick)
                 results[case.name].append(rate)
-                log(f"shipped: {case.name} rep {rep + 1}: {rate:,.0f} jobs/s")
+                log(f"shipped: {case.name} rep {rep + 1}: {rate:,.0f} {case.unit}")
     finally:
         server.stop()
-    base = statistics.median(results["runrelay Worker"])
-    print(f"\nShipped loops, {args.processes} processes each, defaults, medians of {args.reps}:\n")
-    print("| loop | jobs/s (min-max) | runrelay ÷ it |")
-    print("|---|---|---|")
-    for name, rates in results.items():
-        median = statistics.median(rates)
-        ratio = "" if name == "runrelay Worker" else f"{base / median:.2f}x"
-        print(f"| {name} | {median:,.0f} ({min(rates):,.0f}-{max(rates):,.0f}) | {ratio} |")
-    for name, why in skipped.items():
-        print(f"| {name} | skipped: {why} | |")
+    table(
+        f"Shipped loops, {args.processes} processes each, defaults, medians of {args.reps}:",
+        {c.name: results[c.name] for c in workers},
+        skipped,
+        "jobs/s",
+    )
+    table(
+        f"Relays, one process each, defaults, batches of 100, medians of {args.reps}:",
+        {c.name: results[c.name] for c in relay_loops},
+        relays_skipped,
+        "events/s",
+    )
     return 0
+
+
+def _cases(groups: list[tuple[list[System], int]]) -> list[tuple[System, int]]:
+    return [(case, backlog) for cases, backlog in groups for case in cases]
 
 
 if __name__ == "__main__":
