@@ -170,6 +170,7 @@ class System:
     done: str  # SQL: how many jobs (or events) the database holds as done
     processes: int | None = None  # None: the --processes of the run
     unit: str = "jobs/s"
+    loaded: int | None = None  # the work loaded, when not the group's backlog
 
 
 def _count(url: str, query: str) -> int:
@@ -186,6 +187,7 @@ def measure(
     A system that runs out of work inside the window raises; not `strict`
     (the quick smoke test), it is logged and the figure is a lower bound."""
     processes = system.processes or processes
+    backlog = system.loaded or backlog
     option = "events" if system.unit == "events/s" else "backlog"
     system.load()
     env = {**os.environ, "PYTHONPATH": str(REPO / "python_client")}
@@ -323,6 +325,7 @@ def relays(
             PGQ_DONE,
             processes=1,
             unit="events/s",
+            loaded=events * PGQ_FACTOR,
         )
     )
     return out, skipped
