@@ -125,7 +125,8 @@ class _Session:
             self.on_notify(payload)
 
     def _until_retry(self, timeout: float) -> float:
-        """How long a wait after a lost connection sleeps."""
+        """How long a wait without a connection sleeps: until the backoff
+        lets it connect again, at most `timeout`."""
         return min(timeout, max(0.0, self._retry_at - time.monotonic()))
 
 
@@ -154,7 +155,9 @@ class Listener(_Session):
         if self.conn is None:
             if self._connect():
                 return True
-            stop.wait(timeout)
+            # Not the whole timeout: a loop polling every hour would stay an
+            # hour without LISTEN after one failed connect.
+            stop.wait(self._until_retry(timeout))
             return False
         # In slices, so that stop() (set from another thread or a signal
         # handler) ends the wait within STOP_CHECK seconds, not the timeout.
@@ -202,7 +205,7 @@ class AsyncListener(_Session):
         if self.conn is None:
             if await self._connect():
                 return True
-            await wait_event(stop, timeout)
+            await wait_event(stop, self._until_retry(timeout))
             return False
         notified = asyncio.ensure_future(self._one_notify(self.conn, timeout))
         stopped = asyncio.ensure_future(stop.wait())

@@ -53,13 +53,20 @@ def client(db: psycopg.Connection, db_url: str, calls: Counter[str]) -> Iterator
         yield Client(pool, on_call=lambda fn, _s: calls.update([fn]))
 
 
-def _wait_for(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
+def _wait_for(
+    predicate: Callable[[], bool],
+    timeout: float = 20.0,
+    state: Callable[[], object] | None = None,
+) -> None:
+    """Wait until predicate() holds; on a timeout the error shows state()."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
             return
         time.sleep(0.05)
-    raise AssertionError("condition not reached in time")
+    raise AssertionError(
+        "condition not reached in time" + (f": {state()!r}" if state is not None else "")
+    )
 
 
 def _statuses(db: psycopg.Connection) -> dict[str, str]:
@@ -663,6 +670,10 @@ def test_a_run_wakes_only_its_own_installs_listeners_and_loops(
     two_installs: str, tmp_path: Path, busy: str, quiet: str
 ) -> None:
     url = two_installs
+    loop_channels = [channel(s, k) for s in (busy, quiet) for k in ("runs", "ledger")]
+    # A closed session can still show in pg_stat_activity for a moment: the
+    # count below must see this test's loops listening, not the last test's.
+    _wait_for(lambda: all(_listening(url, name) == 0 for name in loop_channels))
     listeners = {s: _listen_all(url, s) for s in (busy, quiet)}
     pools = {
         s: ConnectionPool(url, min_size=1, max_size=4, kwargs={"autocommit": True}, open=True)
@@ -700,15 +711,16 @@ def test_a_run_wakes_only_its_own_installs_listeners_and_loops(
 
         clients[busy].enqueue_run("woken", "mail", {"n": 1})
         with psycopg.connect(url, autocommit=True) as c:
+            status = sql.SQL("SELECT status FROM {} WHERE run_id = 'woken'").format(
+                sql.Identifier(busy, "runs")
+            )
             _wait_for(
-                lambda: (
-                    c.execute(
-                        sql.SQL("SELECT status FROM {} WHERE run_id = 'woken'").format(
-                            sql.Identifier(busy, "runs")
-                        )
-                    ).fetchone()
-                    == ("completed",)
-                )
+                lambda: c.execute(status).fetchone() == ("completed",),
+                state=lambda: (
+                    c.execute(status).fetchone(),
+                    {loop.name: getattr(loop, "stats", None) for loop in loops},
+                    {name: _listening(url, name) for name in loop_channels},
+                ),
             )
         _wait_for(
             lambda: (
@@ -733,3 +745,4 @@ def test_a_run_wakes_only_its_own_installs_listeners_and_loops(
             conn.close()
         for pool in pools.values():
             pool.close()
+        _wait_for(lambda: all(_listening(url, name) == 0 for name in loop_channels))

@@ -392,6 +392,73 @@ def test_a_worker_whose_listen_connection_is_terminated_reconnects_and_wakes_up(
     result.result(timeout=1)
 
 
+@pytest.mark.parametrize("flavor", ["sync", "async"])
+def test_a_worker_whose_first_listen_connect_fails_listens_once_it_can(
+    db: psycopg.Connection, db_url: str, flavor: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The LISTEN login is refused at first: the worker tries again after
+    its backoff (under a second at first), not after poll_interval (an hour
+    here), so a run enqueued once the login works starts on its NOTIFY."""
+    role = f"rr_late_listener_{flavor}"
+    db.execute(f"DROP ROLE IF EXISTS {role}")
+    db.execute(f"CREATE ROLE {role} NOLOGIN")
+    listen_dsn = psycopg.conninfo.make_conninfo(db_url, user=role)
+    done: list[str] = []
+
+    def handler(job: Job) -> None:
+        done.append(job.run_id)
+
+    def refused_then_allowed() -> None:
+        wait_for(
+            lambda: any("unavailable" in r.getMessage() for r in caplog.records),
+            30,
+            "a refused LISTEN login",
+        )
+        db.execute(f"ALTER ROLE {role} LOGIN")
+        wait_for(lambda: len(_listen_backends(db, "runrelay_runs")) == 1, 20, "LISTEN")
+        Client(db_url).enqueue_run("woken")
+        wait_for(lambda: done == ["woken"], 20, "the run picked up on NOTIFY")
+
+    caplog.set_level(logging.WARNING, logger="runrelay.listen")
+    try:
+        if flavor == "sync":
+            worker = Worker(Client(db_url), handler, poll_interval=3600, listen_dsn=listen_dsn,
+                            maintenance=False)  # fmt: skip
+            thread, result = run_in_thread(worker)
+            try:
+                refused_then_allowed()
+            finally:
+                worker.stop()
+                thread.join(30)
+            result.result(timeout=1)
+        else:
+
+            async def main() -> None:
+                worker = AsyncWorker(AsyncClient(db_url), handler, poll_interval=3600,
+                                     listen_dsn=listen_dsn, maintenance=False)  # fmt: skip
+                running = asyncio.create_task(worker.run())
+                try:
+                    await asyncio.to_thread(refused_then_allowed)
+                finally:
+                    worker.stop()
+                    await asyncio.wait_for(running, 30)
+
+            asyncio.run(main())
+    finally:
+        db.execute("ALTER ROLE " + role + " NOLOGIN")
+        db.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", [role]
+        )
+        wait_for(
+            lambda: (
+                not db.execute("SELECT FROM pg_stat_activity WHERE usename = %s", [role]).fetchall()
+            ),
+            30,
+            "the role's sessions gone",
+        )
+        db.execute(f"DROP ROLE {role}")
+
+
 def test_maintain_purge_after_deletes_runs_that_ended_long_ago_and_keeps_the_rest(
     db: psycopg.Connection, db_url: str
 ) -> None:
