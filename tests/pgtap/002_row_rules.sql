@@ -1,13 +1,14 @@
--- The row rules of runs, attempts and ledger_events (the runs_rules,
--- attempts_rules and ledger_events_rules CHECK constraints, which call
--- _runs_rules, _attempts_rules and _ledger_events_rules): each rule
+-- The row rules of runs, attempts, ledger_events and ledger_lanes (the
+-- runs_rules, attempts_rules, ledger_events_rules and ledger_lanes_rules CHECK
+-- constraints, which call _runs_rules, _attempts_rules, _ledger_events_rules
+-- and _ledger_lanes_rules): each rule
 -- rejects a row that breaks it with SQLSTATE 23514 and the message a CHECK
 -- constraint of the rule's name gives, so the error still says which rule.
 -- Each statement below breaks exactly one rule of a legal row, unless it says
 -- two: then the first broken rule by name is reported, as PostgreSQL orders
 -- separate CHECK constraints.
 BEGIN;
-SELECT plan(55);
+SELECT plan(65);
 
 SELECT tests.insert_run('rr');
 SELECT tests.insert_run('ra');
@@ -264,6 +265,47 @@ SELECT lives_ok(
     'a delivered event with its batch and local acknowledgement is accepted'
 );
 
+-- A lane with a claimable head: every rule of ledger_lanes holds.
+INSERT INTO runrelay.ledger_lanes (run_id, lane, head_seq, available_at) VALUES ('rr', 'lifecycle', 1, now());
+SELECT throws_ok(
+    $$ UPDATE runrelay.ledger_lanes SET head_seq = NULL WHERE run_id = 'rr' $$,
+    '23514', 'new row for relation "ledger_lanes" violates check constraint "ledger_lanes_available_has_head"',
+    'ledger_lanes: an available lane without a head breaks ledger_lanes_available_has_head'
+);
+SELECT throws_ok(
+    $$ UPDATE runrelay.ledger_lanes SET batch_id = gen_random_uuid() WHERE run_id = 'rr' $$,
+    '23514', 'new row for relation "ledger_lanes" violates check constraint "ledger_lanes_batch"',
+    'ledger_lanes: a batch without its start and last seq breaks ledger_lanes_batch'
+);
+SELECT throws_ok(
+    $$ UPDATE runrelay.ledger_lanes SET blocked = TRUE WHERE run_id = 'rr' $$,
+    '23514', 'new row for relation "ledger_lanes" violates check constraint "ledger_lanes_blocked_not_available"',
+    'ledger_lanes: a blocked lane that is available breaks ledger_lanes_blocked_not_available'
+);
+SELECT throws_ok(
+    $$ UPDATE runrelay.ledger_lanes SET lane = 'audit' WHERE run_id = 'rr' $$,
+    '23514', 'new row for relation "ledger_lanes" violates check constraint "ledger_lanes_lane"',
+    'ledger_lanes: an unknown lane breaks ledger_lanes_lane'
+);
+SELECT throws_ok(
+    $$ UPDATE runrelay.ledger_lanes SET lease_owner = 'r' WHERE run_id = 'rr' $$,
+    '23514', 'new row for relation "ledger_lanes" violates check constraint "ledger_lanes_lease"',
+    'ledger_lanes: a lease owner without its expiry and extent breaks ledger_lanes_lease'
+);
+SELECT throws_ok(
+    $$ UPDATE runrelay.ledger_lanes SET lane = 'audit', lease_owner = 'r' WHERE run_id = 'rr' $$,
+    '23514', 'new row for relation "ledger_lanes" violates check constraint "ledger_lanes_lane"',
+    'ledger_lanes: two rules broken report the first by name'
+);
+SELECT lives_ok(
+    $$ UPDATE runrelay.ledger_lanes
+       SET lease_owner = 'r', lease_expires_at = now() + interval '1 minute', leased_through = 1,
+           lease_call_id = gen_random_uuid(), batch_id = gen_random_uuid(), batch_started_at = now(),
+           batch_through = 1
+       WHERE run_id = 'rr' $$,
+    'a leased lane with its frozen batch is accepted'
+);
+
 SELECT volatility_is(
     'runrelay', '_runs_rules',
     ARRAY[
@@ -288,13 +330,24 @@ SELECT volatility_is(
     ],
     'immutable', '_ledger_events_rules is IMMUTABLE'
 );
+SELECT volatility_is(
+    'runrelay', '_ledger_lanes_rules',
+    ARRAY[
+        'text', 'bigint', 'timestamp with time zone', 'boolean', 'text', 'timestamp with time zone',
+        'bigint', 'uuid', 'uuid', 'timestamp with time zone', 'bigint'
+    ],
+    'immutable', '_ledger_lanes_rules is IMMUTABLE'
+);
 SELECT
     ok(
         NOT has_function_privilege('public', p.oid, 'EXECUTE'),
         p.proname || ' is not executable by PUBLIC'
     )
 FROM pg_catalog.pg_proc AS p
-WHERE p.pronamespace = 'runrelay'::regnamespace AND p.proname IN ('_runs_rules', '_attempts_rules', '_ledger_events_rules')
+WHERE
+    p.pronamespace = 'runrelay'::regnamespace AND p.proname IN (
+        '_runs_rules', '_attempts_rules', '_ledger_events_rules', '_ledger_lanes_rules'
+    )
 ORDER BY p.proname;
 SELECT is(
     (
@@ -306,6 +359,15 @@ SELECT is(
     ),
     ARRAY['attempts_rules', 'ledger_events_rules', 'runs_rules'],
     'runs, attempts and ledger_events each have one CHECK, which calls their rules function'
+);
+SELECT is(
+    (
+        SELECT array_agg(c.conname::text ORDER BY c.conname)
+        FROM pg_catalog.pg_constraint AS c
+        WHERE c.conrelid = 'runrelay.ledger_lanes'::regclass AND c.contype = 'c'
+    ),
+    ARRAY['ledger_lanes_rules'],
+    'ledger_lanes has one CHECK, which calls its rules function'
 );
 
 SELECT * FROM finish();

@@ -2,6 +2,32 @@
 -- delimited by a header and an end line, so that sections written
 -- separately merge side by side.
 
+-- ==== lane rules ===========================================================
+ALTER TABLE ledger_lanes
+DROP CONSTRAINT ledger_lanes_rules,
+ADD CONSTRAINT ledger_lanes_lane CHECK (lane IN ('lifecycle', 'observability')),
+ADD CONSTRAINT ledger_lanes_blocked_not_available CHECK (
+    NOT blocked OR available_at IS NULL
+),
+ADD CONSTRAINT ledger_lanes_available_has_head CHECK (
+    available_at IS NULL OR head_seq IS NOT NULL
+),
+ADD CONSTRAINT ledger_lanes_lease CHECK (
+    (lease_owner IS NULL) = (lease_expires_at IS NULL)
+    AND (lease_owner IS NULL) = (leased_through IS NULL)
+    AND (lease_call_id IS NULL OR lease_owner IS NOT NULL)
+),
+ADD CONSTRAINT ledger_lanes_batch CHECK (
+    (batch_id IS NULL) = (batch_started_at IS NULL)
+    AND (batch_id IS NULL) = (batch_through IS NULL)
+);
+
+DROP FUNCTION _ledger_lanes_rules(
+    text, bigint, timestamptz, boolean, text, timestamptz, bigint, uuid, uuid,
+    timestamptz, bigint
+);
+-- ==== end: lane rules ======================================================
+
 -- ==== purge plans ==========================================================
 ALTER FUNCTION _runs_deleted() RESET enable_seqscan;
 -- ==== end: purge plans =====================================================

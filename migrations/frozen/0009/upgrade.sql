@@ -427,3 +427,79 @@ ALTER TABLE settings ADD COLUMN step_events boolean NOT NULL DEFAULT TRUE;
 -- (plpgsql/schema/08_run_history.sql).
 ALTER FUNCTION _runs_deleted() SET enable_seqscan = off;
 -- ==== end: purge plans =====================================================
+
+-- ==== lane rules ===========================================================
+-- The five CHECK constraints of ledger_lanes become one CHECK that calls
+-- _ledger_lanes_rules (plpgsql/schema/06_ledger.sql), as revision 0008 did
+-- for runs, attempts and ledger_events: PostgreSQL 15 rebuilds every CHECK
+-- expression of a table for each statement that writes it. The rules and
+-- their names are unchanged: a lane that breaks one fails as before, with
+-- SQLSTATE 23514 and the rule's name. The function is state, not code (the
+-- constraint depends on it). The new constraint is added valid (one scan of
+-- the table in the migration's transaction); every existing row passed the
+-- same rules.
+CREATE FUNCTION _ledger_lanes_rules(
+    p_lane text,
+    p_head_seq bigint,
+    p_available_at timestamptz,
+    p_blocked boolean,
+    p_lease_owner text,
+    p_lease_expires_at timestamptz,
+    p_leased_through bigint,
+    p_lease_call_id uuid,
+    p_batch_id uuid,
+    p_batch_started_at timestamptz,
+    p_batch_through bigint
+)
+RETURNS boolean
+LANGUAGE plpgsql
+IMMUTABLE
+PARALLEL SAFE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_broken text;
+BEGIN
+    v_broken := CASE
+        WHEN NOT (p_available_at IS NULL OR p_head_seq IS NOT NULL)
+            THEN 'ledger_lanes_available_has_head'
+        WHEN NOT (
+            (p_batch_id IS NULL) = (p_batch_started_at IS NULL)
+            AND (p_batch_id IS NULL) = (p_batch_through IS NULL)
+        ) THEN 'ledger_lanes_batch'
+        WHEN NOT (NOT p_blocked OR p_available_at IS NULL)
+            THEN 'ledger_lanes_blocked_not_available'
+        WHEN NOT (p_lane IN ('lifecycle', 'observability')) THEN 'ledger_lanes_lane'
+        WHEN NOT (
+            (p_lease_owner IS NULL) = (p_lease_expires_at IS NULL)
+            AND (p_lease_owner IS NULL) = (p_leased_through IS NULL)
+            AND (p_lease_call_id IS NULL OR p_lease_owner IS NOT NULL)
+        ) THEN 'ledger_lanes_lease'
+    END;
+    IF v_broken IS NULL THEN
+        RETURN TRUE;
+    END IF;
+    RAISE EXCEPTION 'new row for relation "ledger_lanes" violates check constraint "%"', v_broken
+        USING ERRCODE = 'check_violation', CONSTRAINT = v_broken, TABLE = 'ledger_lanes';
+END;
+$$;
+
+COMMENT ON FUNCTION _ledger_lanes_rules(
+    text, bigint, timestamptz, boolean, text, timestamptz, bigint, uuid, uuid,
+    timestamptz, bigint
+) IS
+'The row rules of ledger_lanes (the ledger_lanes_rules CHECK): true, or a 23514 error naming the rule the row breaks.';
+
+ALTER TABLE ledger_lanes
+DROP CONSTRAINT ledger_lanes_lane,
+DROP CONSTRAINT ledger_lanes_blocked_not_available,
+DROP CONSTRAINT ledger_lanes_available_has_head,
+DROP CONSTRAINT ledger_lanes_lease,
+DROP CONSTRAINT ledger_lanes_batch,
+ADD CONSTRAINT ledger_lanes_rules CHECK (
+    _ledger_lanes_rules(
+        lane, head_seq, available_at, blocked, lease_owner, lease_expires_at,
+        leased_through, lease_call_id, batch_id, batch_started_at, batch_through
+    )
+);
+-- ==== end: lane rules ======================================================
