@@ -18,7 +18,9 @@ concurrency + 2 (runrelay relay does). The sink is called from several
 threads at once (WebhookSink and JsonLinesSink are safe to share; a sink of
 your own must be too, or run with concurrency=1).
 
-Each pass per lane: discover a run with a due head (claim_ledger with
+Each pass per lane (a lane the slot found empty is looked at again after
+EMPTY_LANE_PAUSE while its other lanes keep it busy, at once when they do
+not): discover a run with a due head (claim_ledger with
 batch => true, so a batch is frozen at its first claim), deliver the batch to
 the sink, then ack_ledger(..., claim_next=batch_size) to acknowledge it and
 claim the same run's next batch in the same round trip, until the run has
@@ -89,6 +91,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("runrelay.relay")
 T = TypeVar("T")
+
+# While another of its lanes keeps a slot busy, the slot looks at a lane whose
+# last claim came back empty again only after this many seconds, not on
+# every pass: a relay serving both lanes of runs that append only lifecycle
+# events would otherwise make an empty claim of the observability lane for
+# every batch it delivers. A pass that finds nothing on the lanes it looked
+# at looks at the others before the slot goes idle.
+EMPTY_LANE_PAUSE = 0.05
 
 
 def _default_name() -> str:
@@ -246,9 +256,11 @@ class Relay:
             return
         backoff = Backoff(base=0.2, cap=30.0)
         worked = False
+        # When each lane that came back empty is due to be looked at again.
+        empty_until: dict[str, float] = {}
         while not self._stop.is_set():
             try:
-                settled = sum(self.drain(lane) for lane in self.lanes)
+                settled = self._pass(empty_until)
                 if not settled:
                     idle = time.monotonic() - idle_since
                     if until_idle is not None and idle > until_idle:
@@ -284,6 +296,29 @@ class Relay:
             if settled:
                 idle_since = time.monotonic()
                 worked = True
+
+    def _pass(self, empty_until: dict[str, float]) -> int:
+        """Drain each lane once, but a lane found empty less than
+        EMPTY_LANE_PAUSE ago only if the others had nothing either. The
+        events settled."""
+        now = time.monotonic()
+        ready = [lane for lane in self.lanes if empty_until.get(lane, 0.0) <= now]
+        settled = self._drain_lanes(ready, empty_until)
+        if not settled and len(ready) < len(self.lanes):
+            rest = [lane for lane in self.lanes if lane not in ready]
+            settled = self._drain_lanes(rest, empty_until)
+        return settled
+
+    def _drain_lanes(self, lanes: Sequence[str], empty_until: dict[str, float]) -> int:
+        settled = 0
+        for lane in lanes:
+            n = self.drain(lane)
+            settled += n
+            if n or len(self.lanes) == 1:
+                empty_until.pop(lane, None)
+            else:
+                empty_until[lane] = time.monotonic() + EMPTY_LANE_PAUSE
+        return settled
 
     def _hand_back(self) -> None:
         """After an interrupted delivery: release its leases so another relay
@@ -497,7 +532,7 @@ class Relay:
         try:
             if self._poller == me:
                 try:
-                    self._sleep()
+                    self._sleep(until_idle)
                 finally:
                     with self._wake:
                         self._poller = None

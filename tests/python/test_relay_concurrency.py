@@ -213,3 +213,83 @@ def test_an_idle_relay_polls_as_one_slot_does(db_url: str) -> None:
     # One slot: a pass (two lanes) per 0.2 s sleep over 1.5 s is about 16
     # claims; sixteen polling slots would make about 250.
     assert calls.count("claim_ledger") < 40, calls.count("claim_ledger")
+
+
+def _lanes_claimed(client: Client) -> list[str]:
+    """The lane of every claim_ledger call the client makes from now on."""
+    lanes: list[str] = []
+    claim = client.claim_ledger
+
+    def counted(relay: str, lane: str = "lifecycle", *args: Any, **kwargs: Any) -> Any:
+        lanes.append(lane)
+        return claim(relay, lane, *args, **kwargs)
+
+    client.claim_ledger = counted  # type: ignore[method-assign]
+    return lanes
+
+
+def test_a_lane_found_empty_is_claimed_again_after_a_pause_while_another_keeps_the_slot_busy(
+    db: psycopg.Connection, client: Client
+) -> None:
+    """Runs with lifecycle events only, one slot serving both lanes: each
+    batch is a claim and an ack of the lifecycle lane, and the empty
+    observability lane is asked about every EMPTY_LANE_PAUSE, not after
+    every batch."""
+    ids = [f"r{i:02d}" for i in range(40)]
+    for run_id in ids:
+        client.enqueue_run(run_id)
+        client.append_events(run_id, [{"type": "e1"}, {"type": "e2"}])
+    batches: list[str] = []
+
+    def sink(lane: str, events: list[LedgerEvent]) -> None:
+        time.sleep(0.01)
+        batches.append(events[0].run_id)
+
+    lanes = _lanes_claimed(client)
+    relay = Relay(client, sink, concurrency=1, max_sleep=0.05)
+    relay.run(until_idle=0.5)
+    assert sorted(batches) == ids and _undelivered(db) == 0
+    # The claims up to the last one of the lifecycle lane: while work remained.
+    busy = lanes[: len(lanes) - lanes[::-1].index("lifecycle")]
+    # 40 batches over at least 0.4 s: about 8 looks at the empty lane, not 40.
+    assert busy.count("observability") < 20, busy.count("observability")
+
+
+def test_a_lane_found_empty_is_not_starved_by_a_busy_one(
+    db: psycopg.Connection, client: Client
+) -> None:
+    """While one slot works through a long lifecycle backlog, an
+    observability event appended meanwhile is delivered long before the
+    backlog ends."""
+    ids = [f"r{i:02d}" for i in range(60)]
+    for run_id in ids:
+        client.enqueue_run(run_id)
+    delivered: list[str] = []
+
+    def sink(lane: str, events: list[LedgerEvent]) -> None:
+        if lane == "lifecycle":
+            time.sleep(0.02)
+        delivered.append(lane)
+
+    relay = Relay(client, sink, concurrency=1, max_sleep=0.05)
+    thread = _start(relay, until_idle=0.5)
+    try:
+        wait_for(lambda: "lifecycle" in delivered, 20, "the first lifecycle batch")
+        client.append_events(ids[0], [{"type": "o1", "lane": "observability"}])
+        wait_for(lambda: "observability" in delivered, 20, "the observability event")
+        # 60 lifecycle batches take at least 1.2 s; the look at the other
+        # lane comes every 0.05 s.
+        assert delivered.count("lifecycle") < 40, delivered.count("lifecycle")
+    finally:
+        thread.join(30)
+    assert _undelivered(db) == 0
+
+
+def test_until_idle_ends_a_quiet_relay_without_waiting_out_max_sleep(client: Client) -> None:
+    """With nothing to deliver, run(until_idle=0.3) returns after about
+    that long: the watching slot's sleep is bounded by until_idle too, not
+    by max_sleep (a minute here)."""
+    relay = Relay(client, lambda lane, events: None, max_sleep=60)
+    thread = _start(relay, until_idle=0.3)
+    thread.join(20)
+    assert not thread.is_alive()
