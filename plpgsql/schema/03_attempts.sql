@@ -35,7 +35,6 @@ RETURNS boolean
 LANGUAGE plpgsql
 IMMUTABLE
 PARALLEL SAFE
-SET search_path FROM CURRENT
 AS $$
 DECLARE
     v_broken text;

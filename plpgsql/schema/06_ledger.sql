@@ -64,7 +64,6 @@ RETURNS boolean
 LANGUAGE plpgsql
 IMMUTABLE
 PARALLEL SAFE
-SET search_path FROM CURRENT
 AS $$
 DECLARE
     v_broken text;
@@ -191,7 +190,6 @@ RETURNS boolean
 LANGUAGE plpgsql
 IMMUTABLE
 PARALLEL SAFE
-SET search_path FROM CURRENT
 AS $$
 DECLARE
     v_broken text;

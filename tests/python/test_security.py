@@ -317,6 +317,13 @@ def functions(conn: psycopg.Connection, schema: str) -> list[dict[str, Any]]:
             """SELECT p.oid, p.proname AS name, p.oid::regprocedure::text AS signature,
                       p.prosecdef, p.proconfig, p.provolatile,
                       p.prosqlbody IS NOT NULL AS prebound,
+                      -- A table's rules function: a CHECK constraint calls it.
+                      EXISTS (
+                          SELECT 1 FROM pg_catalog.pg_depend AS d
+                          WHERE d.classid = 'pg_catalog.pg_constraint'::regclass
+                            AND d.refclassid = 'pg_catalog.pg_proc'::regclass
+                            AND d.refobjid = p.oid
+                      ) AS row_rules,
                       p.prorettype = 'pg_catalog.trigger'::regtype AS is_trigger,
                       p.proowner = n.nspowner AS owned_by_schema_owner,
                       coalesce(p.proacl, acldefault('f', p.proowner))::text[] AS acl,
@@ -411,6 +418,18 @@ def assert_definer_catalog(conn: psycopg.Connection, schema: str) -> None:
         # and it must not be SECURITY DEFINER.
         if f["prebound"] and not f["prosecdef"] and not f["proconfig"]:
             continue
+        # And a table's rules function, which a CHECK calls for every row
+        # written: it pins nothing (a SET clause costs each row a save and
+        # restore of the setting) and must not need to. It is IMMUTABLE,
+        # not SECURITY DEFINER, and sets nothing; that no path changes what
+        # it does is
+        # test_the_rules_functions_enforce_their_rules_whatever_the_callers_path.
+        if f["row_rules"]:
+            if f["prosecdef"] or f["proconfig"] or f["provolatile"] != "i":
+                problems.append(
+                    f"{f['signature']}: a rules function must be IMMUTABLE and set nothing"
+                )
+            continue
         if len(settings) != 1:
             problems.append(f"{f['signature']}: search_path not pinned ({f['proconfig']})")
             continue
@@ -424,6 +443,56 @@ def assert_definer_catalog(conn: psycopg.Connection, schema: str) -> None:
         if "pg_catalog" in path and path.index("pg_catalog") != 0:
             problems.append(f"{f['signature']}: pg_catalog is not searched first in {path}")
     assert problems == []
+
+
+def test_the_rules_functions_enforce_their_rules_whatever_the_callers_path(
+    db: psycopg.Connection,
+) -> None:
+    """The rules functions pin no search_path: a path that puts a schema
+    with its own length() first still gets pg_catalog's, which any path that
+    does not name pg_catalog searches first. Each call breaks a length rule,
+    which the impostor (always 1) would let pass."""
+    rules = sorted(f["name"] for f in functions(db, "runrelay") if f["row_rules"])
+    assert rules == [
+        "_attempts_rules", "_ledger_events_rules", "_ledger_lanes_rules", "_runs_rules"
+    ]  # fmt: skip
+    db.execute("DROP SCHEMA IF EXISTS impostor CASCADE")
+    db.execute("CREATE SCHEMA impostor")
+    db.execute("CREATE FUNCTION impostor.length(text) RETURNS integer LANGUAGE sql RETURN 1")
+    long = "x" * 500
+    calls = {
+        "runs_run_id_length": (
+            "SELECT runrelay._runs_rules(%s, 'q', 'queued', NULL, NULL, NULL, 'keep', 3, 0,"
+            " NULL, NULL, false, NULL, 0, 0)",
+            [long],
+        ),
+        "ledger_type_length": (
+            "SELECT runrelay._ledger_events_rules('lifecycle', %s, 'k', 1, NULL, NULL, NULL,"
+            " NULL, NULL, 0, false, NULL)",
+            [long],
+        ),
+    }
+    try:
+        db.execute("SET search_path = impostor, pg_temp")
+        for rule, (query, args) in calls.items():
+            with pytest.raises(psycopg.errors.CheckViolation) as broken:
+                db.execute(query, args)
+            assert broken.value.diag.constraint_name == rule
+        # The lane and attempt rules name no function; they hold under the
+        # same path.
+        with pytest.raises(psycopg.errors.CheckViolation):
+            db.execute(
+                "SELECT runrelay._ledger_lanes_rules('audit', 1, NULL, false, NULL, NULL,"
+                " NULL, NULL, NULL, NULL, NULL)"
+            )
+        with pytest.raises(psycopg.errors.CheckViolation):
+            db.execute(
+                "SELECT runrelay._attempts_rules(0, 'running', now(), NULL, NULL, NULL, NULL,"
+                " NULL, NULL)"
+            )
+    finally:
+        db.execute("RESET search_path")
+        db.execute("DROP SCHEMA impostor CASCADE")
 
 
 def assert_all_volatile(conn: psycopg.Connection, schema: str) -> None:

@@ -2,6 +2,22 @@
 -- delimited by a header and an end line, so that sections written
 -- separately merge side by side.
 
+-- ==== row rules without a path ============================================
+-- The migrations run with the install's schema and pg_temp as the path, as
+-- when revision 0008 created these functions.
+ALTER FUNCTION _runs_rules(
+    text, text, text, timestamptz, jsonb, timestamptz, text, integer, integer,
+    text, bigint, boolean, jsonb, bigint, integer
+) SET search_path FROM CURRENT;
+ALTER FUNCTION _attempts_rules(
+    integer, text, timestamptz, timestamptz, jsonb, timestamptz, jsonb, text, text
+) SET search_path FROM CURRENT;
+ALTER FUNCTION _ledger_events_rules(
+    text, text, text, bigint, timestamptz, text, timestamptz, uuid, timestamptz,
+    integer, boolean, uuid
+) SET search_path FROM CURRENT;
+-- ==== end: row rules without a path =======================================
+
 -- ==== lane rules ===========================================================
 ALTER TABLE ledger_lanes
 DROP CONSTRAINT ledger_lanes_rules,

@@ -455,7 +455,6 @@ RETURNS boolean
 LANGUAGE plpgsql
 IMMUTABLE
 PARALLEL SAFE
-SET search_path FROM CURRENT
 AS $$
 DECLARE
     v_broken text;
@@ -503,3 +502,23 @@ ADD CONSTRAINT ledger_lanes_rules CHECK (
     )
 );
 -- ==== end: lane rules ======================================================
+
+-- ==== row rules without a path ============================================
+-- The rules functions of runs, attempts and ledger_events no longer pin
+-- their search_path (_ledger_lanes_rules, above, is created without it): the
+-- SET clause saved and restored the setting for every row a CHECK checked,
+-- a tenth of an acknowledgement of 100 events. They read their arguments
+-- only and use pg_catalog's operators, so no path changes what they do
+-- (plpgsql/schema/02_runs.sql says why in full).
+ALTER FUNCTION _runs_rules(
+    text, text, text, timestamptz, jsonb, timestamptz, text, integer, integer,
+    text, bigint, boolean, jsonb, bigint, integer
+) RESET search_path;
+ALTER FUNCTION _attempts_rules(
+    integer, text, timestamptz, timestamptz, jsonb, timestamptz, jsonb, text, text
+) RESET search_path;
+ALTER FUNCTION _ledger_events_rules(
+    text, text, text, bigint, timestamptz, text, timestamptz, uuid, timestamptz,
+    integer, boolean, uuid
+) RESET search_path;
+-- ==== end: row rules without a path =======================================
