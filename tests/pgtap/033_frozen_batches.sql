@@ -3,7 +3,7 @@
 -- release, even when new events were appended; never widened; shrunk only by
 -- acknowledgement.
 BEGIN;
-SELECT plan(19);
+SELECT plan(21);
 
 SELECT tests.ledger_run('b1');
 SELECT tests.append('b1', ARRAY['a', 'b', 'c'], 'observability');
@@ -117,6 +117,27 @@ SELECT lives_ok(
     'claiming the lane after the requeue is an outcome, not an error'
 );
 SELECT is(tests.ev_state(tests.eid('b3', 'a')), 'leased:x', 'the requeued head is delivered again');
+
+-- A new batch takes the head's successors up to the first that is not
+-- claimable: one not yet due, or one that failed, ends it.
+SELECT tests.ledger_run('b4');
+SELECT tests.append('b4', ARRAY['a', 'b', 'c', 'd'], 'observability');
+UPDATE runrelay.ledger_events SET next_attempt_at = now() + interval '1 hour'
+WHERE event_id = tests.eid('b4', 'c');
+SELECT results_eq(
+    $$SELECT type FROM runrelay.claim_ledger(relay => 'x', lane => 'observability', run_id => 'b4', max_events => 10, batch => TRUE)$$,
+    $$VALUES ('a'), ('b')$$,
+    'a batch stops before a successor that is not yet due'
+);
+SELECT tests.ledger_run('b5');
+SELECT tests.append('b5', ARRAY['a', 'b', 'c'], 'observability');
+UPDATE runrelay.ledger_events SET failed_at = now(), next_attempt_at = now() + interval '1 hour'
+WHERE event_id = tests.eid('b5', 'b');
+SELECT results_eq(
+    $$SELECT type FROM runrelay.claim_ledger(relay => 'x', lane => 'observability', run_id => 'b5', max_events => 10, batch => TRUE)$$,
+    $$VALUES ('a')$$,
+    'a batch stops before a successor that failed'
+);
 
 SELECT * FROM finish();
 ROLLBACK;
