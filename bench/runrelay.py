@@ -27,16 +27,13 @@ then ANALYZEd; each repetition starts from a fresh load.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import tempfile
 import uuid
-from collections.abc import Callable, Iterator
-from datetime import timedelta
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
-from psycopg import pq
+from devtools.round_trips import CALLS_PER_METHOD, calls, frontend_round_trips, traced
 
 from bench._load import Case, Factory, Recorder
 from runrelay import Client, _operations
@@ -427,72 +424,6 @@ def cases(url: str, plan: Any) -> list[Case]:
 
 # Round trips -------------------------------------------------------------
 
-CALLS_PER_METHOD = 7  # past psycopg's prepare_threshold (5): the prepared path too
-
-
-def frontend_round_trips(trace: str) -> int:
-    """Each frontend Sync (extended protocol) or Query (simple) is one round trip."""
-    count = 0
-    for line in trace.splitlines():
-        fields = line.split("\t")
-        if len(fields) >= 3 and fields[0] == "F" and fields[2].split(" ")[0] in ("Sync", "Query"):
-            count += 1
-    return count
-
-
-@contextlib.contextmanager
-def traced(conn: psycopg.Connection[Any]) -> Iterator[list[str]]:
-    out: list[str] = []
-    with tempfile.TemporaryFile("w+") as f:
-        conn.pgconn.trace(f.fileno())
-        conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
-        try:
-            yield out
-        finally:
-            conn.pgconn.untrace()
-            f.seek(0)
-            out.append(f.read())
-
-
-def _calls(now: Any) -> dict[str, tuple[tuple[Any, ...], dict[str, Any]]]:
-    """Arguments that succeed (with some outcome) when repeated, for every method."""
-    token = uuid.UUID(int=1)
-    fence = ("rt", 1, token)
-    return {
-        "get_schema_version": ((), {}),
-        "enqueue_run": (("rt",), {"payload": {"k": 1}}),
-        "enqueue_runs": (([EnqueueItem("rt", payload={"k": 1})],), {}),
-        "append_events": (("rt", [{"type": "x", "lane": "observability"}]), {}),
-        "signal_run": (("missing", "go"), {}),
-        "cancel_run": (("missing",), {}),
-        "claim_attempts": (("w1",), {"queues": ["empty"]}),
-        "settle_and_claim": (
-            ([{"run_id": "rt", "attempt": 1, "lease_token": token}], "w1"),
-            {"queues": ["empty"]},
-        ),
-        "heartbeat": (fence, {}),
-        "complete_attempt": (fence, {}),
-        "complete_attempts": (([{"run_id": "rt", "attempt": 1, "lease_token": token}],), {}),
-        "fail_attempt": ((*fence, {"e": 1}), {}),
-        "suspend_attempt": ((*fence, {"kind": "event", "name": "n"}), {}),
-        "release_attempt": (fence, {}),
-        "prepare_waiting_failure": (fence, {}),
-        "record_runner_terminal": (("missing", 1, {}), {}),
-        "claim_detached_terminal": (fence, {}),
-        "read_runner_terminal": (("rt", 1), {}),
-        "reap_expired": ((), {}),
-        "claim_ledger": (("relay-1",), {"run_id": "missing"}),
-        "ack_ledger": (("relay-1", "rt", [1]), {"claim_next": 1}),
-        "renew_ledger_lease": (("relay-1", [1]), {}),
-        "release_ledger": (("relay-1", [1]), {}),
-        "fail_ledger": (("relay-1", [1], {"e": 1}), {}),
-        "ledger_next_due_at": ((), {}),
-        "requeue_ledger_event": ((1,), {}),
-        "prune": ((now - timedelta(days=1),), {}),
-        "run_stats": ((), {}),
-        "ledger_stats": ((), {}),
-    }
-
 
 def round_trips(url: str) -> dict[str, Any]:
     """Protocol round trips of every client method, each called CALLS_PER_METHOD times."""
@@ -501,15 +432,14 @@ def round_trips(url: str) -> dict[str, Any]:
         client = Client(conn)
         client.enqueue_run("rt", payload={"k": 1})
         now = conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
-        calls = _calls(now)
         counts: dict[str, list[int]] = {}
-        for name, (args, kwargs) in calls.items():
+        for name, (args, kwargs) in calls(now).items():
             for _ in range(CALLS_PER_METHOD):
                 with traced(conn) as out:
                     getattr(client, name)(*args, **kwargs)
                 counts.setdefault(name, []).append(frontend_round_trips(out[0]))
         reset(conn)
-    methods = set(_operations.OPERATIONS) | {"run_stats", "ledger_stats"}
+    methods = set(_operations.OPERATIONS) | {"run_stats", "ledger_stats", "wait_stats"}
     return {
         "calls_per_method": CALLS_PER_METHOD,
         "max_by_method": {name: max(c) for name, c in sorted(counts.items())},

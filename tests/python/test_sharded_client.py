@@ -16,6 +16,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from devtools.round_trips import frontend_round_trips, traced
 
 from runrelay import (
     AsyncClient,
@@ -47,7 +48,6 @@ from runrelay.cli import main
 from runrelay.sharding import EVENT_SHIFT, ProxyTransaction, WrongShard
 from sharded_harness import ShardedInstall, run_ids_on
 from sqlapi import table_checksum
-from test_client import frontend_round_trips, traced
 
 pytestmark = pytest.mark.sharded
 

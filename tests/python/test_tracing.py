@@ -22,6 +22,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from devtools.round_trips import frontend_round_trips, traced
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -41,7 +42,6 @@ from runrelay.relay import Relay
 from runrelay.sinks import JsonLinesSink, WebhookSink, trace_headers
 from runrelay.tracing import Tracing, current_trace_context
 from runrelay.worker import AsyncWorker, Job, Worker, left, log_finished
-from test_client import frontend_round_trips, traced
 
 W3C = TraceContextTextMapPropagator()
 
