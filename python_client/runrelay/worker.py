@@ -743,6 +743,11 @@ class Listen:
     seconds: float
 
 
+# With run(until_idle=...), how often an idle worker whose handlers still
+# run looks whether they are done.
+UNTIL_IDLE_STEP = 0.05
+
+
 @dataclass(eq=False)
 class _Settlement:
     """One body's outcomes to write (settle_and_claim items) and how many runs
@@ -946,7 +951,12 @@ class _Loop(_Signals, _Recorder):
             idle_for = time.monotonic() - idle_since
             if until_idle is not None and idle_for > until_idle and not self._inflight:
                 return
-            yield Listen(jittered(self.poll_interval))
+            wait = jittered(self.poll_interval)
+            if until_idle is not None:
+                # Look again when the idle time is up, not a poll interval
+                # later (then every UNTIL_IDLE_STEP while runs still run).
+                wait = min(wait, max(until_idle - idle_for, UNTIL_IDLE_STEP))
+            yield Listen(wait)
 
     def _claim_steps(self, n: int) -> Steps[list[Job]]:
         """Claim up to n runs into n reserved slots. After a connection error

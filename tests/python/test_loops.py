@@ -175,6 +175,45 @@ DEADLINES = {
 
 
 @pytest.mark.parametrize("flavor", ["sync", "async"])
+def test_until_idle_ends_a_quiet_worker_without_waiting_out_its_poll_interval(
+    db: psycopg.Connection, db_url: str, flavor: str
+) -> None:
+    """run(until_idle=0.3) with an hour's poll interval: the worker looks
+    again when the idle time is up (after finishing its one run), not an
+    hour later."""
+    Client(db_url).enqueue_run("only")
+    done: list[str] = []
+
+    def handler(job: Job) -> None:
+        done.append(job.run_id)
+
+    async def ahandler(job: Job) -> None:
+        done.append(job.run_id)
+
+    def run() -> None:
+        if flavor == "sync":
+            Worker(Client(db_url), handler, poll_interval=3600, maintenance=False).run(
+                until_idle=0.3
+            )
+            return
+
+        async def main() -> None:
+            async with AsyncClient(db_url) as client:
+                await AsyncWorker(client, ahandler, poll_interval=3600, maintenance=False).run(
+                    until_idle=0.3
+                )
+
+        asyncio.run(main())
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(30)
+    assert not thread.is_alive()
+    assert done == ["only"]
+    assert _statuses(db) == {"only": "completed"}
+
+
+@pytest.mark.parametrize("flavor", ["sync", "async"])
 def test_relative_deadlines_follow_the_database_clock_not_the_hosts(
     db: psycopg.Connection, db_url: str, flavor: str
 ) -> None:
