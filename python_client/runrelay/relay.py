@@ -27,7 +27,7 @@ claim the same run's next batch in the same round trip, until the run has
 nothing more. Transport-only events are acknowledged locally by those claims
 (kind local_ack) and never reach the sink; a pass that only acknowledged
 locally counts as progress, so the loop comes straight back for more. Slow
-deliveries renew their leases from a side thread — the first renewal is
+deliveries renew their leases from one side thread per relay — the first renewal is
 scheduled from the claim's lease_remaining_ms (the lease left when the claim
 answered), so a fast delivery never renews. A sink error becomes fail_ledger
 (server-side backoff; blocked when permanent). With nothing to do the relay sleeps until
@@ -72,6 +72,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -113,6 +114,82 @@ def relay_metrics(registry: CollectorRegistry | None) -> RelayMetrics | None:
     from .metrics import RelayMetrics
 
     return RelayMetrics.of(registry)
+
+
+@dataclass(eq=False)
+class _Renewal:
+    """A delivery in progress whose leases the renewal thread keeps: its
+    lane, its events, when the next renewal falls due and when renewing
+    stops (the delivery deadline; None: never)."""
+
+    lane: str
+    ids: list[int]
+    due: float
+    stop_at: float | None
+    busy: bool = False  # a renewal call for it is being made
+
+
+class _Renewals:
+    """The lease renewals of a relay's deliveries in progress, made by one
+    thread. A delivery is added before its sink call and removed after it;
+    the thread renews each one whose renewal falls due meanwhile, one call
+    at a time, so a delivery that ends first costs no thread and no call.
+    Removing a delivery waits for a renewal call of it in progress, so none
+    is made after its acknowledgement. The thread starts with the first
+    delivery and ends after IDLE_EXIT seconds with none."""
+
+    IDLE_EXIT = 5.0
+
+    def __init__(self, renew: Callable[[_Renewal], bool], *, name: str) -> None:
+        self._renew = renew
+        self._name = name
+        self._cond = threading.Condition()
+        self._pending: set[_Renewal] = set()
+        self._running = False
+
+    def add(self, renewal: _Renewal) -> None:
+        with self._cond:
+            self._pending.add(renewal)
+            if not self._running:
+                self._running = True
+                threading.Thread(target=self._run, name=self._name, daemon=True).start()
+            self._cond.notify_all()
+
+    def remove(self, renewal: _Renewal) -> None:
+        with self._cond:
+            self._pending.discard(renewal)
+            while renewal.busy:
+                self._cond.wait()
+
+    def _run(self) -> None:
+        with self._cond:
+            idle_since = time.monotonic()
+            while True:
+                now = time.monotonic()
+                if not self._pending:
+                    if now - idle_since >= self.IDLE_EXIT:
+                        self._running = False
+                        return
+                    self._cond.wait(self.IDLE_EXIT - (now - idle_since))
+                    continue
+                idle_since = now
+                renewal = min(self._pending, key=lambda r: r.due)
+                if renewal.due > now:
+                    self._cond.wait(renewal.due - now)
+                    continue
+                renewal.busy = True
+                self._cond.release()
+                try:
+                    keep = self._renew(renewal)
+                except BaseException:
+                    keep = False
+                    log.exception("lease renewal failed")
+                finally:
+                    self._cond.acquire()
+                    renewal.busy = False
+                    self._cond.notify_all()
+                if not keep:
+                    self._pending.discard(renewal)
 
 
 class Relay:
@@ -173,6 +250,7 @@ class Relay:
         self._idle_slots = 0
         self._metrics = relay_metrics(metrics)
         self._tracing: Tracing | None = getattr(client, "tracing", None)
+        self._renewals = _Renewals(self._renew, name=f"{self.name}-renew")
 
     def stop(self) -> None:
         """Finish the deliveries in progress, hand back what is claimed, return."""
@@ -432,40 +510,18 @@ class Relay:
     def _deliver(self, lane: str, events: list[LedgerEvent]) -> None:
         """Call the sink; renew the leases meanwhile if it is slow."""
         remaining = min((e.lease_remaining_ms or 0) for e in events) / 1000.0
-        done = threading.Event()
-        ids = [e.event_id for e in events]
-
-        stop_renewing = (
-            None if self.delivery_deadline is None else time.monotonic() + self.delivery_deadline
+        now = time.monotonic()
+        renewal = _Renewal(
+            lane,
+            [e.event_id for e in events],
+            # The claim proves the lease covers this long.
+            due=now + max(0.5, remaining / 2),
+            stop_at=None if self.delivery_deadline is None else now + self.delivery_deadline,
         )
-
-        def renew() -> None:
-            wait = max(0.5, remaining / 2)  # the claim proves the lease covers this long
-            while not done.wait(wait):
-                if stop_renewing is not None and time.monotonic() >= stop_renewing:
-                    log.warning(
-                        "delivery of %d event(s) on %s passed its deadline of %gs;"
-                        " its leases are no longer renewed",
-                        len(ids), lane, self.delivery_deadline,
-                    )  # fmt: skip
-                    self._renewed(lane, "deadline")
-                    return
-                try:
-                    renewed = self.client.renew_ledger_lease(self.name, ids, self.lease_seconds)
-                    self._count("renewals")
-                    if len(renewed) < len(ids):
-                        self._count("renewals_lost")
-                    self._renewed(lane, "renewed" if len(renewed) == len(ids) else "lost")
-                except Exception:
-                    log.warning("lease renewal failed", exc_info=True)
-                    self._renewed(lane, "error")
-                wait = max(0.5, self.lease_seconds / 2)
-
-        renewer = threading.Thread(target=renew, name=f"{self.name}-renew", daemon=True)
-        renewer.start()
+        self._renewals.add(renewal)
         slot = threading.get_ident()
         with self._lock:
-            self._holding[slot] = ids
+            self._holding[slot] = renewal.ids
         started, result = time.perf_counter(), "error"
         try:
             if self._tracing is None:
@@ -478,11 +534,34 @@ class Relay:
             # Delivered, or failed (fail_ledger, not a hand-back): held no more.
             with self._lock:
                 self._holding.pop(slot, None)
-            done.set()
-            renewer.join()
+            self._renewals.remove(renewal)
             if self._metrics is not None:
                 seconds = time.perf_counter() - started
                 self._metrics.delivery_seconds.labels(lane, result).observe(seconds)
+
+    def _renew(self, renewal: _Renewal) -> bool:
+        """Renew a delivery's leases, now due (the renewal thread calls
+        this); False once its delivery deadline has passed: no more
+        renewals."""
+        if renewal.stop_at is not None and time.monotonic() >= renewal.stop_at:
+            log.warning(
+                "delivery of %d event(s) on %s passed its deadline of %gs;"
+                " its leases are no longer renewed",
+                len(renewal.ids), renewal.lane, self.delivery_deadline,
+            )  # fmt: skip
+            self._renewed(renewal.lane, "deadline")
+            return False
+        try:
+            renewed = self.client.renew_ledger_lease(self.name, renewal.ids, self.lease_seconds)
+            self._count("renewals")
+            if len(renewed) < len(renewal.ids):
+                self._count("renewals_lost")
+            self._renewed(renewal.lane, "renewed" if len(renewed) == len(renewal.ids) else "lost")
+        except Exception:
+            log.warning("lease renewal failed", exc_info=True)
+            self._renewed(renewal.lane, "error")
+        renewal.due = time.monotonic() + max(0.5, self.lease_seconds / 2)
+        return True
 
     def _renewed(self, lane: str, result: str) -> None:
         if self._metrics is not None:

@@ -293,3 +293,51 @@ def test_until_idle_ends_a_quiet_relay_without_waiting_out_max_sleep(client: Cli
     thread = _start(relay, until_idle=0.3)
     thread.join(20)
     assert not thread.is_alive()
+
+
+def test_deliveries_share_one_renewal_thread_and_slow_ones_are_each_renewed(
+    db: psycopg.Connection, client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Thirty fast deliveries start no thread of their own (the relay's one
+    renewal thread serves them all), and two slow deliveries in flight at
+    once each have their leases renewed by it."""
+    ids = _runs(client, 30, events=1)
+    started: list[str] = []
+    start = threading.Thread.start
+
+    def counted(thread: threading.Thread) -> None:
+        started.append(thread.name)
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", counted)
+    delivered: list[str] = []
+    relay = Relay(client, lambda lane, events: delivered.append(events[0].run_id), name="r",
+                  concurrency=1, lanes=["lifecycle"])  # fmt: skip
+    relay.run(until_idle=0.3)
+    assert len(delivered) >= 30
+    assert started.count("r-renew") <= 1, started.count("r-renew")
+    assert _undelivered_on(db, "lifecycle") == 0
+
+    client.append_events(ids[0], [{"type": "slow"}])
+    client.append_events(ids[1], [{"type": "slow"}])
+    both = threading.Barrier(2, timeout=20)
+    relay = Relay(client, lambda lane, events: None, name="s", concurrency=2,
+                  lanes=["lifecycle"], lease_seconds=2)  # fmt: skip
+
+    def slow(lane: str, events: list[LedgerEvent]) -> None:
+        both.wait()  # both deliveries in flight
+        time.sleep(2.5)  # past the first renewal of each (half of the 2 s lease)
+
+    relay.sink = slow
+    relay.run(until_idle=0.3)
+    assert relay.stats.get("renewals", 0) >= 2, relay.stats
+    assert relay.stats.get("renewals_lost", 0) == 0, relay.stats
+    assert _undelivered_on(db, "lifecycle") == 0
+
+
+def _undelivered_on(db: psycopg.Connection, lane: str) -> int:
+    row = db.execute(
+        "SELECT count(*) FROM runrelay.ledger WHERE state <> 'delivered' AND lane = %s", [lane]
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
