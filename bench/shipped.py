@@ -16,7 +16,8 @@ logging and its defaults.
 
 And the relays: one runrelay `Relay` as docs/python-client.md starts it
 (`Relay(client, sink, listen_dsn=url)`, every other option its default: 16
-lanes in flight, batches of 100), a no-op sink, against one PgQ consumer
+lanes in flight, batches of 100; its client's pool of 18 connections, as the
+Relay's docs ask), a no-op sink, against one PgQ consumer
 written as PgQ's own consumer loop runs (next_batch, get_batch_events,
 finish_batch and a commit per batch; a second's sleep when no batch is
 ready), each over enough pending events to last the window, in batches of
@@ -115,7 +116,8 @@ from psycopg_pool import ConnectionPool
 from runrelay import Client
 from runrelay.relay import Relay
 
-client = Client(ConnectionPool(sys.argv[1], kwargs={"autocommit": True}))
+# Sized as the Relay's docs ask: its delivery slots (16) and two more.
+client = Client(ConnectionPool(sys.argv[1], max_size=18, kwargs={"autocommit": True}))
 relay = Relay(client, lambda relay_name, events: None, listen_dsn=sys.argv[1])
 relay.install_signal_handlers()
 print("ready", flush=True)
