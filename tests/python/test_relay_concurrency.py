@@ -326,7 +326,9 @@ def test_deliveries_share_one_renewal_thread_and_slow_ones_are_each_renewed(
 
     def slow(lane: str, events: list[LedgerEvent]) -> None:
         both.wait()  # both deliveries in flight
-        time.sleep(2.5)  # past the first renewal of each (half of the 2 s lease)
+        # Held until the renewal thread has renewed both (each is first due
+        # half a lease, 1 s, after its claim).
+        wait_for(lambda: relay.stats.get("renewals", 0) >= 2, 20, "a renewal of each delivery")
 
     relay.sink = slow
     relay.run(until_idle=0.3)
