@@ -18,7 +18,7 @@ export PATH := $(BIN):$(PATH)
 # Run a command against DATABASE_URL when set, else against a throwaway cluster.
 WITH_PG = $(if $(DATABASE_URL),,$(PY) -m runrelay._pgcluster exec --flavor $(1) --)
 
-.PHONY: demo test test-pg15 test-pg18 prereqs lint typecheck freeze migrate docs clean chaos bench bench-quick
+.PHONY: demo test test-pg15 test-pg18 test-ts prereqs lint typecheck freeze migrate docs clean chaos bench bench-quick
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -37,6 +37,12 @@ prereqs:
 
 test-pg15: $(VENV)/.installed prereqs lint
 	$(call WITH_PG,system) bash scripts/test_suite.sh all $(PYTEST_ARGS)
+
+# The TypeScript client's suite (clients/typescript): npm packages from its
+# lock file into its node_modules, then Node's test runner. `make test` runs it
+# inside the PostgreSQL 15 leg.
+test-ts: $(VENV)/.installed
+	$(call WITH_PG,system) bash scripts/test_ts.sh
 
 # The pytest suite again on PostgreSQL 18 (embedded wheel), always a fresh cluster.
 # The sharded suites start servers of their own from the system PostgreSQL
@@ -58,10 +64,11 @@ migrate: $(VENV)/.installed
 
 # Regenerate docs/errors.md (from runrelay.errors), docs/sql-api.md and the
 # client's SQL API table, python_client/runrelay/sql_api.json (both from a
-# database migrated to head); tests/python/test_docs.py and test_sql_api.py fail
-# when they are stale.
+# database migrated to head), and the TypeScript client's generated half
+# (clients/typescript/src/generated, from that table); tests/python/test_docs.py,
+# test_sql_api.py and test_typescript_api.py fail when they are stale.
 docs: $(VENV)/.installed
-	$(call WITH_PG,system) bash -c 'alembic upgrade head && $(PY) -m devtools.docs && $(PY) -m devtools.sqlapi'
+	$(call WITH_PG,system) bash -c 'alembic upgrade head && $(PY) -m devtools.docs && $(PY) -m devtools.sqlapi && $(PY) -m devtools.tsapi'
 
 # Benchmarks start their own durable PostgreSQL (fsync and synchronous_commit
 # on), whatever DATABASE_URL says. The full run installs the peers (PyPI into

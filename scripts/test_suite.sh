@@ -2,7 +2,7 @@
 # The steps of `make test`, run against the server in DATABASE_URL (started by
 # runrelay._pgcluster when the caller had none). Any failure fails the run.
 #
-#   scripts/test_suite.sh all     lint, migrations, plpgsql_check, pgTAP, pytest, bench smoke
+#   scripts/test_suite.sh all     lint, migrations, plpgsql_check, pgTAP, TypeScript, pytest, bench smoke
 #   scripts/test_suite.sh pytest  migrations and pytest only (PostgreSQL 18 run)
 set -euo pipefail
 mode=${1:-all}
@@ -49,6 +49,11 @@ if [ "$mode" = all ]; then
         psql -X -q -d "$(db_url rr_pgtap)" -v ON_ERROR_STOP=1 -f "$helpers"
     done
     pg_prove -d "$(db_url rr_pgtap)" --failures tests/pgtap/[0-9]*.sql
+fi
+
+if [ "$mode" = all ]; then
+    step "TypeScript client (node --test)"
+    bash scripts/test_ts.sh
 fi
 
 step "pytest (PostgreSQL ${RUNRELAY_PG_VERSION:-from DATABASE_URL})"

@@ -13,7 +13,7 @@ import functools
 import json
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from importlib import resources
 from typing import Any
@@ -42,7 +42,7 @@ class Operation:
     from the SQL API table."""
 
     function: str
-    read: Callable[[list[Row]], Any]
+    read: Reader
 
     @functools.cached_property
     def params(self) -> tuple[tuple[str, str], ...]:
@@ -90,30 +90,46 @@ def aware(name: str, value: Any) -> None:
         )
 
 
-def _scalar(rows: list[Row]) -> Any:
-    return rows[0]["value"]
+@dataclass(frozen=True)
+class Reader:
+    """How an operation's rows become its result: one value (`shape`
+    "scalar"), the first row (`one`, None without rows) or every row (`each`)
+    as `cls`, with the columns of `convert` turned into their enums. The
+    TypeScript client's types are generated from these (devtools.tsapi)."""
 
+    shape: str
+    cls: Callable[..., Any] | None = None
+    convert: Mapping[str, Callable[[Any], Any]] = field(default_factory=dict)
 
-def _enum(cls: Callable[[str], Any]) -> Callable[[list[Row]], Any]:
-    return lambda rows: cls(rows[0]["value"])
-
-
-def _each(cls: Callable[..., Any], **convert: Callable[[Any], Any]) -> Callable[[list[Row]], Any]:
-    def read(rows: list[Row]) -> list[Any]:
+    def __call__(self, rows: list[Row]) -> Any:
+        if self.shape == "scalar":
+            value = rows[0]["value"]
+            return value if self.cls is None else self.cls(value)
+        assert self.cls is not None
         out = []
         for row in rows:
-            for key, fn in convert.items():
+            for key, fn in self.convert.items():
                 if row.get(key) is not None:
                     row[key] = fn(row[key])
-            out.append(cls(**row))
+            out.append(self.cls(**row))
+        if self.shape == "one":
+            return out[0] if out else None
         return out
 
-    return read
+
+_scalar = Reader("scalar")
 
 
-def _one(cls: Callable[..., Any], **convert: Callable[[Any], Any]) -> Callable[[list[Row]], Any]:
-    many = _each(cls, **convert)
-    return lambda rows: many(rows)[0] if rows else None
+def _enum(cls: Callable[[str], Any]) -> Reader:
+    return Reader("scalar", cls)
+
+
+def _each(cls: Callable[..., Any], **convert: Callable[[Any], Any]) -> Reader:
+    return Reader("each", cls, convert)
+
+
+def _one(cls: Callable[..., Any], **convert: Callable[[Any], Any]) -> Reader:
+    return Reader("one", cls, convert)
 
 
 OPERATIONS: dict[str, Operation] = {
