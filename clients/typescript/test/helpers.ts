@@ -1,6 +1,8 @@
 // Test helpers: a fresh database per test file (a copy of the migrated
 // template scripts/test_ts.sh prepares), and a protocol round-trip counter.
 
+import net from "node:net";
+
 import pg from "pg";
 
 import { Client } from "../src/index.js";
@@ -77,4 +79,97 @@ export function countRoundTrips(conn: pg.Client | pg.PoolClient): { readonly cou
 
 export function sleep(ms: number): Promise<void> {
   return new Promise((resolve) => setTimeout(resolve, ms));
+}
+
+/** A TCP proxy in front of the server that can lose a reply after the
+ * server committed: armed with a piece of SQL text, it swallows the reply
+ * (up to and including its ReadyForQuery) to the next execution of a
+ * statement whose text contains it, and closes that connection. The client
+ * sees a lost connection for a call that did happen. */
+export class LosingProxy {
+  readonly #server: net.Server;
+  #armed: string | undefined;
+  cuts = 0;
+
+  private constructor(server: net.Server) {
+    this.#server = server;
+  }
+
+  static async start(target: string): Promise<{ proxy: LosingProxy; url: string }> {
+    const upstream = new URL(target);
+    const server = net.createServer();
+    const proxy = new LosingProxy(server);
+    server.on("connection", (client) => proxy.#pipe(client, upstream));
+    await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+    const url = new URL(target);
+    url.hostname = "127.0.0.1";
+    url.port = String((server.address() as net.AddressInfo).port);
+    url.searchParams.delete("host");
+    return { proxy, url: url.toString() };
+  }
+
+  /** Lose the reply to the next execution of a statement containing `sql`. */
+  arm(sql: string): void {
+    this.#armed = sql;
+  }
+
+  get armed(): boolean {
+    return this.#armed !== undefined;
+  }
+
+  close(): Promise<void> {
+    return new Promise((resolve) => this.#server.close(() => resolve()));
+  }
+
+  #pipe(client: net.Socket, upstream: URL): void {
+    const host = upstream.searchParams.get("host") ?? upstream.hostname;
+    const server = host.startsWith("/")
+      ? net.connect({ path: `${host}/.s.PGSQL.${upstream.port || 5432}` })
+      : net.connect({ host, port: Number(upstream.port || 5432) });
+    const statements = new Map<string, string>();
+    let started = false;
+    let pending = Buffer.alloc(0);
+    let cutting = false;
+    client.on("data", (chunk: Buffer) => {
+      pending = Buffer.concat([pending, chunk]);
+      if (!started) {
+        // The startup packet (and an SSL request) have no type byte.
+        while (!started && pending.length >= 4 && pending.length >= pending.readInt32BE(0)) {
+          const length = pending.readInt32BE(0);
+          const code = pending.length >= 8 ? pending.readInt32BE(4) : 0;
+          pending = pending.subarray(length);
+          if (code === 196608) started = true; // protocol 3.0
+        }
+      }
+      while (started && pending.length >= 5 && pending.length >= 1 + pending.readInt32BE(1)) {
+        const type = String.fromCharCode(pending[0]!);
+        const body = pending.subarray(5, 1 + pending.readInt32BE(1));
+        pending = pending.subarray(1 + pending.readInt32BE(1));
+        const [first = "", second = ""] = body.toString("utf8").split("\0");
+        if (type === "P") statements.set(first, second);
+        if ((type === "B" && this.#armed && (statements.get(second) ?? "").includes(this.#armed)) ||
+            (type === "Q" && this.#armed && first.includes(this.#armed))) {
+          this.#armed = undefined;
+          cutting = true;
+        }
+      }
+      server.write(chunk);
+    });
+    server.on("data", (chunk: Buffer) => {
+      if (cutting) {
+        // Swallow the reply; once its ReadyForQuery went by, drop the line.
+        if (chunk.includes(Buffer.from([0x5a, 0, 0, 0, 5]))) {
+          this.cuts += 1;
+          client.destroy();
+          server.destroy();
+        }
+        return;
+      }
+      client.write(chunk);
+    });
+    client.on("error", () => server.destroy());
+    server.on("error", () => client.destroy());
+    client.on("close", () => server.destroy());
+    server.on("close", () => client.destroy());
+  }
 }
