@@ -7,3 +7,5 @@ export * from "./job.js";
 export * from "./tasks.js";
 export { Worker, type WorkerOptions, type Logger, errorOf, writeFor } from "./worker.js";
 export type { ListenConfig } from "./listen.js";
+export { Relay, type RelayOptions } from "./relay.js";
+export * from "./sinks.js";

@@ -1,0 +1,298 @@
+// The Relay loop: deliver the run ledger to a sink, each run's lane strictly
+// in order. The same semantics as the Python Relay (docs/python-client.md):
+//
+// `concurrency` delivery slots (default 16) run at once, so several run
+// lanes are in flight; a lane is leased to one claim at a time, so two
+// slots (or two relays) never hold the same lane. Each pass: discover a run
+// with a due head (claim_ledger with batch => true: the batch is frozen at
+// its first claim), deliver it, then ack_ledger(claim_next => batchSize)
+// acknowledges it and claims the same run's next batch in one round trip.
+// Transport-only events are acknowledged locally by the claims (kind
+// local_ack) and never reach the sink. A slow delivery renews its leases
+// (the first renewal scheduled from the claim's lease_remaining_ms); a sink
+// error becomes fail_ledger (server-side backoff; blocked when permanent).
+// Idle slots sleep until ledger_next_due_at or a <schema>_ledger NOTIFY.
+// Claims carry a call_id, so one repeated after a lost reply answers what
+// the lost one took. stop() finishes the deliveries in progress and
+// acknowledges them; a second stop() aborts them and hands them back
+// (release_ledger, no attempt charged).
+
+import { randomUUID } from "node:crypto";
+import { hostname } from "node:os";
+
+import type { Client } from "./client.js";
+import type { Lane, LedgerEvent } from "./generated/sqlApi.js";
+import { type ListenConfig, Listener } from "./listen.js";
+import { backoff, isConnectionError, sleep } from "./retry.js";
+import { DeliveryError, type Sink } from "./sinks.js";
+import type { Logger } from "./worker.js";
+
+export interface RelayOptions {
+  /** The relay's name in leases and list_processes (default host:pid:random). */
+  readonly name?: string;
+  /** Lanes to deliver (default both). */
+  readonly lanes?: readonly Lane[];
+  /** Events per batch (default 100). */
+  readonly batchSize?: number;
+  /** Lease length in seconds (default 30). */
+  readonly leaseSeconds?: number;
+  /** Batches in flight at once (default 16). */
+  readonly concurrency?: number;
+  /** Longest idle sleep in seconds (default 5). */
+  readonly maxSleep?: number;
+  /** The LISTEN connection; false for none. Default: the client's pool's. */
+  readonly listen?: ListenConfig | false;
+  readonly logger?: Logger;
+}
+
+const TRIES = 6;
+const MESSAGE_CHARS = 2000;
+// A lane found empty is asked again after this many ms while the slot's
+// other lanes keep it busy.
+const EMPTY_LANE_PAUSE = 50;
+
+export class Relay {
+  readonly client: Client;
+  readonly sink: Sink;
+  readonly name: string;
+  readonly lanes: readonly Lane[];
+  readonly batchSize: number;
+  readonly leaseSeconds: number;
+  readonly concurrency: number;
+  readonly maxSleep: number;
+  readonly stats = { batches: 0, delivered: 0, failed: 0, localAcks: 0, renewals: 0, calls: 0 };
+  readonly #listen: ListenConfig | undefined;
+  readonly #log: Logger;
+  #stopping = false;
+  #abort = new AbortController();
+  #waker = new AbortController();
+  #running: Promise<void> | undefined;
+
+  constructor(client: Client, sink: Sink, options: RelayOptions = {}) {
+    this.client = client;
+    this.sink = sink;
+    this.name = options.name ?? `${hostname()}:${process.pid}:${randomUUID().slice(0, 6)}`;
+    this.lanes = options.lanes ?? ["lifecycle", "observability"];
+    this.batchSize = Math.max(1, options.batchSize ?? 100);
+    this.leaseSeconds = options.leaseSeconds ?? 30;
+    this.concurrency = Math.max(1, options.concurrency ?? 16);
+    this.maxSleep = options.maxSleep ?? 5;
+    const pool = (client.pool as { options?: Record<string, unknown> }).options;
+    this.#listen =
+      options.listen === false ? undefined : (options.listen ?? (pool as ListenConfig | undefined));
+    this.#log = options.logger ?? console;
+  }
+
+  /** Finish the deliveries in progress and return; a second call aborts them. */
+  stop(): void {
+    if (this.#stopping) this.#abort.abort();
+    this.#stopping = true;
+    this.#wake();
+  }
+
+  installSignalHandlers(): void {
+    const onSignal = (): void => this.stop();
+    process.on("SIGINT", onSignal);
+    process.on("SIGTERM", onSignal);
+  }
+
+  /** Run until stop(), or with `untilIdle`, once nothing was delivered for
+   * that many seconds. */
+  run(options: { untilIdle?: number } = {}): Promise<void> {
+    this.#running ??= this.#run(options.untilIdle).finally(() => {
+      this.#running = undefined;
+    });
+    return this.#running;
+  }
+
+  async #run(untilIdle: number | undefined): Promise<void> {
+    this.#stopping = false;
+    this.#abort = new AbortController();
+    const listener =
+      this.#listen === undefined
+        ? undefined
+        : new Listener(this.#listen, [`${this.client.schema}_ledger`], () => this.#wake(), () => this.#wake());
+    const idle = { since: performance.now() };
+    try {
+      await Promise.all(Array.from({ length: this.concurrency }, (_, i) => this.#slot(i, untilIdle, idle)));
+    } finally {
+      await listener?.close();
+    }
+  }
+
+  #wake(): void {
+    this.#waker.abort();
+    this.#waker = new AbortController();
+  }
+
+  async #slot(index: number, untilIdle: number | undefined, idle: { since: number }): Promise<void> {
+    // Each slot starts on a different lane, so both lanes are asked at once.
+    const lanes = [...this.lanes.slice(index % this.lanes.length), ...this.lanes.slice(0, index % this.lanes.length)];
+    const emptyUntil = new Map<Lane, number>();
+    while (!this.#stopping) {
+      let progressed = false;
+      for (const lane of lanes) {
+        if (this.#stopping) break;
+        if ((emptyUntil.get(lane) ?? 0) > performance.now()) continue;
+        try {
+          if (await this.#pass(lane)) {
+            progressed = true;
+            emptyUntil.delete(lane);
+          } else {
+            emptyUntil.set(lane, performance.now() + EMPTY_LANE_PAUSE);
+          }
+        } catch (error) {
+          this.#log.error(`runrelay relay ${this.name}: ${lane}: ${String(error)}`);
+          await sleep(backoff(2), this.#waker.signal);
+        }
+      }
+      if (progressed) {
+        idle.since = performance.now();
+        continue;
+      }
+      emptyUntil.clear();
+      let wait = this.maxSleep * 1000;
+      if (untilIdle !== undefined) {
+        // Another slot's progress resets the clock, so the relay returns
+        // once no slot delivered anything for untilIdle.
+        const left = untilIdle * 1000 - (performance.now() - idle.since);
+        if (left <= 0) return;
+        wait = Math.min(wait, left);
+      }
+      if (index === 0) {
+        // One slot asks when the next event of its lanes falls due (a
+        // retry's backoff); a due head another relay holds is not ours to
+        // spin on, hence the floor.
+        try {
+          const due = await this.client.ledgerNextDueAt({ lane: this.lanes.length === 1 ? this.lanes[0]! : null });
+          if (due !== null) wait = Math.min(wait, Math.max(EMPTY_LANE_PAUSE, due.getTime() - Date.now()));
+        } catch {
+          // The sleep's own bound stands.
+        }
+      }
+      await sleep(Math.max(EMPTY_LANE_PAUSE, wait), this.#waker.signal);
+    }
+  }
+
+  async #retried<T>(call: (callId: string) => Promise<T>): Promise<T> {
+    const callId = randomUUID();
+    for (let n = 0; ; n++) {
+      try {
+        const result = await call(callId);
+        this.stats.calls += 1;
+        return result;
+      } catch (error) {
+        if (!isConnectionError(error) || n + 1 >= TRIES) throw error;
+        await sleep(backoff(n));
+      }
+    }
+  }
+
+  /** One pass on a lane: claim a run's due batch and deliver the run's
+   * batches until it has none. Whether anything was done. */
+  async #pass(lane: Lane): Promise<boolean> {
+    let rows = await this.#retried((callId) =>
+      this.client.claimLedger({
+        relay: this.name,
+        lane,
+        max_events: this.batchSize,
+        lease_seconds: this.leaseSeconds,
+        batch: true,
+        call_id: callId,
+      }),
+    );
+    let progressed = false;
+    for (;;) {
+      const claimed = rows.filter((r) => r.kind === "claimed");
+      const local = rows.filter((r) => r.kind === "local_ack").length;
+      this.stats.localAcks += local;
+      if (local > 0) progressed = true;
+      if (claimed.length === 0) return progressed;
+      progressed = true;
+      if (this.#abort.signal.aborted) {
+        await this.#release(claimed);
+        return progressed;
+      }
+      const failure = await this.#deliver(lane, claimed);
+      if (failure === "aborted") {
+        await this.#release(claimed);
+        return progressed;
+      }
+      if (failure !== undefined) {
+        await this.#fail(claimed, failure);
+        return progressed;
+      }
+      this.stats.batches += 1;
+      this.stats.delivered += claimed.length;
+      rows = await this.#retried(() =>
+        this.client.ackLedger({
+          relay: this.name,
+          run_id: claimed[0]!.run_id,
+          event_ids: claimed.map((e) => e.event_id),
+          claim_next: this.#stopping ? 0 : this.batchSize,
+          lease_seconds: this.leaseSeconds,
+          batch: true,
+        }),
+      );
+      if (this.#stopping) {
+        await this.#release(rows.filter((r) => r.kind === "claimed"));
+        return progressed;
+      }
+    }
+  }
+
+  /** Deliver one batch, renewing its leases while the sink takes its time.
+   * undefined: delivered; "aborted": a second stop() cut it short. */
+  async #deliver(lane: Lane, events: LedgerEvent[]): Promise<unknown> {
+    const ids = events.map((e) => e.event_id);
+    const remaining = events[0]?.lease_remaining_ms ?? this.leaseSeconds * 1000;
+    let renewal: NodeJS.Timeout | undefined;
+    const renew = (delay: number): void => {
+      renewal = setTimeout(() => {
+        this.client
+          .renewLedgerLease({ relay: this.name, event_ids: ids, lease_seconds: this.leaseSeconds })
+          .then((renewed) => {
+            this.stats.renewals += 1;
+            if (renewed.length < ids.length) this.#log.warn(`runrelay relay ${this.name}: a lease was lost mid-delivery`);
+          })
+          .catch((error: unknown) => this.#log.warn(`runrelay relay ${this.name}: renewal failed: ${String(error)}`));
+        renew((this.leaseSeconds * 1000) / 3);
+      }, delay);
+    };
+    renew(Math.max(0, remaining / 2));
+    try {
+      await this.sink(lane, events, this.#abort.signal);
+      return undefined;
+    } catch (error) {
+      if (this.#abort.signal.aborted) return "aborted";
+      return error;
+    } finally {
+      clearTimeout(renewal);
+    }
+  }
+
+  async #fail(events: LedgerEvent[], error: unknown): Promise<void> {
+    this.stats.failed += 1;
+    const delivery = error instanceof DeliveryError ? error : undefined;
+    const message = (error instanceof Error ? error.message : String(error)).slice(0, MESSAGE_CHARS);
+    this.#log.warn(`runrelay relay ${this.name}: delivery of ${events[0]!.run_id} failed: ${message}`);
+    await this.#retried(() =>
+      this.client.failLedger({
+        relay: this.name,
+        event_ids: events.map((e) => e.event_id),
+        error: {
+          type: error instanceof Error ? error.name : typeof error,
+          message,
+          ...(delivery?.status === undefined ? {} : { status: delivery.status }),
+        },
+        retry_at: delivery?.retryAt ?? null,
+        permanent: delivery?.permanent ?? false,
+      }),
+    );
+  }
+
+  async #release(events: LedgerEvent[]): Promise<void> {
+    if (events.length === 0) return;
+    await this.#retried(() => this.client.releaseLedger({ relay: this.name, event_ids: events.map((e) => e.event_id) }));
+  }
+}
