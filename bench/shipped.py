@@ -9,6 +9,9 @@ logging and its defaults.
 
 * runrelay: `Worker(Client(ConnectionPool(url, kwargs={"autocommit": True})),
   handler)` (docs/python-client.md), a no-op handler.
+* runrelay TypeScript: `new Worker(new Client(new pg.Pool(...)), handler)`
+  (docs/typescript-client.md), a no-op handler, on Node (skipped without
+  `node`; its npm packages come from the package's lock file).
 * PgQueuer: `QueueManager(Queries(PsycopgDriver(connection)))`, a no-op async
   entrypoint, `run()` with its defaults (batches of 10).
 * Procrastinate: `App(connector=PsycopgConnector(...))`, a no-op async task,
@@ -40,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -173,6 +177,7 @@ class System:
     processes: int | None = None  # None: the --processes of the run
     unit: str = "jobs/s"
     loaded: int | None = None  # the work loaded, when not the group's backlog
+    command: list[str] | None = None  # the program, when not `python -c code`
 
 
 def _count(url: str, query: str) -> int:
@@ -193,9 +198,10 @@ def measure(
     option = "events" if system.unit == "events/s" else "backlog"
     system.load()
     env = {**os.environ, "PYTHONPATH": str(REPO / "python_client")}
+    command = system.command or [system.python, "-c", system.code]
     procs = [
         subprocess.Popen(
-            [system.python, "-c", system.code, system.url],
+            [*command, system.url],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -253,6 +259,25 @@ def systems(
             "SELECT count(*) FROM runrelay.runs WHERE status = 'completed'",
         )
     )
+    node = shutil.which("node")
+    if node is None:
+        skipped["runrelay TypeScript Worker"] = "no node on PATH"
+    else:
+        subprocess.run(["bash", str(REPO / "scripts" / "ts_install.sh")], check=True, cwd=REPO)
+        url = server.create_database("shipped_runrelay_ts")
+        _server.migrate(url)
+        script = REPO / "clients" / "typescript" / "build" / "test" / "fixtures" / "bench-worker.js"
+        out.append(
+            System(
+                "runrelay TypeScript Worker",
+                node,
+                "",
+                url,
+                rr.runs_loader(url, backlog),
+                "SELECT count(*) FROM runrelay.runs WHERE status = 'completed'",
+                command=[node, str(script)],
+            )
+        )
     try:
         python = str(peers.ensure_venv(install))
         sql = peers.extract(Path(python))
