@@ -15,6 +15,16 @@ if [ -z "$sharedir" ] || [ -z "$major" ]; then
     exit 1
 fi
 
+# Node.js 20+ with npm for the TypeScript client's suite (its npm packages
+# come from its lock file; nothing is installed globally). Debian 12's own
+# nodejs is 18, too old (AbortSignal.any), so it is not installed from there.
+node_major=$(node --version 2>/dev/null | sed -E 's/^v([0-9]+).*/\1/' || true)
+if [ -z "$node_major" ] || [ "$node_major" -lt 20 ] || ! command -v npm >/dev/null 2>&1; then
+    echo "ensure_prereqs: Node.js 20 or newer with npm is needed (found: ${node_major:-none})" >&2
+    echo "  install it from https://nodejs.org or your distribution's Node 20+ packages" >&2
+    exit 1
+fi
+
 missing=()
 [ -f "$sharedir/extension/pgtap.control" ] || missing+=("postgresql-$major-pgtap")
 [ -f "$pkglibdir/plpgsql_check.so" ] || missing+=("postgresql-$major-plpgsql-check")
