@@ -81,6 +81,11 @@ NOT_RUN: dict[str, str] = {
         "starts its own proxy and shard servers (PL/Proxy); test_sharded_cli.py runs it"
     ),
     "make test": "the suite itself; .ci/run runs it on a clean clone",
+    "cd clients/typescript && npm ci && npm run build": (
+        "scripts/ts_install.sh runs the same npm ci and tsc build for make test, whose"
+        " TypeScript suite and cross-language tests run from that build"
+    ),
+    "npm install /path/to/runrelay/clients/typescript": "a path in the reader's own service",
     "make bench-quick": "a step of make test already (scripts/test_suite.sh)",
     "make bench": "ten minutes of benchmarks; make bench-quick (run here) is the same code",
     "python -m bench.run --sizes 1000 100000 --reps 5 --out /tmp/bench": (
