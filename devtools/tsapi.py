@@ -22,6 +22,7 @@ import argparse
 import dataclasses
 import enum
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -248,7 +249,29 @@ def errors_ts() -> str:
             f" doc: {json.dumps(doc)} }},"
         )
     lines.append("] as const;\n")
+    lines.append(
+        "// How a sharded install's proxy (PL/Proxy) wraps a shard's error, as the\n"
+        "// Python client reads it (runrelay.errors): the client unwraps it the same way."
+    )
+    for name, pattern in (
+        ("REMOTE", errors._REMOTE),
+        ("PLPROXY_CONNECTION", errors._PLPROXY_CONNECTION),
+        ("SHARD", errors._SHARD),
+    ):
+        lines.append(f"export const {name} = {_js_regex(pattern)};")
+    parameter = ", ".join(f'"{k}": {_js_regex(v)}' for k, v in errors._PARAMETER.items())
+    lines.append(f"export const PARAMETER: Readonly<Record<string, RegExp>> = {{ {parameter} }};")
+    gone = ", ".join(json.dumps(s) for s in sorted(errors._SHARD_GONE))
+    lines.append(f"export const SHARD_GONE: ReadonlySet<string> = new Set([{gone}]);\n")
     return "\n".join(lines)
+
+
+def _js_regex(pattern: re.Pattern[str]) -> str:
+    """A Python regular expression as a JavaScript literal (the patterns
+    used here mean the same in both)."""
+    flags = "s" if pattern.flags & re.DOTALL else ""
+    source = pattern.pattern.replace("/", "\\/")
+    return f"/{source}/{flags}"
 
 
 def files() -> dict[Path, str]:

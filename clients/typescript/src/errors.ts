@@ -4,7 +4,7 @@
 // parameter it names (PostgreSQL's COLUMN field, which runrelay sets to the
 // offending argument), and the driver's error as `cause`.
 
-import { ERROR_TABLE } from "./generated/errors.js";
+import { ERROR_TABLE, PARAMETER, PLPROXY_CONNECTION, REMOTE, SHARD, SHARD_GONE } from "./generated/errors.js";
 
 export interface ErrorFields {
   readonly sqlstate?: string;
@@ -113,17 +113,6 @@ const BY_SQLSTATE = new Map<string, typeof RunrelayError>(
   }),
 );
 BY_SQLSTATE.set("3F000", SchemaMissing); // invalid_schema_name
-
-// PL/Proxy's wrapping of a shard's error (a sharded install's proxy):
-// "runrelay.heartbeat(4): [postgres] REMOTE ERROR: ".
-const REMOTE = /^(?:PL\/Proxy function )?[\w."]+\(\d+\): \[[^\]]*\] REMOTE (?:ERROR|FATAL): /;
-const SHARD_GONE = new Set(["57P01", "57P02", "57P03"]);
-const PLPROXY_CONNECTION = /^PL\/Proxy function .*(?:\bPQ\w+: |connection)/s;
-const SHARD = /^runrelay: shard (\d+) is unavailable/;
-const PARAMETER: Readonly<Record<string, RegExp>> = {
-  "22023": /^runrelay: invalid (.+?): /,
-  "54000": /^runrelay: (.+?) is too large: \d+ bytes, the limit is \d+$/,
-};
 
 interface DriverError {
   readonly code?: string;

@@ -17,15 +17,12 @@
 // acknowledges them; a second stop() aborts them and hands them back
 // (release_ledger, no attempt charged).
 
-import { randomUUID } from "node:crypto";
-import { hostname } from "node:os";
-
 import type { Client } from "./client.js";
 import type { Lane, LedgerEvent } from "./generated/sqlApi.js";
 import { type ListenConfig, Listener } from "./listen.js";
-import { backoff, isConnectionError, sleep } from "./retry.js";
+import { Loop, type Logger } from "./loop.js";
+import { backoff } from "./retry.js";
 import { DeliveryError, type Sink } from "./sinks.js";
-import type { Logger } from "./worker.js";
 
 export interface RelayOptions {
   /** The relay's name in leases and list_processes (default host:pid:random). */
@@ -45,73 +42,35 @@ export interface RelayOptions {
   readonly logger?: Logger;
 }
 
-const TRIES = 6;
 const MESSAGE_CHARS = 2000;
 // A lane found empty is asked again after this many ms while the slot's
 // other lanes keep it busy.
 const EMPTY_LANE_PAUSE = 50;
 
-export class Relay {
-  readonly client: Client;
+export class Relay extends Loop {
   readonly sink: Sink;
-  readonly name: string;
   readonly lanes: readonly Lane[];
   readonly batchSize: number;
   readonly leaseSeconds: number;
   readonly concurrency: number;
   readonly maxSleep: number;
   readonly stats = { batches: 0, delivered: 0, failed: 0, localAcks: 0, renewals: 0, calls: 0 };
-  readonly #listen: ListenConfig | undefined;
-  readonly #log: Logger;
-  #stopping = false;
-  #abort = new AbortController();
-  #waker = new AbortController();
-  #running: Promise<void> | undefined;
 
   constructor(client: Client, sink: Sink, options: RelayOptions = {}) {
-    this.client = client;
+    super(client, options, "relay");
     this.sink = sink;
-    this.name = options.name ?? `${hostname()}:${process.pid}:${randomUUID().slice(0, 6)}`;
     this.lanes = options.lanes ?? ["lifecycle", "observability"];
     this.batchSize = Math.max(1, options.batchSize ?? 100);
     this.leaseSeconds = options.leaseSeconds ?? 30;
     this.concurrency = Math.max(1, options.concurrency ?? 16);
     this.maxSleep = options.maxSleep ?? 5;
-    const pool = (client.pool as { options?: Record<string, unknown> }).options;
-    this.#listen =
-      options.listen === false ? undefined : (options.listen ?? (pool as ListenConfig | undefined));
-    this.#log = options.logger ?? console;
   }
 
-  /** Finish the deliveries in progress and return; a second call aborts them. */
-  stop(): void {
-    if (this.#stopping) this.#abort.abort();
-    this.#stopping = true;
-    this.#wake();
-  }
-
-  installSignalHandlers(): void {
-    const onSignal = (): void => this.stop();
-    process.on("SIGINT", onSignal);
-    process.on("SIGTERM", onSignal);
-  }
-
-  /** Run until stop(), or with `untilIdle`, once nothing was delivered for
-   * that many seconds. */
-  run(options: { untilIdle?: number } = {}): Promise<void> {
-    this.#running ??= this.#run(options.untilIdle).finally(() => {
-      this.#running = undefined;
-    });
-    return this.#running;
-  }
-
-  async #run(untilIdle: number | undefined): Promise<void> {
-    this.#stopping = false;
-    this.#abort = new AbortController();
+  protected async loop(untilIdle: number | undefined): Promise<void> {
     const listener =
-      this.#listen === undefined
+      this.listenConfig === undefined
         ? undefined
-        : new Listener(this.#listen, [`${this.client.schema}_ledger`], () => this.#wake(), () => this.#wake());
+        : new Listener(this.listenConfig, [`${this.client.schema}_ledger`], () => this.wake(), () => this.wake());
     const idle = { since: performance.now() };
     try {
       await Promise.all(Array.from({ length: this.concurrency }, (_, i) => this.#slot(i, untilIdle, idle)));
@@ -120,19 +79,14 @@ export class Relay {
     }
   }
 
-  #wake(): void {
-    this.#waker.abort();
-    this.#waker = new AbortController();
-  }
-
   async #slot(index: number, untilIdle: number | undefined, idle: { since: number }): Promise<void> {
     // Each slot starts on a different lane, so both lanes are asked at once.
     const lanes = [...this.lanes.slice(index % this.lanes.length), ...this.lanes.slice(0, index % this.lanes.length)];
     const emptyUntil = new Map<Lane, number>();
-    while (!this.#stopping) {
+    while (!this.stopping) {
       let progressed = false;
       for (const lane of lanes) {
-        if (this.#stopping) break;
+        if (this.stopping) break;
         if ((emptyUntil.get(lane) ?? 0) > performance.now()) continue;
         try {
           if (await this.#pass(lane)) {
@@ -142,8 +96,8 @@ export class Relay {
             emptyUntil.set(lane, performance.now() + EMPTY_LANE_PAUSE);
           }
         } catch (error) {
-          this.#log.error(`runrelay relay ${this.name}: ${lane}: ${String(error)}`);
-          await sleep(backoff(2), this.#waker.signal);
+          this.log.error(`runrelay relay ${this.name}: ${lane}: ${String(error)}`);
+          await this.idle(backoff(2));
         }
       }
       if (progressed) {
@@ -170,28 +124,21 @@ export class Relay {
           // The sleep's own bound stands.
         }
       }
-      await sleep(Math.max(EMPTY_LANE_PAUSE, wait), this.#waker.signal);
+      await this.idle(Math.max(EMPTY_LANE_PAUSE, wait));
     }
   }
 
-  async #retried<T>(call: (callId: string) => Promise<T>): Promise<T> {
-    const callId = randomUUID();
-    for (let n = 0; ; n++) {
-      try {
-        const result = await call(callId);
-        this.stats.calls += 1;
-        return result;
-      } catch (error) {
-        if (!isConnectionError(error) || n + 1 >= TRIES) throw error;
-        await sleep(backoff(n));
-      }
-    }
+  /** A relay call, repeated after a lost connection, and counted. */
+  async #counted<T>(call: (callId: string) => Promise<T>): Promise<T> {
+    const result = await this.retried(call);
+    this.stats.calls += 1;
+    return result;
   }
 
   /** One pass on a lane: claim a run's due batch and deliver the run's
    * batches until it has none. Whether anything was done. */
   async #pass(lane: Lane): Promise<boolean> {
-    let rows = await this.#retried((callId) =>
+    let rows = await this.#counted((callId) =>
       this.client.claimLedger({
         relay: this.name,
         lane,
@@ -209,7 +156,7 @@ export class Relay {
       if (local > 0) progressed = true;
       if (claimed.length === 0) return progressed;
       progressed = true;
-      if (this.#abort.signal.aborted) {
+      if (this.hurry.signal.aborted) {
         await this.#release(claimed);
         return progressed;
       }
@@ -224,17 +171,17 @@ export class Relay {
       }
       this.stats.batches += 1;
       this.stats.delivered += claimed.length;
-      rows = await this.#retried(() =>
+      rows = await this.#counted(() =>
         this.client.ackLedger({
           relay: this.name,
           run_id: claimed[0]!.run_id,
           event_ids: claimed.map((e) => e.event_id),
-          claim_next: this.#stopping ? 0 : this.batchSize,
+          claim_next: this.stopping ? 0 : this.batchSize,
           lease_seconds: this.leaseSeconds,
           batch: true,
         }),
       );
-      if (this.#stopping) {
+      if (this.stopping) {
         await this.#release(rows.filter((r) => r.kind === "claimed"));
         return progressed;
       }
@@ -253,18 +200,18 @@ export class Relay {
           .renewLedgerLease({ relay: this.name, event_ids: ids, lease_seconds: this.leaseSeconds })
           .then((renewed) => {
             this.stats.renewals += 1;
-            if (renewed.length < ids.length) this.#log.warn(`runrelay relay ${this.name}: a lease was lost mid-delivery`);
+            if (renewed.length < ids.length) this.log.warn(`runrelay relay ${this.name}: a lease was lost mid-delivery`);
           })
-          .catch((error: unknown) => this.#log.warn(`runrelay relay ${this.name}: renewal failed: ${String(error)}`));
+          .catch((error: unknown) => this.log.warn(`runrelay relay ${this.name}: renewal failed: ${String(error)}`));
         renew((this.leaseSeconds * 1000) / 3);
       }, delay);
     };
     renew(Math.max(0, remaining / 2));
     try {
-      await this.sink(lane, events, this.#abort.signal);
+      await this.sink(lane, events, this.hurry.signal);
       return undefined;
     } catch (error) {
-      if (this.#abort.signal.aborted) return "aborted";
+      if (this.hurry.signal.aborted) return "aborted";
       return error;
     } finally {
       clearTimeout(renewal);
@@ -275,8 +222,8 @@ export class Relay {
     this.stats.failed += 1;
     const delivery = error instanceof DeliveryError ? error : undefined;
     const message = (error instanceof Error ? error.message : String(error)).slice(0, MESSAGE_CHARS);
-    this.#log.warn(`runrelay relay ${this.name}: delivery of ${events[0]!.run_id} failed: ${message}`);
-    await this.#retried(() =>
+    this.log.warn(`runrelay relay ${this.name}: delivery of ${events[0]!.run_id} failed: ${message}`);
+    await this.#counted(() =>
       this.client.failLedger({
         relay: this.name,
         event_ids: events.map((e) => e.event_id),
@@ -293,6 +240,6 @@ export class Relay {
 
   async #release(events: LedgerEvent[]): Promise<void> {
     if (events.length === 0) return;
-    await this.#retried(() => this.client.releaseLedger({ relay: this.name, event_ids: events.map((e) => e.event_id) }));
+    await this.#counted(() => this.client.releaseLedger({ relay: this.name, event_ids: events.map((e) => e.event_id) }));
   }
 }

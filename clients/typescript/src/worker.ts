@@ -22,23 +22,15 @@
 // handlers get shutdownGrace seconds, then the rest are handed back with
 // release_attempt, which does not consume an attempt.
 
-import { randomUUID } from "node:crypto";
-import { hostname } from "node:os";
-
 import type { Client } from "./client.js";
 import { RunrelayError } from "./errors.js";
 import type { ClaimedAttempt, JsonValue, SettleAndClaimRow } from "./generated/sqlApi.js";
 import type { SettleItem } from "./inputs.js";
 import { HandlerTimeout, Job, Retry, RunCancelled, Snooze, Suspend } from "./job.js";
 import { type ListenConfig, Listener } from "./listen.js";
-import { backoff, isConnectionError, sleep } from "./retry.js";
+import { Loop, type Logger } from "./loop.js";
+import { sleep } from "./retry.js";
 import { type Handler, Tasks, UnknownTask } from "./tasks.js";
-
-export interface Logger {
-  info(message: string): void;
-  warn(message: string): void;
-  error(message: string): void;
-}
 
 export interface WorkerOptions {
   /** Queues to claim from (default: the tasks' queues, or every queue). */
@@ -73,7 +65,6 @@ export interface WorkerOptions {
 }
 
 const SETTLE_CALLS = 2;
-const WRITE_TRIES = 6;
 const MESSAGE_CHARS = 2000;
 const TRACEBACK_CHARS = 8000;
 const REASON_CHARS = 2000;
@@ -180,20 +171,7 @@ function settleItem(write: Write): SettleItem {
   return item as unknown as SettleItem;
 }
 
-function defaultName(): string {
-  return `${hostname()}:${process.pid}:${randomUUID().replaceAll("-", "").slice(0, 6)}`;
-}
-
-function listenConfigOf(client: Client): ListenConfig | undefined {
-  const options = (client.pool as { options?: Record<string, unknown> }).options;
-  if (options === undefined) return undefined;
-  const { max: _max, idleTimeoutMillis: _idle, ...config } = options;
-  return config as ListenConfig;
-}
-
-export class Worker {
-  readonly client: Client;
-  readonly name: string;
+export class Worker extends Loop {
   readonly queues: readonly string[] | undefined;
   readonly tasks: Tasks | undefined;
   readonly concurrency: number;
@@ -206,29 +184,23 @@ export class Worker {
   readonly fused: boolean;
   readonly stats = { claimed: 0, completed: 0, failed: 0, handedBack: 0, calls: 0 };
   readonly #handler: Handler<never> | undefined;
-  readonly #listen: ListenConfig | undefined;
   readonly #maintenance: number | undefined;
-  readonly #log: Logger;
   readonly #held = new Map<string, Held>();
   readonly #queued: Settlement[] = [];
   #settleCalls = 0;
-  #stopping = false;
-  #graceOver = new AbortController();
   // Aborted once the loop ended: ends the maintenance loop's sleep.
   #ended = new AbortController();
-  #waker = new AbortController();
   #waitingForSlot = false;
-  #running: Promise<void> | undefined;
   readonly #handlers = new Set<Promise<void>>();
 
   constructor(client: Client, handler: Handler<never> | Tasks, options: WorkerOptions = {}) {
+    super(client, options, "worker");
     if (typeof options.queues === "string") {
       throw new TypeError(`queues is a list of queue names, not a string: write queues: ["${options.queues}"]`);
     }
     if (options.timeout !== undefined && !(options.timeout > 0)) {
       throw new TypeError(`timeout must be a positive number of seconds, got ${options.timeout}`);
     }
-    this.client = client;
     if (handler instanceof Tasks) {
       if (handler.size === 0) throw new TypeError("the Tasks registry has no task to run");
       this.tasks = handler;
@@ -238,19 +210,16 @@ export class Worker {
     this.queues = options.queues ?? this.tasks?.queues;
     this.concurrency = Math.max(1, options.concurrency ?? 4);
     this.batchSize = Math.max(1, options.batchSize ?? 1);
-    this.name = options.name ?? defaultName();
     this.leaseSeconds = options.leaseSeconds ?? 30;
     this.heartbeatEvery = options.heartbeatEvery ?? Math.max(1, this.leaseSeconds / 3);
     this.pollInterval = options.pollInterval ?? 1;
     this.shutdownGrace = options.shutdownGrace ?? 10;
     this.timeout = options.timeout;
     this.fused = options.fused ?? true;
-    this.#listen = options.listen === false ? undefined : (options.listen ?? listenConfigOf(client));
     this.#maintenance =
       options.maintenance === false
         ? undefined
         : (options.maintenanceInterval ?? Math.min(30, Math.max(1, this.leaseSeconds / 2)));
-    this.#log = options.logger ?? console;
   }
 
   /** Attempts this worker holds now. */
@@ -258,52 +227,23 @@ export class Worker {
     return this.#held.size;
   }
 
-  /** End claiming; in-flight handlers get shutdownGrace seconds. A second
-   * call ends the grace period at once. */
-  stop(): void {
-    if (this.#stopping) this.#graceOver.abort();
-    this.#stopping = true;
-    this.#wake();
-  }
-
-  /** stop() on SIGINT and SIGTERM (a second signal ends the grace period). */
-  installSignalHandlers(): void {
-    const onSignal = (signal: string): void => {
-      this.#log.info(`runrelay worker ${this.name}: ${signal}, ${this.#stopping ? "ending the grace period" : "stopping"}`);
-      this.stop();
-    };
-    process.on("SIGINT", onSignal);
-    process.on("SIGTERM", onSignal);
-  }
-
-  /** Run until stop(), or with `untilIdle`, once nothing was claimed or held
-   * for that many seconds. */
-  run(options: { untilIdle?: number } = {}): Promise<void> {
-    this.#running ??= this.#run(options.untilIdle).finally(() => {
-      this.#running = undefined;
-    });
-    return this.#running;
-  }
-
-  async #run(untilIdle: number | undefined): Promise<void> {
-    this.#stopping = false;
-    this.#graceOver = new AbortController();
+  protected async loop(untilIdle: number | undefined): Promise<void> {
     this.#ended = new AbortController();
     const listener =
-      this.#listen === undefined
+      this.listenConfig === undefined
         ? undefined
         : new Listener(
-            this.#listen,
+            this.listenConfig,
             [`${this.client.schema}_runs`, `${this.client.schema}_cancel`],
             (channel, payload) => this.#notified(channel, payload),
-            () => this.#wake(),
+            () => this.wake(),
           );
     const heartbeat = setInterval(() => this.#beat(), this.heartbeatEvery * 1000);
     const maintenance = this.#maintenance === undefined ? undefined : this.#maintain(this.#maintenance);
     try {
       await this.#claimLoop(untilIdle);
     } finally {
-      this.#stopping = true;
+      this.stopping = true;
       await this.#shutdown();
       clearInterval(heartbeat);
       this.#ended.abort();
@@ -314,18 +254,18 @@ export class Worker {
 
   async #claimLoop(untilIdle: number | undefined): Promise<void> {
     let idleSince = performance.now();
-    while (!this.#stopping) {
+    while (!this.stopping) {
       const free = this.concurrency - this.#held.size;
       if (free <= 0) {
         this.#waitingForSlot = true;
-        await this.#idle(this.pollInterval);
+        await this.idle(this.pollInterval * 1000);
         this.#waitingForSlot = false;
         continue;
       }
       const want = Math.min(free, this.batchSize);
       let claimed: ClaimedAttempt[] = [];
       try {
-        claimed = await this.#withRetries((callId) =>
+        claimed = await this.retried((callId) =>
           this.client.claimAttempts({
             worker: this.name,
             queues: this.queues ? [...this.queues] : null,
@@ -337,7 +277,7 @@ export class Worker {
         );
         this.stats.calls += 1;
       } catch (error) {
-        this.#log.error(`runrelay worker ${this.name}: claim failed: ${String(error)}`);
+        this.log.error(`runrelay worker ${this.name}: claim failed: ${String(error)}`);
       }
       if (claimed.length > 0) {
         idleSince = performance.now();
@@ -352,17 +292,8 @@ export class Worker {
         if (left <= 0 && !busy) return;
         wait = Math.min(wait, Math.max(0.05, left));
       }
-      await this.#idle(wait);
+      await this.idle(wait * 1000);
     }
-  }
-
-  #idle(seconds: number): Promise<void> {
-    return sleep(seconds * 1000, this.#waker.signal);
-  }
-
-  #wake(): void {
-    this.#waker.abort();
-    this.#waker = new AbortController();
   }
 
   #notified(channel: string, payload: string): void {
@@ -376,20 +307,7 @@ export class Worker {
       }
       return;
     }
-    if (this.queues === undefined || this.queues.includes(payload)) this.#wake();
-  }
-
-  /** Repeat a call after a lost connection, with the same call_id. */
-  async #withRetries<T>(call: (callId: string) => Promise<T>): Promise<T> {
-    const callId = randomUUID();
-    for (let n = 0; ; n++) {
-      try {
-        return await call(callId);
-      } catch (error) {
-        if (!isConnectionError(error) || n + 1 >= WRITE_TRIES) throw error;
-        await sleep(backoff(n));
-      }
-    }
+    if (this.queues === undefined || this.queues.includes(payload)) this.wake();
   }
 
   #start(claimed: readonly ClaimedAttempt[]): void {
@@ -398,13 +316,13 @@ export class Worker {
       const job = new Job(attempt, this.client, this.leaseSeconds);
       const held: Held = { job, settling: false, handedBack: false, beating: false };
       this.#held.set(`${attempt.run_id}:${attempt.attempt}`, held);
-      if (this.#stopping) {
+      if (this.stopping) {
         // Claimed by a call in flight as the worker stopped: hand it back.
         void this.#handBack([held]);
         continue;
       }
       const running = this.#handle(held).catch((error: unknown) => {
-        this.#log.error(`runrelay worker ${this.name}: ${attempt.run_id}: ${String(error)}`);
+        this.log.error(`runrelay worker ${this.name}: ${attempt.run_id}: ${String(error)}`);
       });
       this.#handlers.add(running);
       void running.finally(() => this.#handlers.delete(running));
@@ -442,7 +360,7 @@ export class Worker {
   }
 
   async #settle(held: Held, write: Write): Promise<void> {
-    if (!this.fused || this.#stopping) {
+    if (!this.fused || this.stopping) {
       await this.#writeAlone(held, write);
       return;
     }
@@ -466,12 +384,12 @@ export class Worker {
   async #settleCall(batch: Settlement[]): Promise<void> {
     let rows: SettleAndClaimRow[];
     try {
-      rows = await this.#withRetries((callId) =>
+      rows = await this.retried((callId) =>
         this.client.settleAndClaim({
           items: batch.map((s) => settleItem(s.write)),
           worker: this.name,
           queues: this.queues ? [...this.queues] : null,
-          max_runs: this.#stopping ? 0 : batch.length,
+          max_runs: this.stopping ? 0 : batch.length,
           lease_seconds: this.leaseSeconds,
           call_id: callId,
           tasks: this.tasks ? this.tasks.names : null,
@@ -484,7 +402,7 @@ export class Worker {
       if (error instanceof RunrelayError) {
         await Promise.all(batch.map((s) => this.#writeAlone(s.held, s.write)));
       } else {
-        this.#log.error(`runrelay worker ${this.name}: settle_and_claim failed: ${String(error)}`);
+        this.log.error(`runrelay worker ${this.name}: settle_and_claim failed: ${String(error)}`);
         for (const s of batch) this.#release(s.held);
       }
       for (const s of batch) s.done();
@@ -501,26 +419,26 @@ export class Worker {
       s.done();
     }
     this.#start(claimed);
-    if (this.#waitingForSlot) this.#wake();
+    if (this.#waitingForSlot) this.wake();
   }
 
   async #writeAlone(held: Held, write: Write): Promise<void> {
     try {
       let outcome: unknown;
       try {
-        outcome = await this.#withRetries(() => this.#call(write));
+        outcome = await this.retried(() => this.#call(write));
       } catch (error) {
         if (!(error instanceof RunrelayError) || write.method === "release_attempt") throw error;
         // The write itself was refused (a result past the payload cap):
         // fail the attempt with that error instead, so the run retries.
-        outcome = await this.#withRetries(() =>
+        outcome = await this.retried(() =>
           this.client.failAttempt({ ...held.job.fence, error: errorOf(error) }),
         );
       }
       this.stats.calls += 1;
       this.#count(outcome as string);
     } catch (error) {
-      this.#log.error(`runrelay worker ${this.name}: ${write.method} for ${held.job.runId} failed: ${String(error)}`);
+      this.log.error(`runrelay worker ${this.name}: ${write.method} for ${held.job.runId} failed: ${String(error)}`);
     } finally {
       this.#release(held);
     }
@@ -551,7 +469,7 @@ export class Worker {
 
   #release(held: Held): void {
     this.#held.delete(this.#key(held));
-    if (this.#waitingForSlot) this.#wake();
+    if (this.#waitingForSlot) this.wake();
   }
 
   #beat(): void {
@@ -563,7 +481,7 @@ export class Worker {
         .then((beat) => {
           if (beat !== null && beat.outcome !== "ok") held.job.abort(new RunCancelled(beat.outcome));
         })
-        .catch((error: unknown) => this.#log.warn(`runrelay worker ${this.name}: heartbeat failed: ${String(error)}`))
+        .catch((error: unknown) => this.log.warn(`runrelay worker ${this.name}: heartbeat failed: ${String(error)}`))
         .finally(() => {
           held.beating = false;
         });
@@ -571,15 +489,15 @@ export class Worker {
   }
 
   async #maintain(interval: number): Promise<void> {
-    while (!this.#stopping) {
+    while (!this.stopping) {
       await sleep(interval * 1000 * (0.5 + Math.random()), this.#ended.signal);
-      if (this.#stopping) break;
+      if (this.stopping) break;
       try {
         await this.client.reapExpired();
         await this.client.enqueueDueSchedules();
         await this.client.recordQueueActivity();
       } catch (error) {
-        this.#log.warn(`runrelay worker ${this.name}: maintenance failed: ${String(error)}`);
+        this.log.warn(`runrelay worker ${this.name}: maintenance failed: ${String(error)}`);
       }
     }
   }
@@ -597,14 +515,14 @@ export class Worker {
 
   async #shutdown(): Promise<void> {
     const deadline = performance.now() + this.shutdownGrace * 1000;
-    while (this.#held.size > 0 && performance.now() < deadline && !this.#graceOver.signal.aborted) {
+    while (this.#held.size > 0 && performance.now() < deadline && !this.hurry.signal.aborted) {
       this.#waitingForSlot = true;
-      await sleep(Math.min(100, deadline - performance.now()), this.#graceOver.signal);
+      await sleep(Math.min(100, deadline - performance.now()), this.hurry.signal);
     }
     this.#waitingForSlot = false;
     const left = [...this.#held.values()].filter((h) => !h.settling && !h.handedBack);
     if (left.length > 0) {
-      this.#log.info(`runrelay worker ${this.name}: handing back ${left.length} run(s)`);
+      this.log.info(`runrelay worker ${this.name}: handing back ${left.length} run(s)`);
       await this.#handBack(left);
     }
     while (this.#settleCalls > 0 || this.#queued.length > 0 || [...this.#held.values()].some((h) => h.settling)) {
@@ -613,4 +531,4 @@ export class Worker {
   }
 }
 
-export type { JsonValue };
+export type { JsonValue, Logger };

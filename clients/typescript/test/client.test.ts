@@ -249,3 +249,23 @@ describe("the client", () => {
     assert.equal(await client.getRun({ run_id: "denied" }), null);
   });
 });
+
+describe("errors through a sharded install's proxy", () => {
+  test("a shard's error wrapped by PL/Proxy is unwrapped: class, message, hint, parameter", async () => {
+    const { translate, InvalidArgument: Invalid, ShardUnavailable } = await import("../src/index.js");
+    const wrapped = Object.assign(
+      new Error("runrelay.heartbeat(4): [postgres] REMOTE ERROR: runrelay: invalid lease_seconds: must be 5..300"),
+      { code: "22023", hint: "Remote hint: pass 30" },
+    );
+    const error = translate(wrapped);
+    assert.ok(error instanceof Invalid);
+    assert.equal(error.parameter, "lease_seconds");
+    assert.equal(error.hint, "pass 30");
+    assert.match(error.message, /^runrelay: invalid lease_seconds/);
+    const down = translate(Object.assign(new Error("runrelay: shard 2 is unavailable: connection refused"), { code: "08006" }));
+    assert.ok(down instanceof ShardUnavailable);
+    assert.equal(down.shard, 2);
+    const other = Object.assign(new Error("division by zero"), { code: "22012" });
+    assert.equal(translate(other), other, "an error runrelay has no class for passes through");
+  });
+});

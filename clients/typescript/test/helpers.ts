@@ -81,6 +81,17 @@ export function sleep(ms: number): Promise<void> {
   return new Promise((resolve) => setTimeout(resolve, ms));
 }
 
+/** Poll `probe` until it answers something truthy; fail after `ms`. */
+export async function waitFor<T>(what: string, probe: () => Promise<T | undefined | null | false>, ms = 15_000): Promise<T> {
+  const deadline = Date.now() + ms;
+  for (;;) {
+    const value = await probe();
+    if (value) return value;
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await sleep(25);
+  }
+}
+
 /** A TCP proxy in front of the server that can lose a reply after the
  * server committed: armed with a piece of SQL text, it swallows the reply
  * (up to and including its ReadyForQuery) to the next execution of a

@@ -7,7 +7,7 @@ import { after, before, describe, test } from "node:test";
 import { fileURLToPath } from "node:url";
 
 import { Client, type LedgerEvent, Relay, webhookSink } from "../src/index.js";
-import { freshDatabase, sleep, type TestDatabase } from "./helpers.js";
+import { freshDatabase, sleep, type TestDatabase, waitFor } from "./helpers.js";
 
 const quiet = { info: () => undefined, warn: () => undefined, error: () => undefined };
 const SECRET = `whsec_${Buffer.from("0123456789abcdef0123456789abcdef").toString("base64")}`;
@@ -190,8 +190,7 @@ describe("the relay", () => {
     });
     let out = "";
     child.stdout.on("data", (chunk: Buffer) => (out += chunk.toString()));
-    const deadline = Date.now() + 15_000;
-    while (!out.includes("delivering crash-0") && Date.now() < deadline) await sleep(25);
+    await waitFor("the child's delivery", async () => out.includes("delivering crash-0"));
     // seq 1 is the run's run.queued, on the lifecycle lane.
     assert.match(out, /delivering crash-0 2 100/);
     child.kill("SIGKILL");
@@ -203,7 +202,7 @@ describe("the relay", () => {
       { lanes: ["observability"], leaseSeconds: 5, concurrency: 1, maxSleep: 0.5, logger: quiet },
     );
     const running = relay.run();
-    while (batches.flat().length < 150 && Date.now() < deadline + 15_000) await sleep(50);
+    await waitFor("the takeover", async () => batches.flat().length >= 150, 30_000);
     relay.stop();
     await running;
     assert.deepEqual(batches[0], Array.from({ length: 100 }, (_, i) => i + 2), "the frozen batch, whole");

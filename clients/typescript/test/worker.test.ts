@@ -6,19 +6,9 @@ import { fileURLToPath } from "node:url";
 import pg from "pg";
 
 import { Client, Retry, Snooze, Suspend, Tasks, Worker, type Job } from "../src/index.js";
-import { freshDatabase, LosingProxy, sleep, type TestDatabase } from "./helpers.js";
+import { freshDatabase, LosingProxy, type TestDatabase, waitFor } from "./helpers.js";
 
 const quiet = { info: () => undefined, warn: () => undefined, error: () => undefined };
-
-async function waitFor<T>(what: string, probe: () => Promise<T | undefined | null | false>, ms = 15_000): Promise<T> {
-  const deadline = Date.now() + ms;
-  for (;;) {
-    const value = await probe();
-    if (value) return value;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await sleep(25);
-  }
-}
 
 describe("the worker", () => {
   let db: TestDatabase;

@@ -14,3 +14,11 @@ export const ERROR_TABLE = [
   { name: "SchemaMissing", sqlstate: "42883", doc: "The runrelay schema or function does not exist: run `runrelay migrate`." },
   { name: "ShardUnavailable", sqlstate: "08006", doc: "Sharded install: a shard the call needs is down or unreachable from the proxy; `shard` names it when known. The call did not complete there: repeat it when the shard is back (replays are exact). Also raised for PL/Proxy's own connection errors (XX000) and a shard's shutdown during the call (57P01, 57P02, 57P03)." },
 ] as const;
+
+// How a sharded install's proxy (PL/Proxy) wraps a shard's error, as the
+// Python client reads it (runrelay.errors): the client unwraps it the same way.
+export const REMOTE = /^(?:PL\/Proxy function )?[\w.\"]+\(\d+\): \[[^\]]*\] REMOTE (?:ERROR|FATAL): /;
+export const PLPROXY_CONNECTION = /^PL\/Proxy function .*(?:\bPQ\w+: |connection)/s;
+export const SHARD = /^runrelay: shard (\d+) is unavailable/;
+export const PARAMETER: Readonly<Record<string, RegExp>> = { "22023": /^runrelay: invalid (.+?): /, "54000": /^runrelay: (.+?) is too large: \d+ bytes, the limit is \d+$/ };
+export const SHARD_GONE: ReadonlySet<string> = new Set(["57P01", "57P02", "57P03"]);
