@@ -6,7 +6,8 @@ import { createHash } from "node:crypto";
 import pg from "pg";
 
 import { ClientArgumentError, translate } from "./errors.js";
-import { SQL_API, SqlCalls } from "./generated/sqlApi.js";
+import { type FailOutcome, SQL_API, SqlCalls } from "./generated/sqlApi.js";
+import type { Fence } from "./inputs.js";
 
 /** A connection to run one call on: the client's pool, a pool's client
  * (checked out by the caller, perhaps inside BEGIN ... COMMIT) or a Client. */
@@ -133,6 +134,20 @@ export class Client extends SqlCalls<Queryable> {
       }
     }
     return { statement: this.statement(fn, sent), values };
+  }
+
+  /** Fail an attempt whose run waits on its suspension, unless the wait
+   * ended first (a signal or timeout wins): prepare_waiting_failure, then
+   * fail_attempt(protect_waiting_suspension => true); two calls, the one
+   * documented exception to one round trip. The answer is the protected
+   * failure's, the same on every repeat. */
+  async failWaiting(
+    args: Fence & { error: unknown; retry_at?: Date | string | null; final_events?: unknown },
+    conn?: Queryable,
+  ): Promise<FailOutcome> {
+    const fence = { run_id: args.run_id, attempt: args.attempt, lease_token: args.lease_token };
+    await this.prepareWaitingFailure(fence, conn);
+    return this.failAttempt({ ...args, protect_waiting_suspension: true }, conn);
   }
 
   protected async call(fn: string, args: object, conn: Queryable | undefined): Promise<unknown> {

@@ -16,36 +16,47 @@ export class Suspend extends Error {
   readonly finalEvents: readonly unknown[];
   /** [key, seconds]: the wait's deadline, seconds after the write. */
   readonly deadline: readonly [string, number] | undefined;
+  /** The handler's last step, run once suspend_attempt answered `waiting`
+   * (work that must start only after the wait is recorded, such as asking
+   * for the approval the run waits for). If it throws, the waiting run is
+   * failed with Client.failWaiting, unless its wait ended first. It runs at
+   * most once: a worker that dies meanwhile leaves the run waiting. */
+  readonly onWaiting: (() => unknown) | undefined;
 
   constructor(
     wait: Record<string, unknown>,
-    options: { finalEvents?: readonly unknown[]; deadline?: readonly [string, number] } = {},
+    options: {
+      finalEvents?: readonly unknown[];
+      deadline?: readonly [string, number];
+      onWaiting?: () => unknown;
+    } = {},
   ) {
     super(String(wait["kind"] ?? "wait"));
     this.name = "Suspend";
     this.wait = wait;
     this.finalEvents = options.finalEvents ?? [];
     this.deadline = options.deadline;
+    this.onWaiting = options.onWaiting;
   }
 
   /** Sleep `seconds` by the database clock. */
-  static sleep(seconds: number): Suspend {
-    return new Suspend({ kind: "sleep" }, { deadline: ["until", seconds] });
+  static sleep(seconds: number, onWaiting?: () => unknown): Suspend {
+    return new Suspend({ kind: "sleep" }, { deadline: ["until", seconds], ...(onWaiting ? { onWaiting } : {}) });
   }
 
   /** Wait for signal `name`, at most `timeout` seconds. */
-  static event(name: string, timeout?: number): Suspend {
+  static event(name: string, timeout?: number, onWaiting?: () => unknown): Suspend {
     return new Suspend(
       { kind: "event", name },
-      timeout === undefined ? {} : { deadline: ["timeout_at", timeout] },
+      { ...(timeout === undefined ? {} : { deadline: ["timeout_at", timeout] as const }), ...(onWaiting ? { onWaiting } : {}) },
     );
   }
 
   /** Wait for detached runner `runner`, at most `timeout` seconds. */
-  static detached(runner: string, timeout?: number): Suspend {
+  static detached(runner: string, timeout?: number, onWaiting?: () => unknown): Suspend {
     return new Suspend(
       { kind: "detached_runner", runner },
-      timeout === undefined ? {} : { deadline: ["timeout_at", timeout] },
+      { ...(timeout === undefined ? {} : { deadline: ["timeout_at", timeout] as const }), ...(onWaiting ? { onWaiting } : {}) },
     );
   }
 

@@ -333,7 +333,17 @@ export class Worker extends Loop {
     const outcome = await this.#outcomeOf(held.job);
     if (held.handedBack) return;
     held.settling = true;
-    await this.#settle(held, writeFor(held.job, outcome));
+    const write = writeFor(held.job, outcome);
+    const error = outcome.error;
+    if (error instanceof Suspend && error.onWaiting !== undefined) {
+      // Its step must run once the run waits, so the suspension is written
+      // on its own; the slot stays taken until the step is over.
+      const written = await this.#writeAlone(held, write, false);
+      if (written === "waiting") await this.#onWaiting(held, error.onWaiting);
+      this.#release(held);
+      return;
+    }
+    await this.#settle(held, write);
   }
 
   /** The handler's outcome, or the reason its signal fired first. */
@@ -422,7 +432,9 @@ export class Worker extends Loop {
     if (this.#waitingForSlot) this.wake();
   }
 
-  async #writeAlone(held: Held, write: Write): Promise<void> {
+  /** Write one outcome on its own: its answer, undefined when the write
+   * could not be made. `release`: the slot is free afterwards. */
+  async #writeAlone(held: Held, write: Write, release = true): Promise<unknown> {
     try {
       let outcome: unknown;
       try {
@@ -437,10 +449,32 @@ export class Worker extends Loop {
       }
       this.stats.calls += 1;
       this.#count(outcome as string);
+      return outcome;
     } catch (error) {
       this.log.error(`runrelay worker ${this.name}: ${write.method} for ${held.job.runId} failed: ${String(error)}`);
+      return undefined;
     } finally {
-      this.#release(held);
+      if (release) this.#release(held);
+    }
+  }
+
+  /** A waiting run's on-waiting step. If it throws, the run is failed
+   * through the waiting-failure protocol (Client.failWaiting): a signal or
+   * timeout that ended the wait first still wins. The run is durably
+   * waiting meanwhile: it is neither heartbeaten nor handed back. */
+  async #onWaiting(held: Held, step: () => unknown): Promise<void> {
+    try {
+      await step();
+    } catch (error) {
+      try {
+        const failed = await this.retried(() =>
+          this.client.failWaiting({ ...held.job.fence, error: errorOf(error) }),
+        );
+        this.stats.calls += 2;
+        this.#count(failed);
+      } catch (failure) {
+        this.log.error(`runrelay worker ${this.name}: fail_waiting for ${held.job.runId} failed: ${String(failure)}`);
+      }
     }
   }
 

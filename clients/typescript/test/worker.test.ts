@@ -141,6 +141,40 @@ describe("the worker", () => {
     assert.equal((await client.getRun({ run_id: "cancel-me" }))?.status, "cancelled");
   });
 
+  test("an on-waiting step runs once the run waits; if it throws, the waiting run fails unless a signal came first", async () => {
+    await client.enqueueRuns({
+      items: [
+        { run_id: "ask", queue: "approve", payload: { step: "ok" } },
+        { run_id: "ask-fails", queue: "approve", payload: { step: "throws" }, max_attempts: 1 },
+        { run_id: "ask-late", queue: "approve", payload: { step: "signalled" }, max_attempts: 1 },
+      ],
+    });
+    const seen: Record<string, string | undefined> = {};
+    const worker = new Worker(
+      client,
+      (job: Job<{ step: string }>) => {
+        if (job.resume !== null) return { resumed: job.resume };
+        throw Suspend.event("approved", 3600, async () => {
+          seen[job.runId] = (await client.getRun({ run_id: job.runId }))?.status;
+          if (job.payload.step === "signalled") {
+            assert.equal(await client.signalRun({ run_id: job.runId, name: "approved" }), "resumed");
+          }
+          if (job.payload.step !== "ok") throw new Error("could not ask");
+        });
+      },
+      { queues: ["approve"], logger: quiet },
+    );
+    await worker.run({ untilIdle: 0.5 });
+    assert.deepEqual(seen, { ask: "waiting", "ask-fails": "waiting", "ask-late": "waiting" });
+    assert.equal((await client.getRun({ run_id: "ask" }))?.status, "waiting");
+    const failed = await client.getRun({ run_id: "ask-fails" });
+    assert.equal(failed?.status, "failed");
+    assert.equal((failed?.error as { message?: string }).message, "could not ask");
+    const late = await client.getRun({ run_id: "ask-late" });
+    assert.equal(late?.status, "completed", "the signal won: the failure answered fence_lost");
+    assert.deepEqual((late?.result as { resumed?: unknown }).resumed, { name: "approved", payload: {} });
+  });
+
   test("a handler past its timeout fails its attempt with a timeout error", async () => {
     await client.enqueueRun({ run_id: "slow", queue: "slow", max_attempts: 1 });
     const worker = new Worker(client, () => new Promise(() => undefined), {
