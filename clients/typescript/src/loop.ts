@@ -32,18 +32,23 @@ export abstract class Loop {
 
   constructor(
     client: Client,
-    options: { name?: string; listen?: ListenConfig | false; logger?: Logger },
+    options: { name?: string; listen?: ListenConfig | boolean; logger?: Logger },
     private readonly kind: string,
   ) {
     this.client = client;
     this.name = options.name ?? `${hostname()}:${process.pid}:${randomUUID().replaceAll("-", "").slice(0, 6)}`;
     this.log = options.logger ?? console;
-    // By default the LISTEN session uses the pool's own settings (its own
-    // connection, never one of the pool's).
+    // No LISTEN unless asked for, as in the Python loops: every listening
+    // session of a database is woken by every NOTIFY in it, whatever its
+    // channel (PostgreSQL's design), so listeners cost the server. `true`
+    // takes the pool's settings for its own connection (never a pooled one).
     const pool = (client.pool as { options?: Record<string, unknown> }).options;
     const { max: _max, idleTimeoutMillis: _idle, ...config } = pool ?? {};
+    if (options.listen === true && pool === undefined) {
+      throw new TypeError("listen: true needs a pg.Pool; pass a connection string or config instead");
+    }
     this.listenConfig =
-      options.listen === false ? undefined : (options.listen ?? (pool ? (config as ListenConfig) : undefined));
+      options.listen === true ? (config as ListenConfig) : options.listen === false ? undefined : options.listen;
   }
 
   /** End the loop; a second call ends the grace period at once. */

@@ -37,8 +37,10 @@ export interface RelayOptions {
   readonly concurrency?: number;
   /** Longest idle sleep in seconds (default 5). */
   readonly maxSleep?: number;
-  /** The LISTEN connection; false for none. Default: the client's pool's. */
-  readonly listen?: ListenConfig | false;
+  /** LISTEN for wake-ups (new runs, cancellations; ledger work for a
+   * relay): a connection string or pg config for its own connection, or
+   * true for the pool's settings. Default: none, poll only. */
+  readonly listen?: ListenConfig | boolean;
   readonly logger?: Logger;
 }
 

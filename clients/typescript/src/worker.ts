@@ -47,9 +47,11 @@ export interface WorkerOptions {
   readonly heartbeatEvery?: number;
   /** Seconds between polls when idle (default 1; a NOTIFY ends the wait early). */
   readonly pollInterval?: number;
-  /** The LISTEN connection: a connection string or pg config; false for none.
-   * Default: the client's pool's own configuration. */
-  readonly listen?: ListenConfig | false;
+  /** LISTEN for wake-ups (new runs, and cancellations of held runs, which
+   * then abort at once rather than at the next heartbeat): a connection
+   * string or pg config for its own connection, or true for the pool's
+   * settings. Default: none, poll only. */
+  readonly listen?: ListenConfig | boolean;
   /** Seconds in-flight handlers get to finish at shutdown (default 10). */
   readonly shutdownGrace?: number;
   /** Reap expired leases, enqueue due schedules, record queue activity

@@ -128,7 +128,7 @@ describe("the worker", () => {
             resolve("stopped");
           });
         }),
-      { queues: ["cancel"], heartbeatEvery: 60, logger: quiet },
+      { queues: ["cancel"], heartbeatEvery: 60, listen: true, logger: quiet },
     );
     const running = worker.run({ untilIdle: 0.5 });
     await waitFor("the claim", async () => worker.inFlight === 1);
@@ -221,7 +221,6 @@ describe("the worker", () => {
       const worker = new Worker(through, (job) => void ran.push(job.runId), {
         queues: ["lost"],
         concurrency: 1,
-        listen: false,
         maintenance: false,
         logger: quiet,
       });
