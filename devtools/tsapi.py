@@ -101,14 +101,12 @@ def _row_interfaces() -> dict[str, str]:
     different columns (LedgerEvent: ack_ledger adds lag_ms) gets every
     column, those some function lacks as optional."""
     columns: dict[str, dict[str, tuple[str, int]]] = {}
-    readers: dict[str, Reader] = {}
     functions: dict[str, int] = {}
     for function, op in sorted(OPERATIONS.items()):
         reader = op.read
         if reader.shape == "scalar":
             continue
         name = reader.cls.__name__  # type: ignore[union-attr]
-        readers.setdefault(name, reader)
         functions[name] = functions.get(name, 0) + 1
         cols = columns.setdefault(name, {})
         for column in SQL_API[function]["columns"]:

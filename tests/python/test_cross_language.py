@@ -19,7 +19,16 @@ from typing import Any
 import psycopg
 import pytest
 
-from faults import REPO, Checker, Children, History, RecordingClient, load_history, load_sink
+from faults import (
+    REPO,
+    UNDELIVERED,
+    Checker,
+    Children,
+    History,
+    RecordingClient,
+    load_history,
+    load_sink,
+)
 from faults import wait_for as wait_until
 from lifecycle import check_drained
 
@@ -28,14 +37,6 @@ pytest_plugins = ["conftest_faults"]
 TS = REPO / "clients" / "typescript"
 RUNS = 12
 TERMINAL = "SELECT count(*) FROM runrelay.runs WHERE status IN ('completed', 'failed', 'cancelled')"
-UNDELIVERED = """
-    SELECT count(*) FROM runrelay.ledger AS l
-    WHERE l.state <> 'delivered'
-      AND NOT (l.transport_only AND NOT EXISTS (
-          SELECT 1 FROM runrelay.ledger AS h
-          WHERE h.run_id = l.run_id AND h.lane = l.lane AND h.seq < l.seq
-            AND h.state <> 'delivered'))
-"""
 
 
 @pytest.fixture(scope="session")
@@ -101,16 +102,13 @@ def _count(db: psycopg.Connection, query: str) -> int:
     return int(row[0])
 
 
-def _fast_retries(db: psycopg.Connection) -> None:
-    db.execute("UPDATE runrelay.settings SET retry_base_seconds = 0.05, retry_max_seconds = 0.2")
-
-
 def _check(calls: list[dict[str, Any]], db: psycopg.Connection, sink: list[dict[str, Any]]) -> None:
     report = Checker(calls, db, sink=sink).run()
     assert report.violations == [], str(report)
     check_drained(db)
 
 
+@pytest.mark.usefixtures("fast_retries")
 def test_python_producer_typescript_worker_python_relay(
     db: psycopg.Connection,
     db_url: str,
@@ -118,7 +116,6 @@ def test_python_producer_typescript_worker_python_relay(
     children: Children,
     ts_children: TsChildren,
 ) -> None:
-    _fast_retries(db)
     producer = RecordingClient(db_url, history, "py-producer")
     try:
         for i in range(RUNS):
@@ -147,12 +144,12 @@ def test_python_producer_typescript_worker_python_relay(
     _check(calls, db, load_sink(children.logs()))
 
 
+@pytest.mark.usefixtures("fast_retries")
 def test_typescript_producer_python_worker_typescript_relay(
     db: psycopg.Connection,
     children: Children,
     ts_children: TsChildren,
 ) -> None:
-    _fast_retries(db)
     producer = ts_children.spawn("producer", "ts-producer", "--runs", str(RUNS), "--prefix", "ts")
     assert producer.wait(60) == 0, ts_children.stderr("ts-producer")
     worker = children.worker("py-worker", lease=5)

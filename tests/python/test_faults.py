@@ -26,6 +26,7 @@ import pytest
 from faults import (
     MODES,
     TABLES,
+    UNDELIVERED,
     Checker,
     Children,
     History,
@@ -632,15 +633,6 @@ def test_killed_workers_every_run_ends_exactly_once(
 # =============================================================================
 # Relays: killed, paused during a slow delivery, duplicate and foreign acks
 # =============================================================================
-UNDELIVERED = """
-    SELECT count(*) FROM runrelay.ledger AS l
-    WHERE l.state <> 'delivered'
-      AND NOT (l.transport_only AND NOT EXISTS (
-          SELECT 1 FROM runrelay.ledger AS n
-          WHERE n.run_id = l.run_id AND n.lane = l.lane AND n.seq > l.seq))
-"""
-
-
 def test_killed_relays_deliver_everything_in_order(
     db: psycopg.Connection, children: Children, history: History, db_url: str
 ) -> None:
