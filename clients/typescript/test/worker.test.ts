@@ -5,10 +5,35 @@ import { fileURLToPath } from "node:url";
 
 import pg from "pg";
 
-import { Client, Retry, Snooze, Suspend, Tasks, Worker, type Job } from "../src/index.js";
-import { freshDatabase, LosingProxy, type TestDatabase, waitFor } from "./helpers.js";
+import { Client, Retry, Snooze, Suspend, Tasks, Worker, type Job, type Queryable } from "../src/index.js";
+import { freshDatabase, LosingProxy, sleep, type TestDatabase, waitFor } from "./helpers.js";
 
 const quiet = { info: () => undefined, warn: () => undefined, error: () => undefined };
+
+/** A Client that records every call it makes and counts its
+ * settle_and_claim calls in flight. */
+class Recording extends Client {
+  readonly sent: { fn: string; args: Record<string, unknown> }[] = [];
+  settling = 0;
+
+  protected override async call(fn: string, args: object, conn: Queryable | undefined): Promise<unknown> {
+    this.sent.push({ fn, args: args as Record<string, unknown> });
+    if (fn !== "settle_and_claim") return super.call(fn, args, conn);
+    this.settling += 1;
+    try {
+      return await super.call(fn, args, conn);
+    } finally {
+      this.settling -= 1;
+    }
+  }
+
+  /** The runs each settle_and_claim call settled, in call order. */
+  settled(): string[][] {
+    return this.sent
+      .filter((c) => c.fn === "settle_and_claim" && (c.args["items"] as unknown[]).length > 0)
+      .map((c) => (c.args["items"] as { run_id: string }[]).map((i) => i.run_id).sort());
+  }
+}
 
 describe("the worker", () => {
   let db: TestDatabase;
@@ -242,6 +267,93 @@ describe("the worker", () => {
       await pool.end();
       await proxy.close();
     }
+  });
+
+  /** a1 and a2 finish first, and their settle_and_claim calls (as many as a
+   * worker makes at once) wait on their runs' rows, which a session holds;
+   * b1 and b2 finish while both calls wait, b2 with `b2Result`. Then the
+   * session lets go. Resolves with the recording client once the worker is
+   * idle. */
+  async function busyCalls(queue: string, b2Result: unknown): Promise<Recording> {
+    const ids = ["a1", "a2", "b1", "b2"].map((id) => `${queue}-${id}`);
+    // One attempt for b2: a refused result fails its run at once.
+    await client.enqueueRuns({ items: ids.map((run_id) => ({ run_id, queue, max_attempts: 1 })) });
+    const recording = new Recording(db.pool);
+    const locker = await db.pool.connect();
+    let locked = false;
+    let bDone = 0;
+    const control = (async () => {
+      try {
+        await waitFor("a1 and a2 running", async () => {
+          const { rows } = await locker.query(
+            "SELECT count(*)::int AS n FROM runrelay.attempts WHERE run_id = ANY($1) AND status = 'running'",
+            [ids.slice(0, 2)],
+          );
+          return rows[0].n === 2;
+        });
+        await locker.query("BEGIN");
+        await locker.query("SELECT 1 FROM runrelay.runs WHERE run_id = ANY($1) FOR UPDATE", [ids.slice(0, 2)]);
+        locked = true;
+        await waitFor("b1 and b2 finished behind the busy calls", async () => bDone === 2);
+        // Their outcomes queue as their handlers return; give that a moment.
+        await sleep(100);
+        await locker.query("COMMIT");
+      } finally {
+        locker.release();
+      }
+    })();
+    const worker = new Worker(
+      recording,
+      async (job) => {
+        if (job.runId.endsWith("-a1") || job.runId.endsWith("-a2")) {
+          await waitFor("the runs locked", async () => locked, 30_000);
+          return { ok: job.runId };
+        }
+        await waitFor("both calls busy", async () => recording.settling === 2, 30_000);
+        bDone += 1;
+        return job.runId.endsWith("-b2") ? b2Result : { ok: job.runId };
+      },
+      { queues: [queue], concurrency: 4, pollInterval: 0.05, maintenance: false, logger: quiet },
+    );
+    await worker.run({ untilIdle: 0.5 });
+    await control;
+    return recording;
+  }
+
+  async function statuses(queue: string): Promise<Record<string, string>> {
+    const { rows } = await db.pool.query(
+      "SELECT run_id, status FROM runrelay.runs WHERE queue = $1 ORDER BY run_id",
+      [queue],
+    );
+    return Object.fromEntries(rows.map((r: { run_id: string; status: string }) => [r.run_id.slice(queue.length + 1), r.status]));
+  }
+
+  test("outcomes that finish while both settle calls are busy go out together in the next one", async () => {
+    const recording = await busyCalls("gc", { ok: "gc-b2" });
+    const calls = recording.settled();
+    assert.ok(calls.some((c) => c.join() === "gc-b1,gc-b2"), JSON.stringify(calls));
+    assert.deepEqual(calls.flat().sort(), ["gc-a1", "gc-a2", "gc-b1", "gc-b2"]);
+    assert.deepEqual(await statuses("gc"), { a1: "completed", a2: "completed", b1: "completed", b2: "completed" });
+    const { rows } = await db.pool.query("SELECT run_id, result->>'ok' AS ok FROM runrelay.runs WHERE queue = 'gc'");
+    for (const row of rows as { run_id: string; ok: string }[]) assert.equal(row.ok, row.run_id);
+  });
+
+  test("an outcome the server refuses does not sink those sent with it", async () => {
+    // b2's result is over the payload cap: the shared call of b1 and b2 is
+    // refused whole (54000, nothing written), then each is written alone:
+    // b1 completes, b2's refused write becomes a failure of its attempt.
+    const recording = await busyCalls("refused", { big: "x".repeat(1 << 20) });
+    const calls = recording.settled();
+    const shared = calls.findIndex((c) => c.join() === "refused-b1,refused-b2");
+    assert.ok(shared >= 0, JSON.stringify(calls));
+    const after = recording.sent.slice(recording.sent.findIndex(
+      (c) => c.fn === "settle_and_claim" && (c.args["items"] as unknown[]).length === 2,
+    ) + 1);
+    assert.ok(after.some((c) => c.fn === "complete_attempt" && c.args["run_id"] === "refused-b1"));
+    assert.deepEqual(await statuses("refused"), { a1: "completed", a2: "completed", b1: "completed", b2: "failed" });
+    const [attempt] = await client.runAttempts({ run_id: "refused-b2" });
+    assert.equal(attempt?.status, "failed");
+    assert.match(JSON.stringify(attempt?.error), /54000|payload/i);
   });
 
   test("a worker process SIGKILLed mid-job: a second one takes the run once the lease expires", async () => {
