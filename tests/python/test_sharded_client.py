@@ -652,6 +652,46 @@ def test_a_down_shard_is_shard_unavailable(sharded: ShardedInstall) -> None:
     )
 
 
+def test_prune_and_purge_runs_spend_one_budget_over_the_shards(sharded: ShardedInstall) -> None:
+    """Each shard deletes at most what the budget still allows and the answer
+    is the total; a shard that is down is skipped, and with none up the call
+    fails naming itself."""
+    client = sharded.client()
+    zero, one = both(sharded, "pb", 2)
+    for run_id in zero + one:
+        client.enqueue_run(run_id, queue="pb")
+    for claim in client.claim_attempts("w", ["pb"], max_runs=4):
+        client.complete_attempt(**claim.fence, result={})
+    # Every run's three lifecycle events delivered: 6 on each shard.
+    while held := client.claim_ledger("relay", max_events=10):
+        client.ack_ledger("relay", held[0].run_id, [e.event_id for e in held])
+    assert len(sharded.everywhere("SELECT 1 FROM runrelay.ledger_events")) == 12
+
+    sharded.clusters.shards[1].crash()
+    try:
+        assert client.prune(datetime.now(UTC), max_rows=100) == 6
+    finally:
+        sharded.clusters.shards[1].start()
+    assert client.prune(datetime.now(UTC), max_rows=4) == 4
+    assert client.prune(datetime.now(UTC), max_rows=4) == 2
+    assert client.prune(datetime.now(UTC)) == 0
+
+    assert client.purge_runs(datetime.now(UTC), max_rows=3) == 3
+    assert client.purge_runs(datetime.now(UTC), max_rows=3) == 1
+    assert sharded.everywhere("SELECT run_id FROM runrelay.runs") == []
+
+    for shard in sharded.clusters.shards:
+        shard.crash()
+    try:
+        with pytest.raises(ShardUnavailable, match="prune reached no shard"):
+            client.prune(datetime.now(UTC))
+        with pytest.raises(ShardUnavailable, match="purge_runs reached no shard"):
+            client.purge_runs(datetime.now(UTC))
+    finally:
+        for shard in sharded.clusters.shards:
+            shard.start()
+
+
 # --------------------------------------------------------------------------
 # AsyncClient
 # --------------------------------------------------------------------------

@@ -43,22 +43,28 @@ BEGIN
 END;
 $$;
 
--- prune and purge_runs: each shard deletes up to what is still allowed.
-CREATE FUNCTION @schema@.prune(@args:prune@)
-RETURNS @result:prune@
+-- prune and purge_runs: each shard deletes up to what is still allowed, in
+-- one walk for both (p_function names which of the two each shard runs).
+CREATE FUNCTION @proxy@.delete_within_budget(
+    p_function text, p_before timestamptz, p_max_rows integer, p_include_undelivered boolean
+)
+RETURNS integer
 LANGUAGE plpgsql
 VOLATILE
 AS $$
 DECLARE
     v_part integer;
-    v_left integer := prune.max_rows;
+    v_left integer := p_max_rows;
     v_n integer;
     v_answered boolean := false;
     v_error text;
 BEGIN
     FOR v_part IN SELECT w.head FROM @proxy@.walk(NULL) AS w (head) LOOP
         BEGIN
-            v_n := @proxy@.on_prune(v_part, prune.delivered_before, v_left);
+            v_n := CASE p_function
+                WHEN 'prune' THEN @proxy@.on_prune(v_part, p_before, v_left)
+                ELSE @proxy@.on_purge_runs(v_part, p_before, v_left, p_include_undelivered)
+            END;
         @skip_if_down(v_part, v_error)@
         END;
         v_answered := true;
@@ -66,40 +72,28 @@ BEGIN
         EXIT WHEN v_left <= 0;
     END LOOP;
     IF NOT v_answered THEN
-        PERFORM @proxy@.no_shard_answered('prune', v_error);
+        PERFORM @proxy@.no_shard_answered(p_function, v_error);
     END IF;
-    RETURN prune.max_rows - v_left;
+    RETURN p_max_rows - v_left;
 END;
+$$;
+
+CREATE FUNCTION @schema@.prune(@args:prune@)
+RETURNS @result:prune@
+LANGUAGE sql
+VOLATILE
+AS $$
+SELECT @proxy@.delete_within_budget('prune', prune.delivered_before, prune.max_rows, NULL);
 $$;
 
 CREATE FUNCTION @schema@.purge_runs(@args:purge_runs@)
 RETURNS @result:purge_runs@
-LANGUAGE plpgsql
+LANGUAGE sql
 VOLATILE
 AS $$
-DECLARE
-    v_part integer;
-    v_left integer := purge_runs.max_rows;
-    v_n integer;
-    v_answered boolean := false;
-    v_error text;
-BEGIN
-    FOR v_part IN SELECT w.head FROM @proxy@.walk(NULL) AS w (head) LOOP
-        BEGIN
-            v_n := @proxy@.on_purge_runs(
-                v_part, purge_runs.finished_before, v_left, purge_runs.include_undelivered
-            );
-        @skip_if_down(v_part, v_error)@
-        END;
-        v_answered := true;
-        v_left := v_left - v_n;
-        EXIT WHEN v_left <= 0;
-    END LOOP;
-    IF NOT v_answered THEN
-        PERFORM @proxy@.no_shard_answered('purge_runs', v_error);
-    END IF;
-    RETURN purge_runs.max_rows - v_left;
-END;
+SELECT @proxy@.delete_within_budget(
+    'purge_runs', purge_runs.finished_before, purge_runs.max_rows, purge_runs.include_undelivered
+);
 $$;
 
 -- Pausing and resuming a queue must reach every shard: a shard that is down
