@@ -32,24 +32,12 @@ SELECT is(
     'retry_scheduled', 'a replayed fail_attempt answers retry_scheduled again'
 );
 SELECT is(tests.event_count('f1'), 4::bigint, 'the replay emits nothing');
-SELECT is(
-    (
-        SELECT run_at FROM runrelay.runs
-        WHERE run_id = 'f1'
-    ), now() + interval '1 minute',
-    'the replay does not reschedule the run'
+SELECT * FROM tests.queued_for_a_minute(
+    'f1',
+    p_run_at => 'the replay does not reschedule the run',
+    p_not_before => 'the retry is not claimable before retry_at',
+    p_after => 'after retry_at the run is claimed again as attempt 2'
 );
-SELECT is_empty(
-    $$SELECT * FROM runrelay.claim_attempts(worker => 'w1', queues => ARRAY['f1'])$$,
-    'the retry is not claimable before retry_at'
-);
-SELECT tests.set_clock('2 minutes');
-SELECT results_eq(
-    $$SELECT run_id, attempt FROM runrelay.claim_attempts(worker => 'w1', queues => ARRAY['f1'])$$,
-    $$VALUES ('f1', 2)$$,
-    'after retry_at the run is claimed again as attempt 2'
-);
-SELECT tests.set_clock('0');
 SELECT is(
     runrelay.fail_attempt('f1', 1, tests.token('f1', 1), '{"code": "boom"}'), 'retry_scheduled',
     'a replay of attempt 1''s failure after attempt 2 started still answers what it recorded'
@@ -115,38 +103,34 @@ SELECT is(tests.state('f-once'), 'failed:failed', 'the run and its attempt are f
 
 -- Exponential backoff with jitter when retry_at is null:
 -- base * 2^(n-1), capped by retry_max_seconds, times a factor in [0.5, 1).
+-- Attempt n of bo fails n - 1 minutes on (claimed first, but for the first
+-- attempt); the answer is the backoff its failure chose.
+CREATE FUNCTION pg_temp.backoff_after_failure(p_attempt integer)
+RETURNS interval
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF p_attempt > 1 THEN
+        PERFORM tests.set_clock(make_interval(mins => p_attempt - 1));
+        PERFORM tests.claim_run('bo');
+    END IF;
+    PERFORM runrelay.fail_attempt('bo', p_attempt, tests.token('bo', p_attempt), '{}');
+    RETURN (SELECT r.run_at - r.updated_at FROM runrelay.runs AS r WHERE r.run_id = 'bo');
+END;
+$$;
+
 SELECT tests.start_run('bo', 5);
-SELECT runrelay.fail_attempt('bo', 1, tests.token('bo', 1), '{}');
-SELECT ok(
-    (
-        SELECT run_at - updated_at FROM runrelay.runs
-        WHERE run_id = 'bo'
+-- Each failure is called in FROM: BETWEEN would evaluate it twice.
+SELECT ok(b.backoff BETWEEN interval '5 seconds' AND interval '10 seconds', 'first failure: backoff within [base/2, base] (base 10 s)')
+FROM pg_temp.backoff_after_failure(1) AS b (backoff);
+SELECT ok(b.backoff BETWEEN interval '10 seconds' AND interval '20 seconds', 'second failure: backoff doubles, within [base, 2 base]')
+FROM pg_temp.backoff_after_failure(2) AS b (backoff);
+SELECT
+    ok(
+        b.backoff BETWEEN interval '12.5 seconds' AND interval '25 seconds',
+        'third failure: 4 base exceeds retry_max_seconds, so the delay is capped (25 s) before jitter'
     )
-    BETWEEN interval '5 seconds' AND interval '10 seconds',
-    'first failure: backoff within [base/2, base] (base 10 s)'
-);
-SELECT tests.set_clock('1 minute');
-SELECT tests.claim_run('bo');
-SELECT runrelay.fail_attempt('bo', 2, tests.token('bo', 2), '{}');
-SELECT ok(
-    (
-        SELECT run_at - updated_at FROM runrelay.runs
-        WHERE run_id = 'bo'
-    )
-    BETWEEN interval '10 seconds' AND interval '20 seconds',
-    'second failure: backoff doubles, within [base, 2 base]'
-);
-SELECT tests.set_clock('2 minutes');
-SELECT tests.claim_run('bo');
-SELECT runrelay.fail_attempt('bo', 3, tests.token('bo', 3), '{}');
-SELECT ok(
-    (
-        SELECT run_at - updated_at FROM runrelay.runs
-        WHERE run_id = 'bo'
-    )
-    BETWEEN interval '12.5 seconds' AND interval '25 seconds',
-    'third failure: 4 base exceeds retry_max_seconds, so the delay is capped (25 s) before jitter'
-);
+FROM pg_temp.backoff_after_failure(3) AS b (backoff);
 SELECT tests.set_clock('0');
 
 -- cancelled.

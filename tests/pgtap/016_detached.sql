@@ -7,6 +7,77 @@
 BEGIN;
 SELECT plan(69);
 
+-- Start a run and suspend its first attempt on a detached runner, with a
+-- timeout_at p_timeout from now when given.
+CREATE FUNCTION pg_temp.wait_detached(p_run_id text, p_timeout interval DEFAULT NULL)
+RETURNS tests.claim
+LANGUAGE sql
+AS $$
+    SELECT tests.start_waiting(
+        p_run_id,
+        jsonb_strip_nulls(jsonb_build_object('kind', 'detached_runner', 'runner', 'r', 'timeout_at', now() + p_timeout))
+    );
+$$;
+
+-- claim_detached_terminal by the owner of the run's first attempt.
+CREATE FUNCTION pg_temp.owner_claims(p_run_id text)
+RETURNS boolean
+LANGUAGE sql
+AS $$
+    SELECT runrelay.claim_detached_terminal(p_run_id, 1, tests.token(p_run_id));
+$$;
+
+-- The runner pushes p_result and the attempt's owner claims it.
+CREATE FUNCTION pg_temp.push_and_claim(p_run_id text, p_result jsonb)
+RETURNS boolean
+LANGUAGE sql
+AS $$
+    SELECT runrelay.record_runner_terminal(p_run_id, 1, p_result);
+    SELECT pg_temp.owner_claims(p_run_id);
+$$;
+
+-- What the next claim of the run's queue starts.
+CREATE FUNCTION pg_temp.next_claim(p_run_id text)
+RETURNS TABLE (run_id text, attempt integer, resume jsonb)
+LANGUAGE sql
+AS $$
+    SELECT c.run_id, c.attempt, c.resume FROM runrelay.claim_attempts(worker => 'w1', queues => ARRAY[p_run_id]) AS c;
+$$;
+
+-- The next claim ends the wait: it starts attempt 2 with p_resume.
+CREATE FUNCTION pg_temp.wakes(p_run_id text, p_resume jsonb, p_description text)
+RETURNS text
+LANGUAGE sql
+AS $$
+    SELECT results_eq(
+        format('SELECT * FROM pg_temp.next_claim(%L)', p_run_id),
+        format('VALUES (%L, 2, %L::jsonb)', p_run_id, p_resume),
+        p_description
+    );
+$$;
+
+-- reap_expired sends the run's expired first attempt back to waiting.
+CREATE FUNCTION pg_temp.reaped(p_run_id text, p_description text)
+RETURNS text
+LANGUAGE sql
+AS $$
+    SELECT results_eq(
+        format('SELECT * FROM runrelay.reap_expired() WHERE run_id = %L', p_run_id),
+        format('VALUES (%L, 1, %L)', p_run_id, 'waiting'),
+        p_description
+    );
+$$;
+
+-- How long a pushed terminal may wait for its claim.
+CREATE FUNCTION pg_temp.claim_window(p_run_id text)
+RETURNS interval
+LANGUAGE sql
+AS $$
+    SELECT r.wake_at - a.runner_result_received_at
+    FROM runrelay.runs AS r INNER JOIN runrelay.attempts AS a ON r.run_id = a.run_id
+    WHERE r.run_id = p_run_id;
+$$;
+
 -- The wait.
 SELECT tests.start_run('d1');
 SELECT is(
@@ -40,10 +111,7 @@ SELECT is_empty(
 SELECT is_empty(
     $$SELECT * FROM runrelay.read_runner_terminal('d-none', 1)$$, 'read_runner_terminal of a missing run: no row'
 );
-SELECT is(
-    runrelay.claim_detached_terminal('d1', 1, tests.token('d1')), FALSE,
-    'claim_detached_terminal before a push answers false'
-);
+SELECT is(pg_temp.owner_claims('d1'), FALSE, 'claim_detached_terminal before a push answers false');
 SELECT is(tests.state('d1'), 'waiting:waiting', 'and changes nothing');
 
 -- record_runner_terminal.
@@ -71,18 +139,11 @@ SELECT is(
     'the first result is kept'
 );
 SELECT is(
-    (
-        SELECT r.wake_at - a.runner_result_received_at
-        FROM runrelay.runs AS r INNER JOIN runrelay.attempts AS a ON r.run_id = a.run_id
-        WHERE r.run_id = 'd1'
-    ), interval '5 minutes',
+    pg_temp.claim_window('d1'), interval '5 minutes',
     'a recorded terminal must be claimed within the 5-minute claim window (sooner than this timeout_at)'
 );
 SELECT tests.set_clock('4 minutes');
-SELECT is_empty(
-    $$SELECT * FROM runrelay.claim_attempts(worker => 'w1', queues => ARRAY['d1'])$$,
-    'within the claim window a claim does not wake the run'
-);
+SELECT is_empty($$SELECT * FROM pg_temp.next_claim('d1')$$, 'within the claim window a claim does not wake the run');
 SELECT tests.set_clock('0');
 
 -- claim_detached_terminal.
@@ -94,10 +155,7 @@ SELECT is(
     'claim_detached_terminal of an attempt that does not exist: false'
 );
 SELECT is(tests.state('d1'), 'waiting:waiting', 'failed claims change nothing');
-SELECT is(
-    runrelay.claim_detached_terminal('d1', 1, tests.token('d1')), TRUE,
-    'the owner claims the pushed terminal: true'
-);
+SELECT is(pg_temp.owner_claims('d1'), TRUE, 'the owner claims the pushed terminal: true');
 SELECT results_eq(
     $$SELECT r.status, r.wake_at, a.status, a.lease_expires_at - a.heartbeat_at
       FROM runrelay.runs AS r INNER JOIN runrelay.attempts AS a USING (run_id) WHERE r.run_id = 'd1'$$,
@@ -105,19 +163,14 @@ SELECT results_eq(
     'the waiting attempt is moved to running with a fresh lease; the lease, not the claim window, governs now'
 );
 SELECT tests.set_clock('6 minutes');
-SELECT is_empty(
-    $$SELECT * FROM runrelay.claim_attempts(worker => 'w1', queues => ARRAY['d1'])$$,
-    'a claimed terminal is not woken when the claim window would have passed'
-);
+SELECT is_empty($$SELECT * FROM pg_temp.next_claim('d1')$$, 'a claimed terminal is not woken when the claim window would have passed');
 SELECT tests.set_clock('0');
 SELECT results_eq(
     $$SELECT type, transport_only FROM runrelay.ledger WHERE run_id = 'd1' ORDER BY seq$$,
     $$VALUES ('run.queued', FALSE), ('run.started', FALSE), ('run.waiting', TRUE), ('run.resumed', TRUE)$$,
     'the wait ends with a transport-only run.resumed'
 );
-SELECT is(
-    runrelay.claim_detached_terminal('d1', 1, tests.token('d1')), TRUE, 'a replayed claim_detached_terminal answers true'
-);
+SELECT is(pg_temp.owner_claims('d1'), TRUE, 'a replayed claim_detached_terminal answers true');
 SELECT is(tests.event_count('d1'), 4::bigint, 'the replay emits no second run.resumed');
 
 -- superseded: the pushed terminal is authoritative.
@@ -175,13 +228,10 @@ SELECT is(
 );
 
 -- too_late: the wait timed out and the run moved on.
-SELECT tests.start_waiting(
-    'd4', jsonb_build_object('kind', 'detached_runner', 'runner', 'r', 'timeout_at', now() + interval '1 minute')
-);
+SELECT pg_temp.wait_detached('d4', '1 minute');
 SELECT tests.set_clock('2 minutes');
-SELECT results_eq(
-    $$SELECT run_id, attempt, resume FROM runrelay.claim_attempts(worker => 'w1', queues => ARRAY['d4'])$$,
-    $$VALUES ('d4', 2, '{"timed_out": true}'::jsonb)$$,
+SELECT pg_temp.wakes(
+    'd4', '{"timed_out": true}',
     'a detached wait past timeout_at is woken by the next claim with resume {"timed_out": true}'
 );
 SELECT is(
@@ -206,35 +256,26 @@ SELECT tests.set_clock('0');
 
 -- too_late: pushed after timeout_at, before any claim woke the wait. The wait
 -- has timed out whether or not a claim has run yet.
-SELECT tests.start_waiting(
-    'd5', jsonb_build_object('kind', 'detached_runner', 'runner', 'r', 'timeout_at', now() + interval '1 minute')
-);
+SELECT pg_temp.wait_detached('d5', '1 minute');
 SELECT tests.set_clock('2 minutes');
 SELECT is(
     runrelay.record_runner_terminal('d5', 1, '{"late": true}'), 'too_late',
     'a push after timeout_at answers too_late even before a claim woke the wait'
 );
-SELECT results_eq(
-    $$SELECT run_id, attempt, resume FROM runrelay.claim_attempts(worker => 'w1', queues => ARRAY['d5'])$$,
-    $$VALUES ('d5', 2, '{"timed_out": true}'::jsonb)$$,
-    'the late push changed nothing: the next claim wakes the run with {"timed_out": true}'
-);
+SELECT pg_temp.wakes('d5', '{"timed_out": true}', 'the late push changed nothing: the next claim wakes the run with {"timed_out": true}');
 SELECT tests.set_clock('0');
 
 -- too_late: the run was cancelled while waiting.
-SELECT tests.start_waiting('d6', '{"kind": "detached_runner", "runner": "r"}');
+SELECT pg_temp.wait_detached('d6');
 SELECT runrelay.cancel_run('d6');
 SELECT is(runrelay.record_runner_terminal('d6', 1, '{}'), 'too_late', 'a push for a cancelled wait answers too_late');
 SELECT is(tests.state('d6'), 'cancelled:cancelled', 'the cancelled run is unchanged');
 
 -- claim_detached_terminal with a pending cancellation.
-SELECT tests.start_waiting('d7', '{"kind": "detached_runner", "runner": "r"}');
+SELECT pg_temp.wait_detached('d7');
 SELECT runrelay.record_runner_terminal('d7', 1, '{"ok": true}');
 SELECT tests.mark_cancel('d7');
-SELECT is(
-    runrelay.claim_detached_terminal('d7', 1, tests.token('d7')), FALSE,
-    'claim_detached_terminal answers false when a cancel marker is applied instead'
-);
+SELECT is(pg_temp.owner_claims('d7'), FALSE, 'claim_detached_terminal answers false when a cancel marker is applied instead');
 SELECT is(tests.state('d7'), 'cancelled:cancelled', 'the marker was applied');
 SELECT is(
     tests.lifecycle('d7'), ARRAY['run.queued', 'run.started', 'run.waiting', 'run.cancelled'],
@@ -242,40 +283,27 @@ SELECT is(
 );
 
 -- A claimed terminal whose lease expires goes back to waiting.
-SELECT tests.start_waiting('d8', '{"kind": "detached_runner", "runner": "r"}');
-SELECT runrelay.record_runner_terminal('d8', 1, '{"ok": true}');
-SELECT runrelay.claim_detached_terminal('d8', 1, tests.token('d8'));
+SELECT pg_temp.wait_detached('d8');
+SELECT pg_temp.push_and_claim('d8', '{"ok": true}');
 SELECT tests.set_clock('1 minute');
-SELECT results_eq(
-    $$SELECT * FROM runrelay.reap_expired() WHERE run_id = 'd8'$$,
-    $$VALUES ('d8', 1, 'waiting')$$,
-    'reap_expired sends an expired claimed-for-terminal attempt back to waiting'
-);
+SELECT pg_temp.reaped('d8', 'reap_expired sends an expired claimed-for-terminal attempt back to waiting');
 SELECT is(
-    (
-        SELECT r.wake_at - a.runner_result_received_at
-        FROM runrelay.runs AS r INNER JOIN runrelay.attempts AS a ON r.run_id = a.run_id
-        WHERE r.run_id = 'd8'
-    ), interval '5 minutes',
+    pg_temp.claim_window('d8'), interval '5 minutes',
     'the reaped attempt waits again under its claim window'
 );
-SELECT is(
-    runrelay.claim_detached_terminal('d8', 1, tests.token('d8')), TRUE,
-    'its owner can claim the terminal again within the window'
-);
+SELECT is(pg_temp.owner_claims('d8'), TRUE, 'its owner can claim the terminal again within the window');
 
 -- A pushed terminal nobody claims: the claim window ends the wait.
-SELECT tests.start_waiting('d9', '{"kind": "detached_runner", "runner": "r"}');
+SELECT pg_temp.wait_detached('d9');
 SELECT runrelay.record_runner_terminal('d9', 1, '{"ok": 9}');
 SELECT tests.set_clock('6 minutes');
 SELECT is(
-    runrelay.claim_detached_terminal('d9', 1, tests.token('d9')), FALSE,
+    pg_temp.owner_claims('d9'), FALSE,
     'past the claim window claim_detached_terminal answers false, even before a claim woke the run'
 );
 SELECT is(tests.state('d9'), 'waiting:waiting', 'and changes nothing');
-SELECT results_eq(
-    $$SELECT run_id, attempt, resume FROM runrelay.claim_attempts(worker => 'w1', queues => ARRAY['d9'])$$,
-    $$VALUES ('d9', 2, '{"timed_out": true, "runner_result": {"ok": 9}}'::jsonb)$$,
+SELECT pg_temp.wakes(
+    'd9', '{"timed_out": true, "runner_result": {"ok": 9}}',
     'the next claim wakes the run; its resume carries the unclaimed terminal'
 );
 SELECT is(tests.state('d9'), 'running:resumed,running', 'the old attempt is resumed, a new one runs');
@@ -285,19 +313,14 @@ SELECT results_eq(
         ('run.started', FALSE)$$,
     'the wait ends with one transport-only run.resumed'
 );
-SELECT is(
-    runrelay.claim_detached_terminal('d9', 1, tests.token('d9')), FALSE,
-    'the old owner can no longer claim the terminal'
-);
+SELECT is(pg_temp.owner_claims('d9'), FALSE, 'the old owner can no longer claim the terminal');
 SELECT is(
     runrelay.record_runner_terminal('d9', 1, '{"ok": 9}'), 'duplicate', 'the runner repeating its push: duplicate'
 );
 SELECT tests.set_clock('0');
 
 -- A timeout_at sooner than the claim window bounds it.
-SELECT tests.start_waiting(
-    'd10', jsonb_build_object('kind', 'detached_runner', 'runner', 'r', 'timeout_at', now() + interval '1 minute')
-);
+SELECT pg_temp.wait_detached('d10', '1 minute');
 SELECT runrelay.record_runner_terminal('d10', 1, '{"ok": 10}');
 SELECT is(
     (
@@ -307,36 +330,25 @@ SELECT is(
     'with a sooner timeout_at, the claim window ends at timeout_at'
 );
 SELECT tests.set_clock('2 minutes');
-SELECT results_eq(
-    $$SELECT run_id, attempt, resume FROM runrelay.claim_attempts(worker => 'w1', queues => ARRAY['d10'])$$,
-    $$VALUES ('d10', 2, '{"timed_out": true, "runner_result": {"ok": 10}}'::jsonb)$$,
+SELECT pg_temp.wakes(
+    'd10', '{"timed_out": true, "runner_result": {"ok": 10}}',
     'past timeout_at the next claim wakes the run with the unclaimed terminal'
 );
 SELECT tests.set_clock('0');
 
 -- A claimed terminal whose owner lapses after the window: reaping restores
 -- the deadline, which has passed, and the next claim wakes the run.
-SELECT tests.start_waiting('d11', '{"kind": "detached_runner", "runner": "r"}');
-SELECT runrelay.record_runner_terminal('d11', 1, '{"ok": 11}');
-SELECT runrelay.claim_detached_terminal('d11', 1, tests.token('d11'));
+SELECT pg_temp.wait_detached('d11');
+SELECT pg_temp.push_and_claim('d11', '{"ok": 11}');
 SELECT tests.set_clock('6 minutes');
-SELECT results_eq(
-    $$SELECT * FROM runrelay.reap_expired() WHERE run_id = 'd11'$$,
-    $$VALUES ('d11', 1, 'waiting')$$,
-    'the lapsed claim is reaped back to waiting'
-);
-SELECT results_eq(
-    $$SELECT run_id, attempt, resume FROM runrelay.claim_attempts(worker => 'w1', queues => ARRAY['d11'])$$,
-    $$VALUES ('d11', 2, '{"timed_out": true, "runner_result": {"ok": 11}}'::jsonb)$$,
-    'its claim window is over: the next claim wakes the run'
-);
+SELECT pg_temp.reaped('d11', 'the lapsed claim is reaped back to waiting');
+SELECT pg_temp.wakes('d11', '{"timed_out": true, "runner_result": {"ok": 11}}', 'its claim window is over: the next claim wakes the run');
 SELECT tests.set_clock('0');
 
 -- A protected waiting failure never overwrites a pushed terminal, even once
 -- the owner has claimed it (the attempt is running again).
-SELECT tests.start_waiting('d12', '{"kind": "detached_runner", "runner": "r"}');
-SELECT runrelay.record_runner_terminal('d12', 1, '{"status": "completed"}');
-SELECT runrelay.claim_detached_terminal('d12', 1, tests.token('d12'));
+SELECT pg_temp.wait_detached('d12');
+SELECT pg_temp.push_and_claim('d12', '{"status": "completed"}');
 SELECT is(
     runrelay.fail_attempt('d12', 1, tests.token('d12'), '{"e": "gave up"}', protect_waiting_suspension => TRUE),
     'fence_lost', 'a protected failure of a claimed detached terminal answers fence_lost'

@@ -45,26 +45,13 @@ SELECT is(
     'released', 'a replay with other arguments answers the recorded outcome, like every fenced write'
 );
 SELECT is(tests.event_count('rl1'), 3::bigint, 'the replays emit no second event');
-SELECT is(
-    (
-        SELECT run_at FROM runrelay.runs
-        WHERE run_id = 'rl1'
-    ), now() + interval '1 minute',
-    'the replays do not reschedule the run'
+-- The replays leave run_at alone, and run_at is honoured.
+SELECT * FROM tests.queued_for_a_minute(
+    'rl1',
+    p_run_at => 'the replays do not reschedule the run',
+    p_not_before => 'a released run is not claimable before run_at',
+    p_after => 'after run_at the run is claimed again, as attempt 2'
 );
-
--- run_at is honoured.
-SELECT is_empty(
-    $$SELECT * FROM runrelay.claim_attempts(worker => 'w1', queues => ARRAY['rl1'])$$,
-    'a released run is not claimable before run_at'
-);
-SELECT tests.set_clock('2 minutes');
-SELECT results_eq(
-    $$SELECT run_id, attempt FROM runrelay.claim_attempts(worker => 'w1', queues => ARRAY['rl1'])$$,
-    $$VALUES ('rl1', 2)$$,
-    'after run_at the run is claimed again, as attempt 2'
-);
-SELECT tests.set_clock('0');
 SELECT is(
     runrelay.release_attempt('rl1', 1, tests.token('rl1', 1)), 'released',
     'a replay of attempt 1''s release after attempt 2 started still answers released'

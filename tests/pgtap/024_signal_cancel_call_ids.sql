@@ -7,33 +7,6 @@
 BEGIN;
 SELECT plan(53);
 
--- Everything a call could write, as one digest: equal before and after a
--- call means the call wrote nothing (no row, no timestamp).
-CREATE FUNCTION tests.everything()
-RETURNS text
-LANGUAGE sql
-AS $$
-    SELECT md5(concat_ws(
-        '|',
-        (SELECT string_agg(t::text, ',' ORDER BY t::text) FROM runrelay.runs AS t),
-        (SELECT string_agg(t::text, ',' ORDER BY t::text) FROM runrelay.attempts AS t),
-        (SELECT string_agg(t::text, ',' ORDER BY t::text) FROM runrelay.cancellations AS t),
-        (SELECT string_agg(t::text, ',' ORDER BY t::text) FROM runrelay.signals AS t),
-        (SELECT string_agg(t::text, ',' ORDER BY t::text) FROM runrelay.ledger AS t),
-        (SELECT string_agg(t::text, ',' ORDER BY t::text) FROM runrelay.ledger_lanes AS t),
-        (SELECT string_agg(t::text, ',' ORDER BY t::text) FROM runrelay.calls AS t)
-    ));
-$$;
-
-CREATE TEMPORARY TABLE seen (label text PRIMARY KEY, digest text NOT NULL);
-
-CREATE FUNCTION tests.seen(p_label text)
-RETURNS text
-LANGUAGE sql
-AS $$
-    SELECT s.digest FROM seen AS s WHERE s.label = p_label;
-$$;
-
 -- The signatures: call_id is the new last parameter, with a default, and the
 -- old calls keep working (one function each, no overload left behind).
 SELECT has_function('runrelay', 'signal_run', ARRAY['text', 'text', 'jsonb', 'uuid'], 'signal_run takes call_id last');
@@ -57,7 +30,7 @@ SELECT results_eq(
     $$VALUES ('signal_run', 'i1', 'resumed')$$,
     'the call and its outcome are recorded'
 );
-INSERT INTO seen VALUES ('i1', tests.everything());
+SELECT tests.remember('i1');
 SELECT is(
     runrelay.signal_run('i1', 'go', '{"v": 1}', '11111111-1111-4111-8111-111111111111'), 'resumed',
     'its repeat answers resumed (not stored)'
@@ -86,7 +59,7 @@ SELECT is(
     runrelay.signal_run('i2', 'go', '{"v": 2}', '22222222-2222-4222-8222-222222222222'), 'stored',
     'a signal with a call_id to a running run answers stored'
 );
-INSERT INTO seen VALUES ('i2', tests.everything());
+SELECT tests.remember('i2');
 SELECT is(
     runrelay.signal_run('i2', 'go', '{"v": 2}', '22222222-2222-4222-8222-222222222222'), 'stored',
     'its repeat answers stored'
@@ -124,7 +97,7 @@ SELECT is(
     ), 'terminal',
     'that call changed something, so it is recorded'
 );
-INSERT INTO seen VALUES ('i3', tests.everything());
+SELECT tests.remember('i3');
 SELECT is(runrelay.signal_run('i3', 'go', '{}', '33333333-3333-4333-8333-333333333333'), 'terminal', 'its repeat answers terminal');
 SELECT is(tests.everything(), tests.seen('i3'), 'the repeat wrote nothing');
 
@@ -145,7 +118,7 @@ SELECT is(
 );
 
 -- The same id for another call: 22023 naming call_id, nothing changed.
-INSERT INTO seen VALUES ('mismatch', tests.everything());
+SELECT tests.remember('mismatch');
 SELECT throws_ok(
     $$SELECT runrelay.signal_run('i2', 'go', '{"v": 3}', '22222222-2222-4222-8222-222222222222')$$,
     '22023', NULL, 'the same call_id with another payload is refused'
@@ -191,7 +164,7 @@ SELECT is(
     runrelay.cancel_run('c1', 'no longer needed', '77777777-7777-4777-8777-777777777777'), 'cancelled',
     'a cancel with a call_id answers cancelled'
 );
-INSERT INTO seen VALUES ('c1', tests.everything());
+SELECT tests.remember('c1');
 SELECT is(
     runrelay.cancel_run('c1', 'no longer needed', '77777777-7777-4777-8777-777777777777'), 'cancelled',
     'its repeat answers cancelled'
@@ -220,7 +193,7 @@ SELECT is(
 );
 SELECT tests.release_key();
 SELECT is((SELECT outcome FROM runrelay.heartbeat('c2', 1, tests.token('c2'))), 'cancelled', 'a writer applies the marker');
-INSERT INTO seen VALUES ('c2', tests.everything());
+SELECT tests.remember('c2');
 SELECT is(
     runrelay.cancel_run('c2', 'stop', '99999999-9999-4999-8999-999999999999'), 'cancel_requested',
     'the repeat answers cancel_requested after the marker was applied'

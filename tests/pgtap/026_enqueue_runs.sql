@@ -49,6 +49,14 @@ SELECT $$[
     {"run_id": "P4", "queue": "bq", "payload": {}}
 ]$$::text AS items;
 
+-- The scenario's items for one side: P becomes p_side in run_ids and keys.
+CREATE FUNCTION pg_temp.side_items(p_side text)
+RETURNS jsonb
+LANGUAGE sql
+AS $$
+    SELECT replace(s.items, '"P', '"' || p_side)::jsonb FROM scenario AS s;
+$$;
+
 SELECT tests.set_clock('1 hour');
 SELECT tests.start_run('A0');
 SELECT tests.start_run('B0');
@@ -56,27 +64,17 @@ SELECT * FROM runrelay.enqueue_run('A-k0', queue => 'bq', concurrency_key => 'A-
 SELECT * FROM runrelay.enqueue_run('B-k0', queue => 'bq', concurrency_key => 'B-k');
 
 CREATE TEMP TABLE got_a AS
-SELECT
-    row_number() OVER () AS n,
-    substr(r.run_id, 2) AS run_id,
-    r.status,
-    r.created
-FROM pg_temp.enqueue_one_by_one(replace((SELECT s.items FROM scenario AS s), '"P', '"A')::jsonb) AS r;
+SELECT r.* FROM pg_temp.enqueue_one_by_one(pg_temp.side_items('A')) WITH ORDINALITY AS r (run_id, status, created, n);
 CREATE TEMP TABLE got_b AS
-SELECT
-    row_number() OVER () AS n,
-    substr(r.run_id, 2) AS run_id,
-    r.status,
-    r.created
-FROM runrelay.enqueue_runs(replace((SELECT s.items FROM scenario AS s), '"P', '"B')::jsonb) AS r;
+SELECT r.* FROM runrelay.enqueue_runs(pg_temp.side_items('B')) WITH ORDINALITY AS r (run_id, status, created, n);
 
 SELECT results_eq(
-    'SELECT n, run_id, status, created FROM got_b ORDER BY n',
-    'SELECT n, run_id, status, created FROM got_a ORDER BY n',
+    'SELECT n, substr(run_id, 2), status, created FROM got_b ORDER BY n',
+    'SELECT n, substr(run_id, 2), status, created FROM got_a ORDER BY n',
     'enqueue_runs answers every item as sequential enqueue_run calls do'
 );
 SELECT results_eq(
-    'SELECT run_id, status, created FROM got_b ORDER BY n',
+    'SELECT substr(run_id, 2), status, created FROM got_b ORDER BY n',
     $$VALUES ('1', 'queued', TRUE), ('2', 'queued', TRUE), ('3', 'queued', TRUE), ('4', 'queued', TRUE),
              ('1', 'queued', FALSE), ('0', 'running', FALSE), ('5', 'queued', TRUE), ('6', 'queued', TRUE),
              ('7', 'queued', TRUE), ('4', 'queued', FALSE)$$,
@@ -172,8 +170,7 @@ SELECT results_eq(
 
 -- A replay of the whole call writes nothing.
 SELECT results_eq(
-    $$SELECT r.created, count(*) FROM runrelay.enqueue_runs(
-        replace((SELECT s.items FROM scenario AS s), '"P', '"B')::jsonb) AS r GROUP BY r.created$$,
+    $$SELECT r.created, count(*) FROM runrelay.enqueue_runs(pg_temp.side_items('B')) AS r GROUP BY r.created$$,
     $$VALUES (FALSE, 10::bigint)$$,
     'a repeat of the whole call answers created = false for every item'
 );
@@ -218,67 +215,36 @@ SELECT throws_ok(
 );
 
 -- Bad input: 22023 naming the parameter and the item, nothing changed.
-SELECT throws_ok($$SELECT * FROM runrelay.enqueue_runs(NULL)$$, '22023', NULL, 'items null');
-SELECT throws_ok($$SELECT * FROM runrelay.enqueue_runs('{"run_id": "x"}')$$, '22023', NULL, 'items not an array');
-SELECT throws_ok($$SELECT * FROM runrelay.enqueue_runs('[]')$$, '22023', NULL, 'no items');
-SELECT throws_ok(
-    $$SELECT * FROM runrelay.enqueue_runs(
-        (SELECT jsonb_agg(jsonb_build_object('run_id', 'big' || g)) FROM generate_series(1, 10001) AS g))$$,
-    '22023', NULL, 'more than 10000 items'
-);
-SELECT throws_ok(
-    $$SELECT * FROM runrelay.enqueue_runs('[{"run_id": "x1"}, 7]')$$,
-    '22023', 'runrelay: invalid items[1]: must be a JSON object (got number)', 'an item not an object'
-);
-SELECT throws_ok(
-    $$SELECT * FROM runrelay.enqueue_runs('[{"run_id": "x1", "lane": "a"}]')$$,
-    '22023', 'runrelay: invalid items[0].lane: is not a parameter of enqueue_run', 'an unknown key'
-);
-SELECT throws_ok(
-    $$SELECT * FROM runrelay.enqueue_runs('[{"queue": "q"}]')$$,
-    '22023', 'runrelay: invalid items[0].run_id: must not be null', 'a missing run_id'
-);
-SELECT throws_ok(
-    $$SELECT * FROM runrelay.enqueue_runs('[{"run_id": 5}]')$$,
-    '22023', 'runrelay: invalid items[0].run_id: must be a JSON string (got number)', 'a run_id not a string'
-);
-SELECT throws_ok(
-    $$SELECT * FROM runrelay.enqueue_runs('[{"run_id": "x1"}, {"run_id": "x2", "queue": " "}]')$$,
-    '22023', NULL, 'a blank queue'
-);
-SELECT throws_ok(
-    $$SELECT * FROM runrelay.enqueue_runs('[{"run_id": "x1", "payload": null}]')$$,
-    '22023', 'runrelay: invalid items[0].payload: must not be null', 'a null payload'
-);
-SELECT throws_ok(
-    $$SELECT * FROM runrelay.enqueue_runs('[{"run_id": "x1", "run_at": "soon"}]')$$,
-    '22023', NULL, 'a run_at that is not a timestamp'
-);
-SELECT throws_ok(
-    $$SELECT * FROM runrelay.enqueue_runs('[{"run_id": "x1", "run_at": "infinity"}]')$$,
-    '22023', 'runrelay: invalid items[0].run_at: must be finite (got infinity)', 'an infinite run_at'
-);
-SELECT throws_ok(
-    $$SELECT * FROM runrelay.enqueue_runs('[{"run_id": "x1", "priority": 1.5}]')$$,
-    '22023', NULL, 'a priority that is not an integer'
-);
-SELECT throws_ok(
-    $$SELECT * FROM runrelay.enqueue_runs('[{"run_id": "x1", "priority": 2000000}]')$$,
-    '22023', 'runrelay: invalid items[0].priority: must be between -1000000 and 1000000 (got 2000000)',
-    'a priority out of range'
-);
-SELECT throws_ok(
-    $$SELECT * FROM runrelay.enqueue_runs('[{"run_id": "x1"}, {"run_id": "x2", "max_attempts": 0}]')$$,
-    '22023', 'runrelay: invalid items[1].max_attempts: must be between 1 and 1000 (got 0)', 'max_attempts 0'
-);
-SELECT throws_ok(
-    $$SELECT * FROM runrelay.enqueue_runs('[{"run_id": "x1", "payload_retention": "forever"}]')$$,
-    '22023', NULL, 'an unknown payload_retention'
-);
-SELECT throws_ok(
-    $$SELECT * FROM runrelay.enqueue_runs(jsonb_build_array(jsonb_build_object('run_id', 'x1', 'concurrency_key', repeat('k', 201))))$$,
-    '22023', NULL, 'a concurrency_key over 200 characters'
-);
+SELECT throws_ok(format('SELECT * FROM runrelay.enqueue_runs(%L)', c.items), '22023', c.message, c.description)
+FROM (
+    VALUES
+    (NULL::jsonb, NULL, 'items null'),
+    ('{"run_id": "x"}', NULL, 'items not an array'),
+    ('[]', NULL, 'no items'),
+    ((SELECT jsonb_agg(jsonb_build_object('run_id', 'big' || g)) FROM generate_series(1, 10001) AS g), NULL, 'more than 10000 items'),
+    ('[{"run_id": "x1"}, 7]', 'runrelay: invalid items[1]: must be a JSON object (got number)', 'an item not an object'),
+    ('[{"run_id": "x1", "lane": "a"}]', 'runrelay: invalid items[0].lane: is not a parameter of enqueue_run', 'an unknown key'),
+    ('[{"queue": "q"}]', 'runrelay: invalid items[0].run_id: must not be null', 'a missing run_id'),
+    ('[{"run_id": 5}]', 'runrelay: invalid items[0].run_id: must be a JSON string (got number)', 'a run_id not a string'),
+    ('[{"run_id": "x1"}, {"run_id": "x2", "queue": " "}]', NULL, 'a blank queue'),
+    ('[{"run_id": "x1", "payload": null}]', 'runrelay: invalid items[0].payload: must not be null', 'a null payload'),
+    ('[{"run_id": "x1", "run_at": "soon"}]', NULL, 'a run_at that is not a timestamp'),
+    ('[{"run_id": "x1", "run_at": "infinity"}]', 'runrelay: invalid items[0].run_at: must be finite (got infinity)', 'an infinite run_at'),
+    ('[{"run_id": "x1", "priority": 1.5}]', NULL, 'a priority that is not an integer'),
+    (
+        '[{"run_id": "x1", "priority": 2000000}]',
+        'runrelay: invalid items[0].priority: must be between -1000000 and 1000000 (got 2000000)', 'a priority out of range'
+    ),
+    (
+        '[{"run_id": "x1"}, {"run_id": "x2", "max_attempts": 0}]',
+        'runrelay: invalid items[1].max_attempts: must be between 1 and 1000 (got 0)', 'max_attempts 0'
+    ),
+    ('[{"run_id": "x1", "payload_retention": "forever"}]', NULL, 'an unknown payload_retention'),
+    (
+        jsonb_build_array(jsonb_build_object('run_id', 'x1', 'concurrency_key', repeat('k', 201))),
+        NULL, 'a concurrency_key over 200 characters'
+    )
+) AS c (items, message, description);
 UPDATE runrelay.settings SET max_payload_bytes = 1024;
 SELECT throws_ok(
     $$SELECT * FROM runrelay.enqueue_runs(jsonb_build_array(

@@ -8,10 +8,23 @@
 BEGIN;
 SELECT plan(34);
 
+-- A ledger run whose lifecycle lane holds the transport-only events
+-- p_transport_only, then the events p_then.
+CREATE FUNCTION pg_temp.transport_only_first(p_run_id text, p_transport_only text[], p_then text[] DEFAULT '{}')
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    PERFORM tests.ledger_run(p_run_id);
+    PERFORM tests.append(p_run_id, p_transport_only, 'lifecycle', TRUE);
+    IF cardinality(p_then) > 0 THEN
+        PERFORM tests.append(p_run_id, p_then);
+    END IF;
+END;
+$$;
+
 -- Head with a claimable successor.
-SELECT tests.ledger_run('t1');
-SELECT tests.append('t1', ARRAY['t'], 'lifecycle', TRUE);
-SELECT tests.append('t1', ARRAY['a', 'b']);
+SELECT pg_temp.transport_only_first('t1', ARRAY['t'], ARRAY['a', 'b']);
 SELECT results_eq(
     $$SELECT kind, type, seq, frozen, lease_expires_at IS NULL,
              lease_remaining_ms IS NULL OR tests.lease_granted(lease_expires_at, lease_remaining_ms, 30)
@@ -28,8 +41,7 @@ SELECT is(tests.ev_state(tests.eid('t1', 'b')), 'pending', 'batch => false: only
 
 -- A lone transport-only head does not rest: its lane is due and the next
 -- claim acknowledges it.
-SELECT tests.ledger_run('t2');
-SELECT tests.append('t2', ARRAY['t'], 'lifecycle', TRUE);
+SELECT pg_temp.transport_only_first('t2', ARRAY['t']);
 SELECT is(
     runrelay.ledger_next_due_at(lane => 'lifecycle', run_id => 't2'),
     (
@@ -56,8 +68,7 @@ SELECT results_eq(
 );
 
 -- Consecutive transport-only events are all acknowledged.
-SELECT tests.ledger_run('t3');
-SELECT tests.append('t3', ARRAY['t1', 't2'], 'lifecycle', TRUE);
+SELECT pg_temp.transport_only_first('t3', ARRAY['t1', 't2']);
 SELECT results_eq(
     $$SELECT kind, type FROM runrelay.claim_ledger(relay => 'x', run_id => 't3')$$,
     $$VALUES ('local_ack', 't1'), ('local_ack', 't2')$$,
@@ -121,51 +132,42 @@ SELECT is(
     'a keep run keeps the payload of a locally acknowledged event'
 );
 
--- expected_head and transport-only events.
-SELECT tests.ledger_run('e1');
-SELECT tests.append('e1', ARRAY['tw'], 'lifecycle', TRUE);
-SELECT tests.append('e1', ARRAY['y', 'z']);
+-- expected_head and transport-only events: relay x claims run p_run_id
+-- expecting its event of type p_head at the head.
+CREATE FUNCTION pg_temp.claim_expecting(p_run_id text, p_head text, p_max_events integer DEFAULT 1, p_batch boolean DEFAULT FALSE)
+RETURNS SETOF runrelay.claim_ledger_result
+LANGUAGE sql
+AS $$
+    SELECT * FROM runrelay.claim_ledger(
+        relay => 'x', run_id => p_run_id, expected_head => tests.eid(p_run_id, p_head),
+        max_events => p_max_events, batch => p_batch
+    );
+$$;
+
+SELECT pg_temp.transport_only_first('e1', ARRAY['tw'], ARRAY['y', 'z']);
 SELECT results_eq(
-    format(
-        'SELECT kind, type FROM runrelay.claim_ledger(relay => %L, run_id => %L, expected_head => %s)',
-        'x', 'e1', tests.eid('e1', 'y')
-    ),
+    $$SELECT kind, type FROM pg_temp.claim_expecting('e1', 'y')$$,
     $$VALUES ('local_ack', 'tw'), ('claimed', 'y')$$,
     'expected_head behind a transport-only head: the head is acknowledged locally and the named event claimed'
 );
 SELECT is(tests.ev_state(tests.eid('e1', 'z')), 'pending', '... and nothing behind it');
-SELECT tests.ledger_run('e2');
-SELECT tests.append('e2', ARRAY['tw'], 'lifecycle', TRUE);
-SELECT tests.append('e2', ARRAY['y']);
+SELECT pg_temp.transport_only_first('e2', ARRAY['tw'], ARRAY['y']);
 SELECT results_eq(
-    format(
-        'SELECT kind, type FROM runrelay.claim_ledger(relay => %L, run_id => %L, expected_head => %s, max_events => 5, batch => TRUE)',
-        'x', 'e2', tests.eid('e2', 'tw')
-    ),
+    $$SELECT kind, type FROM pg_temp.claim_expecting('e2', 'tw', 5, TRUE)$$,
     $$VALUES ('local_ack', 'tw')$$,
     'expected_head naming a transport-only head acknowledges exactly it'
 );
 SELECT is(tests.ev_state(tests.eid('e2', 'y')), 'pending', '... and claims nothing that was not named');
-SELECT tests.ledger_run('e3');
-SELECT tests.append('e3', ARRAY['tw1', 'tw2'], 'lifecycle', TRUE);
-SELECT tests.append('e3', ARRAY['y']);
+SELECT pg_temp.transport_only_first('e3', ARRAY['tw1', 'tw2'], ARRAY['y']);
 SELECT results_eq(
-    format(
-        'SELECT kind, type FROM runrelay.claim_ledger(relay => %L, run_id => %L, expected_head => %s)',
-        'x', 'e3', tests.eid('e3', 'tw2')
-    ),
+    $$SELECT kind, type FROM pg_temp.claim_expecting('e3', 'tw2')$$,
     $$VALUES ('local_ack', 'tw1'), ('local_ack', 'tw2')$$,
     'expected_head naming a transport-only event behind another: both acknowledged, nothing claimed'
 );
 SELECT is(tests.ev_state(tests.eid('e3', 'y')), 'pending', '... y stays pending');
-SELECT tests.ledger_run('e4');
-SELECT tests.append('e4', ARRAY['tw'], 'lifecycle', TRUE);
-SELECT tests.append('e4', ARRAY['x', 'y']);
+SELECT pg_temp.transport_only_first('e4', ARRAY['tw'], ARRAY['x', 'y']);
 SELECT is_empty(
-    format(
-        'SELECT * FROM runrelay.claim_ledger(relay => %L, run_id => %L, expected_head => %s)',
-        'x', 'e4', tests.eid('e4', 'y')
-    ),
+    $$SELECT * FROM pg_temp.claim_expecting('e4', 'y')$$,
     'expected_head behind an event that is not transport-only: nothing'
 );
 SELECT is(
@@ -231,34 +233,16 @@ SELECT is(
     'the oldest transport-only head makes the lane due'
 );
 CREATE TEMPORARY TABLE discovered (n integer, run_id text, kind text, type text);
-INSERT INTO discovered (n, run_id, kind, type)
-SELECT
-    1 AS n,
-    c.run_id,
-    c.kind,
-    c.type
-FROM runrelay.claim_ledger(relay => 'x', lane => 'observability') AS c;
-INSERT INTO discovered (n, run_id, kind, type)
-SELECT
-    2 AS n,
-    c.run_id,
-    c.kind,
-    c.type
-FROM runrelay.claim_ledger(relay => 'x', lane => 'observability') AS c;
-INSERT INTO discovered (n, run_id, kind, type)
-SELECT
-    3 AS n,
-    c.run_id,
-    c.kind,
-    c.type
-FROM runrelay.claim_ledger(relay => 'x', lane => 'observability') AS c;
-INSERT INTO discovered (n, run_id, kind, type)
-SELECT
-    4 AS n,
-    c.run_id,
-    c.kind,
-    c.type
-FROM runrelay.claim_ledger(relay => 'x', lane => 'observability') AS c;
+-- Four claims one after the other, as a relay's discovery loop makes them.
+DO $$
+BEGIN
+    FOR i IN 1..4 LOOP
+        INSERT INTO discovered (n, run_id, kind, type)
+        SELECT i, c.run_id, c.kind, c.type
+        FROM runrelay.claim_ledger(relay => 'x', lane => 'observability') AS c;
+    END LOOP;
+END;
+$$;
 SELECT results_eq(
     $$SELECT n, kind, type FROM discovered ORDER BY n$$,
     $$VALUES (1, 'local_ack', 't'), (2, 'local_ack', 't'), (3, 'local_ack', 't'), (4, 'claimed', 'job')$$,

@@ -27,30 +27,28 @@ SELECT is(
     'each ledger function exists exactly once (no stray overloads)'
 );
 
+-- Each ledger function with its catalog row.
+CREATE TEMPORARY VIEW ledger_proc AS
+SELECT
+    f.name,
+    f.owner_role,
+    p.oid,
+    p.prosecdef,
+    p.proacl,
+    p.proowner
+FROM ledger_fn AS f
+INNER JOIN pg_proc AS p ON f.name = p.proname AND p.pronamespace = 'runrelay'::regnamespace;
+
 -- SECURITY DEFINER, pinned search_path, comment: one assertion per function.
-SELECT ok(p.prosecdef, f.name || ' is SECURITY DEFINER')
-FROM ledger_fn AS f
-INNER JOIN pg_proc AS p ON f.name = p.proname AND p.pronamespace = 'runrelay'::regnamespace
-ORDER BY f.name;
-SELECT
-    ok(
-        EXISTS (
-            SELECT 1 FROM unnest(p.proconfig) AS c (setting)
-            WHERE c.setting LIKE 'search_path=%'
-        ),
-        f.name || ' pins its search_path'
-    )
-FROM ledger_fn AS f
-INNER JOIN pg_proc AS p ON f.name = p.proname AND p.pronamespace = 'runrelay'::regnamespace
-ORDER BY f.name;
-SELECT
-    ok(
-        coalesce(length(obj_description(p.oid, 'pg_proc')), 0) > 0,
-        f.name || ' has a COMMENT ON FUNCTION'
-    )
-FROM ledger_fn AS f
-INNER JOIN pg_proc AS p ON f.name = p.proname AND p.pronamespace = 'runrelay'::regnamespace
-ORDER BY f.name;
+SELECT ok(p.prosecdef, p.name || ' is SECURITY DEFINER')
+FROM ledger_proc AS p
+ORDER BY p.name;
+SELECT ok(tests.pins_search_path(p.oid), p.name || ' pins its search_path')
+FROM ledger_proc AS p
+ORDER BY p.name;
+SELECT ok(coalesce(length(obj_description(p.oid, 'pg_proc')), 0) > 0, p.name || ' has a COMMENT ON FUNCTION')
+FROM ledger_proc AS p
+ORDER BY p.name;
 
 -- EXECUTE: exactly the SPEC role of each function; nobody else.
 SELECT
@@ -62,37 +60,24 @@ SELECT
                 AND has_function_privilege(r.rolname, p.oid, 'EXECUTE')
             ORDER BY r.rolname
         ),
-        ARRAY[f.owner_role]::name[],
-        f.name || ': EXECUTE granted to ' || f.owner_role || ' only'
+        ARRAY[p.owner_role]::name[],
+        p.name || ': EXECUTE granted to ' || p.owner_role || ' only'
     )
-FROM ledger_fn AS f
-INNER JOIN pg_proc AS p ON f.name = p.proname AND p.pronamespace = 'runrelay'::regnamespace
-ORDER BY f.name;
+FROM ledger_proc AS p
+ORDER BY p.name;
 SELECT
     ok(
         NOT EXISTS (
             SELECT 1 FROM aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) AS a
             WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE'
         ),
-        f.name || ': no EXECUTE for PUBLIC'
+        p.name || ': no EXECUTE for PUBLIC'
     )
-FROM ledger_fn AS f
-INNER JOIN pg_proc AS p ON f.name = p.proname AND p.pronamespace = 'runrelay'::regnamespace
-ORDER BY f.name;
-SELECT
-    is(
-        array(
-            SELECT DISTINCT a.grantee::regrole::text
-            FROM aclexplode(p.proacl) AS a
-            WHERE a.privilege_type = 'EXECUTE' AND a.grantee <> p.proowner
-            ORDER BY a.grantee::regrole::text
-        ),
-        ARRAY[f.owner_role],
-        f.name || ': the ACL names no other grantee'
-    )
-FROM ledger_fn AS f
-INNER JOIN pg_proc AS p ON f.name = p.proname AND p.pronamespace = 'runrelay'::regnamespace
-ORDER BY f.name;
+FROM ledger_proc AS p
+ORDER BY p.name;
+SELECT is(tests.execute_grantees(p.oid), ARRAY[p.owner_role], p.name || ': the ACL names no other grantee')
+FROM ledger_proc AS p
+ORDER BY p.name;
 
 -- The views: SELECT for the admin role only.
 SELECT table_privs_are('runrelay', 'run_stats', 'runrelay_admin', ARRAY['SELECT'], 'admin may SELECT run_stats');

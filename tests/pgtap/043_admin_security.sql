@@ -40,36 +40,33 @@ SELECT is(
     'each admin function exists exactly once (no stray overloads)'
 );
 
+-- Each admin function with its catalog row.
+CREATE TEMPORARY VIEW admin_proc AS
+SELECT
+    f.name,
+    p.oid,
+    p.prosecdef,
+    p.provolatile
+FROM admin_fn AS f
+INNER JOIN pg_proc AS p ON f.name = p.proname AND p.pronamespace = 'runrelay'::regnamespace;
+
 SELECT
     ok(
-        p.prosecdef AND p.provolatile = 'v'
-        AND EXISTS (
-            SELECT 1 FROM unnest(p.proconfig) AS c (setting)
-            WHERE c.setting LIKE 'search_path=%'
-        ),
-        f.name || ' is SECURITY DEFINER, VOLATILE and pins its search_path'
+        p.prosecdef AND p.provolatile = 'v' AND tests.pins_search_path(p.oid),
+        p.name || ' is SECURITY DEFINER, VOLATILE and pins its search_path'
     )
-FROM admin_fn AS f
-INNER JOIN pg_proc AS p ON f.name = p.proname AND p.pronamespace = 'runrelay'::regnamespace
-ORDER BY f.name;
-SELECT ok(coalesce(length(obj_description(p.oid, 'pg_proc')), 0) > 0, f.name || ' has a COMMENT ON FUNCTION')
-FROM admin_fn AS f
-INNER JOIN pg_proc AS p ON f.name = p.proname AND p.pronamespace = 'runrelay'::regnamespace
-ORDER BY f.name;
+FROM admin_proc AS p
+ORDER BY p.name;
+SELECT ok(coalesce(length(obj_description(p.oid, 'pg_proc')), 0) > 0, p.name || ' has a COMMENT ON FUNCTION')
+FROM admin_proc AS p
+ORDER BY p.name;
 SELECT
     is(
-        array(
-            SELECT DISTINCT a.grantee::regrole::text
-            FROM aclexplode(p.proacl) AS a
-            WHERE a.privilege_type = 'EXECUTE' AND a.grantee <> p.proowner
-            ORDER BY a.grantee::regrole::text
-        ),
-        ARRAY['runrelay_admin'],
-        f.name || ': EXECUTE granted to runrelay_admin only (no PUBLIC, no other role)'
+        tests.execute_grantees(p.oid), ARRAY['runrelay_admin'],
+        p.name || ': EXECUTE granted to runrelay_admin only (no PUBLIC, no other role)'
     )
-FROM admin_fn AS f
-INNER JOIN pg_proc AS p ON f.name = p.proname AND p.pronamespace = 'runrelay'::regnamespace
-ORDER BY f.name;
+FROM admin_proc AS p
+ORDER BY p.name;
 
 -- Calls as each role: the admin's succeed through SECURITY DEFINER alone.
 SELECT table_privs_are('runrelay', 'runs', 'runrelay_admin', ARRAY[]::text[], 'admin has no privilege on runs');

@@ -7,24 +7,6 @@
 BEGIN;
 SELECT plan(50);
 
--- Everything a call could write, as one digest (as in 024).
-CREATE FUNCTION pg_temp.everything()
-RETURNS text
-LANGUAGE sql
-AS $$
-    SELECT md5(concat_ws(
-        '|',
-        (SELECT string_agg(t::text, ',' ORDER BY t::text) FROM runrelay.runs AS t),
-        (SELECT string_agg(t::text, ',' ORDER BY t::text) FROM runrelay.attempts AS t),
-        (SELECT string_agg(t::text, ',' ORDER BY t::text) FROM runrelay.cancellations AS t),
-        (SELECT string_agg(t::text, ',' ORDER BY t::text) FROM runrelay.ledger AS t),
-        (SELECT string_agg(t::text, ',' ORDER BY t::text) FROM runrelay.ledger_lanes AS t),
-        (SELECT string_agg(t::text, ',' ORDER BY t::text) FROM runrelay.calls AS t)
-    ));
-$$;
-
-CREATE TEMPORARY TABLE seen (label text PRIMARY KEY, digest text NOT NULL);
-
 -- Fail a run's current attempt; the outcome.
 CREATE FUNCTION pg_temp.fail(p_run_id text)
 RETURNS text
@@ -118,7 +100,7 @@ SELECT tests.start_run('r1');
 SELECT tests.start_waiting('w1', '{"kind": "event", "name": "go"}');
 SELECT tests.start_run('d1');
 SELECT runrelay.complete_attempt('d1', 1, tests.token('d1'), '{"ok": true}');
-INSERT INTO seen VALUES ('before', pg_temp.everything());
+SELECT tests.remember('before');
 SELECT is(runrelay.retry_run('q1'), 'not_retryable', 'a queued run: not_retryable');
 SELECT is(runrelay.retry_run('r1'), 'not_retryable', 'a running run: not_retryable');
 SELECT is(runrelay.retry_run('w1'), 'not_retryable', 'a waiting run: not_retryable');
@@ -128,10 +110,7 @@ SELECT is(
     runrelay.retry_run('d1', call_id => '00000000-0000-4000-8000-0000000000d1'), 'not_retryable',
     'not_retryable with a call_id'
 );
-SELECT is(pg_temp.everything(), (
-    SELECT s.digest FROM seen AS s
-    WHERE s.label = 'before'
-), '... and none of them wrote anything');
+SELECT is(tests.everything(), tests.seen('before'), '... and none of them wrote anything');
 
 -- A keyed run rejoins its key at the back.
 SELECT tests.start_run('k1', p_max_attempts => 1, p_concurrency_key => 'key');
@@ -167,15 +146,12 @@ SELECT is(
     'retried, with a call_id'
 );
 SELECT is(pg_temp.fail('i1'), 'failed', 'fixture: the retried run failed again');
-INSERT INTO seen VALUES ('replay', pg_temp.everything());
+SELECT tests.remember('replay');
 SELECT is(
     runrelay.retry_run('i1', reason => 'once', call_id => '00000000-0000-4000-8000-0000000000a1'), 'retried',
     'the repeat answers retried'
 );
-SELECT is(pg_temp.everything(), (
-    SELECT s.digest FROM seen AS s
-    WHERE s.label = 'replay'
-), '... and writes nothing: the run stays failed');
+SELECT is(tests.everything(), tests.seen('replay'), '... and writes nothing: the run stays failed');
 SELECT throws_ok(
     $$SELECT runrelay.retry_run('i1', reason => 'twice', call_id => '00000000-0000-4000-8000-0000000000a1')$$,
     '22023', NULL, 'the same call_id with another reason'

@@ -223,3 +223,105 @@ BEGIN
     RETURN p_expires BETWEEN statement_timestamp() + v_offset + v_lease AND clock_timestamp() + v_offset + v_lease;
 END;
 $$;
+
+-- Everything a call could write, as one digest: equal before and after a
+-- call means the call wrote nothing (no row, no timestamp).
+CREATE FUNCTION tests.everything()
+RETURNS text
+LANGUAGE sql
+AS $$
+    SELECT md5(concat_ws(
+        '|',
+        (SELECT string_agg(t::text, ',' ORDER BY t::text) FROM runrelay.runs AS t),
+        (SELECT string_agg(t::text, ',' ORDER BY t::text) FROM runrelay.attempts AS t),
+        (SELECT string_agg(t::text, ',' ORDER BY t::text) FROM runrelay.cancellations AS t),
+        (SELECT string_agg(t::text, ',' ORDER BY t::text) FROM runrelay.signals AS t),
+        (SELECT string_agg(t::text, ',' ORDER BY t::text) FROM runrelay.ledger AS t),
+        (SELECT string_agg(t::text, ',' ORDER BY t::text) FROM runrelay.ledger_lanes AS t),
+        (SELECT string_agg(t::text, ',' ORDER BY t::text) FROM runrelay.calls AS t)
+    ));
+$$;
+
+-- tests.everything() now, kept under p_label for the rest of the transaction
+-- (a setting, so that it needs no table); tests.seen(p_label) reads it back,
+-- and raises for a label that this session never remembered.
+CREATE FUNCTION tests.remember(p_label text)
+RETURNS void
+LANGUAGE sql
+AS $$
+    SELECT set_config('tests.seen_' || p_label, tests.everything(), TRUE);
+$$;
+
+CREATE FUNCTION tests.seen(p_label text)
+RETURNS text
+LANGUAGE sql
+AS $$
+    SELECT current_setting('tests.seen_' || p_label);
+$$;
+
+-- Whether a function's own settings pin its search_path.
+CREATE FUNCTION tests.pins_search_path(p_function oid)
+RETURNS boolean
+LANGUAGE sql
+AS $$
+    SELECT EXISTS (
+        SELECT 1 FROM pg_proc AS p CROSS JOIN LATERAL unnest(p.proconfig) AS c (setting)
+        WHERE p.oid = p_function AND c.setting LIKE 'search_path=%'
+    );
+$$;
+
+-- The roles besides its owner that a function's ACL grants EXECUTE, by name.
+CREATE FUNCTION tests.execute_grantees(p_function oid)
+RETURNS text[]
+LANGUAGE sql
+AS $$
+    SELECT array(
+        SELECT DISTINCT a.grantee::regrole::text
+        FROM pg_proc AS p CROSS JOIN LATERAL aclexplode(p.proacl) AS a
+        WHERE p.oid = p_function AND a.privilege_type = 'EXECUTE' AND a.grantee <> p.proowner
+        ORDER BY a.grantee::regrole::text
+    );
+$$;
+
+-- After calls with bad input that all targeted the first attempt of the run
+-- p_run_id: the run and the attempt are still running, untouched, and no
+-- event was emitted since the run started. Two assertions.
+CREATE FUNCTION tests.still_running(p_run_id text)
+RETURNS SETOF text
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    RETURN NEXT results_eq(
+        format(
+            'SELECT r.status, r.result, r.error, r.wait, a.status, a.runner_result, a.error
+             FROM runrelay.runs AS r INNER JOIN runrelay.attempts AS a USING (run_id) WHERE r.run_id = %L',
+            p_run_id
+        ),
+        $q$VALUES ('running', NULL::jsonb, NULL::jsonb, NULL::jsonb, 'running', NULL::jsonb, NULL::jsonb)$q$,
+        'the run every rejected write targeted is still running, untouched'
+    );
+    RETURN NEXT is(tests.lifecycle(p_run_id), ARRAY['run.queued', 'run.started'], 'no rejected call emitted an event');
+END;
+$$;
+
+-- A run put back in its queue until a minute from now (a retry, a release):
+-- run_at stays there, the queue has nothing to claim before it, and after it
+-- the next claim starts attempt 2. One assertion each, described by p_run_at,
+-- p_not_before and p_after. The clock is moved two minutes on for the claim,
+-- then back.
+CREATE FUNCTION tests.queued_for_a_minute(p_run_id text, p_run_at text, p_not_before text, p_after text)
+RETURNS SETOF text
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_claim text := format('runrelay.claim_attempts(worker => %L, queues => ARRAY[%L])', 'w1', p_run_id);
+BEGIN
+    RETURN NEXT is(
+        (SELECT r.run_at FROM runrelay.runs AS r WHERE r.run_id = p_run_id), now() + interval '1 minute', p_run_at
+    );
+    RETURN NEXT is_empty('SELECT * FROM ' || v_claim, p_not_before);
+    PERFORM tests.set_clock('2 minutes');
+    RETURN NEXT results_eq('SELECT run_id, attempt FROM ' || v_claim, format('VALUES (%L, 2)', p_run_id), p_after);
+    PERFORM tests.set_clock('0');
+END;
+$$;
