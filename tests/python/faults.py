@@ -60,6 +60,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from runrelay import Client
 from runrelay.errors import RunrelayError, ShardUnavailable
+from sqlapi import RUN_TABLES, table_checksum, wait_until_blocked
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -710,29 +711,12 @@ def row_images(conn: psycopg.Connection, run_id: str) -> str:
     return "\n".join(parts)
 
 
-TABLES = (
-    "runs",
-    "attempts",
-    "cancellations",
-    "signals",
-    "ledger",
-    "ledger_lanes",
-    "ledger_wakeups",
-    "calls",
-)
+TABLES = RUN_TABLES
 
 
 def checksum(conn: psycopg.Connection) -> str:
-    """Every runrelay table's contents as one digest."""
-    parts = []
-    for table in TABLES:
-        row = conn.execute(
-            f"SELECT md5(coalesce(string_agg(t::text, '|' ORDER BY t::text), ''))"
-            f" FROM runrelay.{table} AS t"
-        ).fetchone()
-        assert row is not None
-        parts.append(f"{table}:{row[0]}")
-    return ";".join(parts)
+    """The contents of TABLES as one digest."""
+    return table_checksum(conn, TABLES)
 
 
 def terminate_backend(observer: psycopg.Connection, pid: int) -> bool:
@@ -750,16 +734,8 @@ def backend_of(observer: psycopg.Connection, application_name: str) -> int | Non
 
 
 def wait_until_waiting(observer: psycopg.Connection, pid: int, timeout: float = 30.0) -> None:
-    """Wait until backend `pid` waits on a lock (pg_stat_activity)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        row = observer.execute(
-            "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [pid]
-        ).fetchone()
-        if row and row[0] == "Lock":
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"backend {pid} never waited on a lock")
+    """wait_until_blocked, with more patience: fault scenarios load the server."""
+    wait_until_blocked(observer, pid, timeout)
 
 
 @contextlib.contextmanager

@@ -5,12 +5,16 @@ other languages would call them."""
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
+
+T = TypeVar("T")
 
 JSON_PARAMS = {"payload", "result", "error", "wait", "final_events", "events", "items"}
 
@@ -82,25 +86,47 @@ def wait_until_blocked(observer: psycopg.Connection, pid: int, timeout: float = 
     raise AssertionError(f"backend {pid} never waited on a lock")
 
 
-def table_checksum(conn: psycopg.Connection) -> str:
-    """A digest of every runrelay table's contents: equal before and after a
-    call means the call changed nothing."""
+def in_thread(fn: Callable[..., T], *args: Any) -> Future[T]:
+    """`fn(*args)` on a thread of its own: the future holds its answer."""
+    pool = ThreadPoolExecutor(max_workers=1)
+    future = pool.submit(fn, *args)
+    pool.shutdown(wait=False)
+    return future
+
+
+def queued_behind_lock(
+    observer: psycopg.Connection, conn: psycopg.Connection, fn: Callable[[psycopg.Connection], T]
+) -> Future[T]:
+    """Start `fn(conn)` on a thread of its own and return once `conn`'s backend
+    waits on a lock, so that the caller can then release the lock's holder."""
+    future = in_thread(fn, conn)
+    wait_until_blocked(observer, backend_pid(conn))
+    return future
+
+
+RUN_TABLES = (
+    "runs",
+    "attempts",
+    "cancellations",
+    "signals",
+    "ledger",
+    "ledger_lanes",
+    "ledger_wakeups",
+    "calls",
+)
+CHECKSUM_TABLES = (*RUN_TABLES, "paused_queues", "schedules")
+
+
+def table_checksum(
+    conn: psycopg.Connection, tables: Sequence[str] = CHECKSUM_TABLES, text: str = "t::text"
+) -> str:
+    """A digest of the runrelay tables' contents: equal before and after a
+    call means the call changed nothing. `text`: the SQL expression that
+    stands for a row `t` in the digest."""
     parts = []
-    tables = (
-        "runs",
-        "attempts",
-        "cancellations",
-        "signals",
-        "ledger",
-        "ledger_lanes",
-        "ledger_wakeups",
-        "calls",
-        "paused_queues",
-        "schedules",
-    )
     for table in tables:
         row = conn.execute(
-            f"SELECT md5(coalesce(string_agg(t::text, '|' ORDER BY t::text), ''))"
+            f"SELECT md5(coalesce(string_agg({text}, '|' ORDER BY {text}), ''))"
             f" FROM runrelay.{table} AS t"
         ).fetchone()
         assert row is not None

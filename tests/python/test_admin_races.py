@@ -12,8 +12,10 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from datetime import datetime
+from functools import partial
 from typing import Any
 
 import psycopg
@@ -21,32 +23,80 @@ import pytest
 
 from lifecycle import check_database, check_lanes
 from sqlapi import (
-    backend_pid,
     call,
     claim_one,
     enqueue,
     events,
     fenced,
+    queued_behind_lock,
     run_row,
     scalar,
     table_checksum,
-    wait_until_blocked,
 )
 
 Connect = Callable[..., psycopg.Connection]
-
-
-def _in_thread(fn: Callable[[], Any]) -> Future[Any]:
-    pool = ThreadPoolExecutor(max_workers=1)
-    future = pool.submit(fn)
-    pool.shutdown(wait=False)
-    return future
 
 
 def failed_run(db: psycopg.Connection, run_id: str, **kwargs: Any) -> None:
     enqueue(db, run_id, queue=run_id, max_attempts=1, **kwargs)
     claim = claim_one(db, queues=[run_id])
     assert scalar(db, "fail_attempt", **fenced(claim), error={"e": 1}) == "failed"
+
+
+def an_hour_from_now(db: psycopg.Connection) -> datetime:
+    row = db.execute("SELECT now() + interval '1 hour'").fetchone()
+    assert row is not None
+    return row[0]
+
+
+def times_out_behind_a_row_lock(
+    db: psycopg.Connection,
+    connect: Connect,
+    table: str,
+    run_id: str,
+    attempt: Callable[[psycopg.Connection], object],
+) -> psycopg.Connection:
+    """`attempt` on an operator session with a 200ms lock_timeout, while
+    another session holds the run's rows of `table` (runs or ledger_lanes):
+    it fails with 55P03 and writes nothing. Returns the operator session once
+    the rows are free again."""
+    holder = connect(autocommit=False)
+    holder.execute(f"SELECT 1 FROM runrelay.{table} WHERE run_id = %s FOR UPDATE", [run_id])
+    operator = connect()
+    operator.execute("SET lock_timeout = '200ms'")
+    before = table_checksum(db)
+    with pytest.raises(psycopg.errors.LockNotAvailable):
+        attempt(operator)
+    assert table_checksum(db) == before
+    holder.rollback()
+    return operator
+
+
+def race(
+    looping: Sequence[Callable[[threading.Event], None]], finite: Sequence[Callable[[], None]]
+) -> None:
+    """Run each function on a thread of its own: the `finite` ones to their
+    end, the `looping` ones until those ended (they are handed the stop
+    event). An exception on any thread fails the test."""
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def guarded(fn: Callable[..., None], *args: Any) -> None:
+        try:
+            fn(*args)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    loops = [threading.Thread(target=guarded, args=(fn, stop)) for fn in looping]
+    rounds = [threading.Thread(target=guarded, args=(fn,)) for fn in finite]
+    for t in loops + rounds:
+        t.start()
+    for t in rounds:
+        t.join(timeout=120)
+    stop.set()
+    for t in loops:
+        t.join(timeout=60)
+    assert errors == []
 
 
 # --------------------------------------------------------------------------
@@ -65,10 +115,10 @@ def test_a_retry_waits_for_a_retry_in_flight_and_answers_after_it(
     call_id = uuid.uuid4()
     first = connect(autocommit=False)
     assert scalar(first, "retry_run", run_id="f", call_id=call_id) == "retried"
-    second = connect()
     kwargs = {"call_id": call_id} if same_call else {}
-    pending = _in_thread(lambda: scalar(second, "retry_run", run_id="f", **kwargs))
-    wait_until_blocked(db, backend_pid(second))
+    pending = queued_behind_lock(
+        db, connect(), lambda c: scalar(c, "retry_run", run_id="f", **kwargs)
+    )
     first.commit()
     assert pending.result(timeout=10) == ("retried" if same_call else "not_retryable")
     assert events(db, "f").count("run.retried") == 1
@@ -81,9 +131,9 @@ def test_a_retry_that_rolls_back_leaves_the_run_to_the_next(
     failed_run(db, "f")
     first = connect(autocommit=False)
     assert scalar(first, "retry_run", run_id="f") == "retried"
-    second = connect()
-    pending = _in_thread(lambda: scalar(second, "retry_run", run_id="f", reason="second"))
-    wait_until_blocked(db, backend_pid(second))
+    pending = queued_behind_lock(
+        db, connect(), lambda c: scalar(c, "retry_run", run_id="f", reason="second")
+    )
     first.rollback()
     assert pending.result(timeout=10) == "retried"
     (retried,) = db.execute(
@@ -123,9 +173,7 @@ def test_a_retry_of_a_keyed_run_waits_for_the_key_and_rejoins_behind_it(
     failed_run(db, "k1", concurrency_key="k")
     producer = connect(autocommit=False)
     call(producer, "enqueue_run", run_id="k2", queue="k2", concurrency_key="k")
-    operator = connect()
-    pending = _in_thread(lambda: scalar(operator, "retry_run", run_id="k1"))
-    wait_until_blocked(db, backend_pid(operator))
+    pending = queued_behind_lock(db, connect(), lambda c: scalar(c, "retry_run", run_id="k1"))
     producer.commit()
     assert pending.result(timeout=10) == "retried"
     assert run_row(db, "k1")["key_held"] is True
@@ -137,17 +185,10 @@ def test_a_retry_waits_no_longer_than_the_callers_lock_timeout(
     db: psycopg.Connection, connect: Connect
 ) -> None:
     failed_run(db, "f")
-    holder = connect(autocommit=False)
-    holder.execute("SELECT 1 FROM runrelay.runs WHERE run_id = 'f' FOR UPDATE")
-    operator = connect()
-    operator.execute("SET lock_timeout = '200ms'")
-    before = table_checksum(db)
-    with pytest.raises(psycopg.errors.LockNotAvailable):
-        scalar(operator, "retry_run", run_id="f")
-    assert table_checksum(db) == before
+    retry = partial(scalar, function="retry_run", run_id="f")
+    operator = times_out_behind_a_row_lock(db, connect, "runs", "f", retry)
     assert operator.execute("SHOW lock_timeout").fetchone() == ("200ms",)
-    holder.rollback()
-    assert scalar(operator, "retry_run", run_id="f") == "retried"
+    assert retry(operator) == "retried"
 
 
 def test_retries_cancels_and_workers_racing_keep_every_invariant(
@@ -159,45 +200,28 @@ def test_retries_cancels_and_workers_racing_keep_every_invariant(
     budget of its series, and attempts stay dense."""
     for i in range(20):
         enqueue(db, f"r{i}", queue="race", max_attempts=2, concurrency_key="k" if i % 2 else None)
-    stop = threading.Event()
-    errors: list[BaseException] = []
 
-    def worker(n: int) -> None:
+    def worker(n: int, stop: threading.Event) -> None:
         conn = connect()
-        try:
-            while not stop.is_set():
-                rows = call(conn, "claim_attempts", worker=f"w{n}", queues=["race"])
-                for row in rows:
-                    if int(row["attempt"]) % 2:
-                        scalar(conn, "fail_attempt", **fenced(row), error={"n": n}, retry_at=None)
-                    else:
-                        scalar(conn, "complete_attempt", **fenced(row))
-        except BaseException as exc:  # pragma: no cover - reported below
-            errors.append(exc)
+        while not stop.is_set():
+            rows = call(conn, "claim_attempts", worker=f"w{n}", queues=["race"])
+            for row in rows:
+                if int(row["attempt"]) % 2:
+                    scalar(conn, "fail_attempt", **fenced(row), error={"n": n}, retry_at=None)
+                else:
+                    scalar(conn, "complete_attempt", **fenced(row))
 
     def operator(n: int) -> None:
         conn = connect()
-        try:
-            for i in range(200):
-                run_id = f"r{(i * 7 + n) % 20}"
-                if i % 3 == 0:
-                    scalar(conn, "cancel_run", run_id=run_id, reason=f"op{n}")
-                else:
-                    scalar(conn, "retry_run", run_id=run_id, requested_by=f"op{n}")
-        except BaseException as exc:  # pragma: no cover - reported below
-            errors.append(exc)
+        for i in range(200):
+            run_id = f"r{(i * 7 + n) % 20}"
+            if i % 3 == 0:
+                scalar(conn, "cancel_run", run_id=run_id, reason=f"op{n}")
+            else:
+                scalar(conn, "retry_run", run_id=run_id, requested_by=f"op{n}")
 
     db.execute("UPDATE runrelay.settings SET retry_base_seconds = 0.001, retry_max_seconds = 0.01")
-    workers = [threading.Thread(target=worker, args=(n,)) for n in range(3)]
-    operators = [threading.Thread(target=operator, args=(n,)) for n in range(2)]
-    for t in workers + operators:
-        t.start()
-    for t in operators:
-        t.join(timeout=120)
-    stop.set()
-    for t in workers:
-        t.join(timeout=60)
-    assert errors == []
+    race([partial(worker, n) for n in range(3)], [partial(operator, n) for n in range(2)])
     retried = db.execute(
         "SELECT count(*) FROM runrelay.ledger WHERE type = 'run.retried'"
     ).fetchone()
@@ -230,9 +254,9 @@ def test_a_requeue_waits_for_a_relay_holding_the_lane_and_requeues_after_it(
     head = blocked_lane(db, "b")
     relay = connect(autocommit=False)
     assert scalar(relay, "requeue_ledger_event", event_id=head) is True
-    operator = connect()
-    pending = _in_thread(lambda: call(operator, "requeue_blocked_heads", run_id="b"))
-    wait_until_blocked(db, backend_pid(operator))
+    pending = queued_behind_lock(
+        db, connect(), lambda c: call(c, "requeue_blocked_heads", run_id="b")
+    )
     relay.commit()
     assert pending.result(timeout=10) == []
     assert [r["type"] for r in call(db, "claim_ledger", relay="r2", run_id="b")] == ["run.queued"]
@@ -242,15 +266,9 @@ def test_a_requeue_waits_no_longer_than_the_callers_lock_timeout(
     db: psycopg.Connection, connect: Connect
 ) -> None:
     blocked_lane(db, "b")
-    holder = connect(autocommit=False)
-    holder.execute("SELECT 1 FROM runrelay.ledger_lanes WHERE run_id = 'b' FOR UPDATE")
-    operator = connect()
-    operator.execute("SET lock_timeout = '200ms'")
-    before = table_checksum(db)
-    with pytest.raises(psycopg.errors.LockNotAvailable):
-        call(operator, "requeue_blocked_heads", run_id="b")
-    assert table_checksum(db) == before
-    holder.rollback()
+    operator = times_out_behind_a_row_lock(
+        db, connect, "ledger_lanes", "b", lambda c: call(c, "requeue_blocked_heads", run_id="b")
+    )
     assert [r["requeued"] for r in call(operator, "requeue_blocked_heads", run_id="b")] == [1]
 
 
@@ -263,11 +281,11 @@ def test_a_skip_waits_for_a_requeue_in_flight_and_then_finds_nothing_blocked(
     head = blocked_lane(db, "s")
     requeuer = connect(autocommit=False)
     assert scalar(requeuer, "requeue_ledger_event", event_id=head) is True
-    operator = connect()
-    pending = _in_thread(
-        lambda: call(operator, "skip_ledger_events", run_id="s", lane="lifecycle", reason="r")
+    pending = queued_behind_lock(
+        db,
+        connect(),
+        lambda c: call(c, "skip_ledger_events", run_id="s", lane="lifecycle", reason="r"),
     )
-    wait_until_blocked(db, backend_pid(operator))
     requeuer.commit()
     assert pending.result(timeout=10) == [{"event_id": head, "seq": 1, "outcome": "not_blocked"}]
     assert db.execute(
@@ -288,9 +306,7 @@ def test_two_skips_with_one_call_id_the_second_waits_and_answers_the_first(
     assert call(first, "skip_ledger_events", **args) == [
         {"event_id": head, "seq": 1, "outcome": "skipped"}
     ]
-    repeat = connect()
-    pending = _in_thread(lambda: call(repeat, "skip_ledger_events", **args))
-    wait_until_blocked(db, backend_pid(repeat))
+    pending = queued_behind_lock(db, connect(), lambda c: call(c, "skip_ledger_events", **args))
     first.commit()
     before = table_checksum(db)
     assert pending.result(timeout=10) == [{"event_id": head, "seq": 1, "outcome": "skipped"}]
@@ -301,16 +317,9 @@ def test_a_skip_waits_no_longer_than_the_callers_lock_timeout(
     db: psycopg.Connection, connect: Connect
 ) -> None:
     blocked_lane(db, "s3")
-    holder = connect(autocommit=False)
-    holder.execute("SELECT 1 FROM runrelay.ledger_lanes WHERE run_id = 's3' FOR UPDATE")
-    operator = connect()
-    operator.execute("SET lock_timeout = '200ms'")
-    before = table_checksum(db)
-    with pytest.raises(psycopg.errors.LockNotAvailable):
-        call(operator, "skip_ledger_events", run_id="s3", lane="lifecycle", reason="r")
-    assert table_checksum(db) == before
-    holder.rollback()
-    (row,) = call(operator, "skip_ledger_events", run_id="s3", lane="lifecycle", reason="r")
+    skip = partial(call, function="skip_ledger_events", run_id="s3", lane="lifecycle", reason="r")
+    operator = times_out_behind_a_row_lock(db, connect, "ledger_lanes", "s3", skip)
+    (row,) = skip(operator)
     assert row["outcome"] == "skipped"
     check_lanes(db)
 
@@ -323,44 +332,27 @@ def test_requeues_racing_relays_that_fail_again_leave_every_lane_consistent(
     row still leads to its pending head (lifecycle.check_lanes)."""
     for i in range(20):
         blocked_lane(db, f"b{i}")
-    stop = threading.Event()
-    errors: list[BaseException] = []
 
-    def relay(n: int) -> None:
+    def relay(n: int, stop: threading.Event) -> None:
         conn = connect()
-        try:
-            while not stop.is_set():
-                for row in call(conn, "claim_ledger", relay=f"r{n}"):
-                    if row["kind"] != "claimed":
-                        continue
-                    if row["event_id"] % 3 == n % 3:
-                        call(conn, "ack_ledger", relay=f"r{n}", run_id=row["run_id"],
-                             event_ids=[row["event_id"]])  # fmt: skip
-                    else:
-                        call(conn, "fail_ledger", relay=f"r{n}", event_ids=[row["event_id"]],
-                             error={"n": n}, permanent=True)  # fmt: skip
-        except BaseException as exc:  # pragma: no cover - reported below
-            errors.append(exc)
+        while not stop.is_set():
+            for row in call(conn, "claim_ledger", relay=f"r{n}"):
+                if row["kind"] != "claimed":
+                    continue
+                if row["event_id"] % 3 == n % 3:
+                    call(conn, "ack_ledger", relay=f"r{n}", run_id=row["run_id"],
+                         event_ids=[row["event_id"]])  # fmt: skip
+                else:
+                    call(conn, "fail_ledger", relay=f"r{n}", event_ids=[row["event_id"]],
+                         error={"n": n}, permanent=True)  # fmt: skip
 
     def operator() -> None:
         conn = connect()
-        try:
-            for _ in range(100):
-                call(conn, "requeue_blocked_heads", max_lanes=7)
-                call(conn, "list_blocked_heads")
-        except BaseException as exc:  # pragma: no cover - reported below
-            errors.append(exc)
+        for _ in range(100):
+            call(conn, "requeue_blocked_heads", max_lanes=7)
+            call(conn, "list_blocked_heads")
 
-    relays = [threading.Thread(target=relay, args=(n,)) for n in range(3)]
-    operators = [threading.Thread(target=operator) for _ in range(2)]
-    for t in relays + operators:
-        t.start()
-    for t in operators:
-        t.join(timeout=120)
-    stop.set()
-    for t in relays:
-        t.join(timeout=60)
-    assert errors == []
+    race([partial(relay, n) for n in range(3)], [operator, operator])
     check_lanes(db)
 
 
@@ -471,8 +463,9 @@ def test_two_pauses_of_one_queue_one_waits_for_the_other_boundedly(
     first = connect(autocommit=False)
     assert scalar(first, "pause_queue", queue="q", reason="first") == "paused"
     second = connect()
-    pending = _in_thread(lambda: scalar(second, "pause_queue", queue="q", reason="second"))
-    wait_until_blocked(db, backend_pid(second))
+    pending = queued_behind_lock(
+        db, second, lambda c: scalar(c, "pause_queue", queue="q", reason="second")
+    )
     first.commit()
     assert pending.result(timeout=10) == "already_paused"
     rows = call(db, "list_paused_queues")
@@ -497,6 +490,40 @@ def ended_and_delivered(db: psycopg.Connection, run_id: str) -> None:
             call(db, "ack_ledger", relay="d", run_id=run_id, event_ids=ids)
 
 
+def purge_behind_a_relay(
+    db: psycopg.Connection, connect: Connect, run_id: str
+) -> tuple[psycopg.Connection, list[int], Future[int]]:
+    """A failed run whose events relay r1 leased, the relay's session holding
+    the run's lanes in an open transaction, and a purge of undelivered runs
+    waiting behind it. Returns the relay's session, the leased event ids and
+    the purge's answer to come."""
+    failed_run(db, run_id)
+    leased = call(db, "claim_ledger", relay="r1", run_id=run_id, max_events=100, batch=True)
+    ids = [r["event_id"] for r in leased if r["kind"] == "claimed"]
+    assert ids
+    later = an_hour_from_now(db)
+    relay = connect(autocommit=False)
+    # The first step of every relay call on these events (_lock_event_lanes).
+    relay.execute("SELECT 1 FROM runrelay.ledger_lanes WHERE run_id = %s FOR UPDATE", [run_id])
+    pending = queued_behind_lock(
+        db,
+        connect(),
+        lambda c: scalar(c, "purge_runs", finished_before=later, include_undelivered=True),
+    )
+    return relay, ids, pending
+
+
+def check_ledger_gone(db: psycopg.Connection, run_id: str) -> None:
+    """No event and no lane of the run is left, and the invariants hold."""
+    assert db.execute(
+        "SELECT (SELECT count(*) FROM runrelay.ledger_events WHERE run_id = %(r)s),"
+        " (SELECT count(*) FROM runrelay.ledger_lanes WHERE run_id = %(r)s)",
+        {"r": run_id},
+    ).fetchone() == (0, 0)
+    check_database(db)
+    check_lanes(db)
+
+
 def test_a_purge_skips_a_run_a_retry_holds_and_a_retry_after_a_purge_finds_nothing(
     db: psycopg.Connection, connect: Connect
 ) -> None:
@@ -505,15 +532,11 @@ def test_a_purge_skips_a_run_a_retry_holds_and_a_retry_after_a_purge_finds_nothi
     finds the run gone (not_found)."""
     ended_and_delivered(db, "held")
     ended_and_delivered(db, "gone")
-    later = db.execute("SELECT now() + interval '1 hour'").fetchone()
-    assert later is not None
     retry = connect(autocommit=False)
     assert scalar(retry, "retry_run", run_id="held") == "retried"
     purge = connect(autocommit=False)
-    assert scalar(purge, "purge_runs", finished_before=later[0]) == 1  # "gone" only
-    operator = connect()
-    pending = _in_thread(lambda: scalar(operator, "retry_run", run_id="gone"))
-    wait_until_blocked(db, backend_pid(operator))
+    assert scalar(purge, "purge_runs", finished_before=an_hour_from_now(db)) == 1  # "gone" only
+    pending = queued_behind_lock(db, connect(), lambda c: scalar(c, "retry_run", run_id="gone"))
     purge.commit()
     assert pending.result(timeout=10) == "not_found"
     retry.commit()
@@ -529,18 +552,9 @@ def test_a_purge_waits_for_a_relay_on_a_lane_no_longer_than_the_callers_lock_tim
     lock the purge waits, boundedly (55P03, nothing deleted), and goes
     through once the lane is free."""
     ended_and_delivered(db, "r")
-    later = db.execute("SELECT now() + interval '1 hour'").fetchone()
-    assert later is not None
-    relay = connect(autocommit=False)
-    relay.execute("SELECT 1 FROM runrelay.ledger_lanes WHERE run_id = 'r' FOR UPDATE")
-    operator = connect()
-    operator.execute("SET lock_timeout = '200ms'")
-    before = table_checksum(db)
-    with pytest.raises(psycopg.errors.LockNotAvailable):
-        scalar(operator, "purge_runs", finished_before=later[0])
-    assert table_checksum(db) == before
-    relay.rollback()
-    assert scalar(operator, "purge_runs", finished_before=later[0]) == 1
+    purge = partial(scalar, function="purge_runs", finished_before=an_hour_from_now(db))
+    operator = times_out_behind_a_row_lock(db, connect, "ledger_lanes", "r", purge)
+    assert purge(operator) == 1
 
 
 def test_an_append_to_an_ended_run_in_flight_keeps_it_from_a_purge(
@@ -549,14 +563,13 @@ def test_an_append_to_an_ended_run_in_flight_keeps_it_from_a_purge(
     """An append holds the run's row: the purge skips the run, and once the
     append committed the run has an undelivered event and is kept."""
     ended_and_delivered(db, "r")
-    later = db.execute("SELECT now() + interval '1 hour'").fetchone()
-    assert later is not None
+    later = an_hour_from_now(db)
     producer = connect(autocommit=False)
     call(producer, "append_events", run_id="r", events=[{"type": "late"}])
-    assert scalar(connect(), "purge_runs", finished_before=later[0]) == 0
+    assert scalar(connect(), "purge_runs", finished_before=later) == 0
     producer.commit()
-    assert scalar(connect(), "purge_runs", finished_before=later[0]) == 0
-    assert scalar(connect(), "purge_runs", finished_before=later[0], include_undelivered=True) == 1
+    assert scalar(connect(), "purge_runs", finished_before=later) == 0
+    assert scalar(connect(), "purge_runs", finished_before=later, include_undelivered=True) == 1
 
 
 def test_a_purge_of_undelivered_runs_takes_their_lanes_before_their_events(
@@ -568,30 +581,12 @@ def test_a_purge_of_undelivered_runs_takes_their_lanes_before_their_events(
     lane's events (an acknowledgement) and commits, and the purge goes through.
     Deleting the events first would hold them while waiting for the lane,
     and the relay's acknowledgement would close a cycle (40P01)."""
-    failed_run(db, "u")
-    leased = call(db, "claim_ledger", relay="r1", run_id="u", max_events=100, batch=True)
-    ids = [r["event_id"] for r in leased if r["kind"] == "claimed"]
-    assert ids
-    later = db.execute("SELECT now() + interval '1 hour'").fetchone()
-    assert later is not None
-    relay = connect(autocommit=False)
-    # The first step of every relay call on these events (_lock_event_lanes).
-    relay.execute("SELECT 1 FROM runrelay.ledger_lanes WHERE run_id = 'u' FOR UPDATE")
-    operator = connect()
-    pending = _in_thread(
-        lambda: scalar(operator, "purge_runs", finished_before=later[0], include_undelivered=True)
-    )
-    wait_until_blocked(db, backend_pid(operator))
+    relay, ids, pending = purge_behind_a_relay(db, connect, "u")
     call(relay, "ack_ledger", relay="r1", run_id="u", event_ids=ids)
     relay.commit()
     assert pending.result(timeout=10) == 1
     assert db.execute("SELECT count(*) FROM runrelay.runs WHERE run_id = 'u'").fetchone() == (0,)
-    assert db.execute(
-        "SELECT (SELECT count(*) FROM runrelay.ledger_events WHERE run_id = 'u'),"
-        " (SELECT count(*) FROM runrelay.ledger_lanes WHERE run_id = 'u')"
-    ).fetchone() == (0, 0)
-    check_database(db)
-    check_lanes(db)
+    check_ledger_gone(db, "u")
 
 
 def test_a_purge_deletes_a_lane_a_relay_renewed_while_the_purge_waited(
@@ -600,26 +595,9 @@ def test_a_purge_deletes_a_lane_a_relay_renewed_while_the_purge_waited(
     """A relay renews its lease (an update of the lane row) while a purge
     waits for that lane: the purge deletes the lane's new row version too,
     and leaves no lane behind its deleted run."""
-    failed_run(db, "u")
-    leased = call(db, "claim_ledger", relay="r1", run_id="u", max_events=100, batch=True)
-    ids = [r["event_id"] for r in leased if r["kind"] == "claimed"]
-    assert ids
-    later = db.execute("SELECT now() + interval '1 hour'").fetchone()
-    assert later is not None
-    relay = connect(autocommit=False)
-    relay.execute("SELECT 1 FROM runrelay.ledger_lanes WHERE run_id = 'u' FOR UPDATE")
-    operator = connect()
-    pending = _in_thread(
-        lambda: scalar(operator, "purge_runs", finished_before=later[0], include_undelivered=True)
-    )
-    wait_until_blocked(db, backend_pid(operator))
+    relay, ids, pending = purge_behind_a_relay(db, connect, "u")
     renewed = call(relay, "renew_ledger_lease", relay="r1", event_ids=ids)
     assert sorted(r["event_id"] for r in renewed) == sorted(ids)
     relay.commit()
     assert pending.result(timeout=10) == 1
-    assert db.execute(
-        "SELECT (SELECT count(*) FROM runrelay.ledger_events WHERE run_id = 'u'),"
-        " (SELECT count(*) FROM runrelay.ledger_lanes WHERE run_id = 'u')"
-    ).fetchone() == (0, 0)
-    check_database(db)
-    check_lanes(db)
+    check_ledger_gone(db, "u")

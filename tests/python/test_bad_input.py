@@ -16,6 +16,13 @@ DEEP: object = 1
 for _ in range(600):  # deeper than the 511 levels runrelay accepts
     DEEP = [DEEP]
 
+
+def held(**args: Any) -> dict[str, Any]:
+    """The arguments of a fenced call on attempt 1 of run `existing` (each case
+    claims it) with the nil lease token, `args` added or replacing these."""
+    return {"run_id": "existing", "attempt": 1, "lease_token": TOKEN, **args}
+
+
 CASES: list[tuple[str, dict[str, Any], str, str]] = [
     ("enqueue_run", {"run_id": ""}, "22023", "run_id"),
     ("enqueue_run", {"run_id": "   "}, "22023", "run_id"),
@@ -37,58 +44,25 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
     ("claim_attempts", {"worker": "w", "max_runs": 100000}, "22023", "max_runs"),
     ("claim_attempts", {"worker": "w", "queues": []}, "22023", "queues"),
     ("claim_attempts", {"worker": "w", "queues": [""]}, "22023", "queues"),
-    ("heartbeat", {"run_id": "existing", "attempt": 0, "lease_token": TOKEN}, "22023", "attempt"),
-    (
-        "heartbeat",
-        {"run_id": "existing", "attempt": 1, "lease_token": None},
-        "22023",
-        "lease_token",
-    ),
+    ("heartbeat", held(attempt=0), "22023", "attempt"),
+    ("heartbeat", held(lease_token=None), "22023", "lease_token"),
+    ("complete_attempt", held(result=None), "22023", "result"),
+    ("complete_attempt", held(final_events={"type": "x"}), "22023", "final_events"),
+    ("complete_attempt", held(final_events=[{"payload": {}}]), "22023", "final_events"),
     (
         "complete_attempt",
-        {"run_id": "existing", "attempt": 1, "lease_token": TOKEN, "result": None},
-        "22023",
-        "result",
-    ),
-    (
-        "complete_attempt",
-        {"run_id": "existing", "attempt": 1, "lease_token": TOKEN, "final_events": {"type": "x"}},
+        held(final_events=[{"type": "a", "lane": "side"}]),
         "22023",
         "final_events",
     ),
     (
         "complete_attempt",
-        {
-            "run_id": "existing",
-            "attempt": 1,
-            "lease_token": TOKEN,
-            "final_events": [{"payload": {}}],
-        },
-        "22023",
-        "final_events",
-    ),
-    (
-        "complete_attempt",
-        {
-            "run_id": "existing",
-            "attempt": 1,
-            "lease_token": TOKEN,
-            "final_events": [{"type": "a", "lane": "side"}],
-        },
-        "22023",
-        "final_events",
-    ),
-    (
-        "complete_attempt",
-        {
-            "run_id": "existing",
-            "attempt": 1,
-            "lease_token": TOKEN,
-            "final_events": [
+        held(
+            final_events=[
                 {"type": "a", "delivery_key": "k"},
                 {"type": "b", "delivery_key": "k"},
-            ],
-        },
+            ]
+        ),
         "22023",
         "final_events",
     ),
@@ -117,70 +91,14 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
         "22023",
         "items",
     ),
-    (
-        "fail_attempt",
-        {"run_id": "existing", "attempt": 1, "lease_token": TOKEN, "error": None},
-        "22023",
-        "error",
-    ),
-    (
-        "fail_attempt",
-        {
-            "run_id": "existing",
-            "attempt": 1,
-            "lease_token": TOKEN,
-            "error": {},
-            "retry_at": "-infinity",
-        },
-        "22023",
-        "retry_at",
-    ),
-    (
-        "suspend_attempt",
-        {"run_id": "existing", "attempt": 1, "lease_token": TOKEN, "wait": {"kind": "nap"}},
-        "22023",
-        "wait",
-    ),
-    (
-        "suspend_attempt",
-        {"run_id": "existing", "attempt": 1, "lease_token": TOKEN, "wait": {"kind": "sleep"}},
-        "22023",
-        "wait",
-    ),
-    (
-        "suspend_attempt",
-        {"run_id": "existing", "attempt": 1, "lease_token": TOKEN, "wait": {"kind": "event"}},
-        "22023",
-        "wait",
-    ),
-    (
-        "suspend_attempt",
-        {
-            "run_id": "existing",
-            "attempt": 1,
-            "lease_token": TOKEN,
-            "wait": {"kind": "sleep", "until": "soon"},
-        },
-        "22023",
-        "wait",
-    ),
-    (
-        "suspend_attempt",
-        {"run_id": "existing", "attempt": 1, "lease_token": TOKEN, "wait": ["sleep"]},
-        "22023",
-        "wait",
-    ),
-    (
-        "suspend_attempt",
-        {
-            "run_id": "existing",
-            "attempt": 1,
-            "lease_token": TOKEN,
-            "wait": {"kind": "event", "name": "n", "extra": 1},
-        },
-        "22023",
-        "wait",
-    ),
+    ("fail_attempt", held(error=None), "22023", "error"),
+    ("fail_attempt", held(error={}, retry_at="-infinity"), "22023", "retry_at"),
+    ("suspend_attempt", held(wait={"kind": "nap"}), "22023", "wait"),
+    ("suspend_attempt", held(wait={"kind": "sleep"}), "22023", "wait"),
+    ("suspend_attempt", held(wait={"kind": "event"}), "22023", "wait"),
+    ("suspend_attempt", held(wait={"kind": "sleep", "until": "soon"}), "22023", "wait"),
+    ("suspend_attempt", held(wait=["sleep"]), "22023", "wait"),
+    ("suspend_attempt", held(wait={"kind": "event", "name": "n", "extra": 1}), "22023", "wait"),
     ("signal_run", {"run_id": "existing", "name": ""}, "22023", "name"),
     ("signal_run", {"run_id": "existing", "name": "n", "payload": None}, "22023", "payload"),
     ("cancel_run", {"run_id": LONG}, "22023", "run_id"),

@@ -9,37 +9,46 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import psycopg
 
 from sqlapi import (
-    backend_pid,
     call,
     claim_one,
     enqueue,
     events,
     fenced,
+    in_thread,
+    queued_behind_lock,
     run_row,
     scalar,
-    wait_until_blocked,
 )
 
 Connect = Callable[..., psycopg.Connection]
-
-
-def _in_thread(fn: Callable[[], Any]) -> Future[Any]:
-    pool = ThreadPoolExecutor(max_workers=1)
-    future = pool.submit(fn)
-    pool.shutdown(wait=False)
-    return future
+Call = Callable[[psycopg.Connection], str]
 
 
 def _hold_run_lock(connect: Connect, run_id: str) -> psycopg.Connection:
     barrier = connect(autocommit=False)
     barrier.execute("SELECT 1 FROM runrelay.runs WHERE run_id = %s FOR UPDATE", [run_id])
     return barrier
+
+
+def _complete_and_cancel(claim: dict[str, Any]) -> tuple[Call, Call]:
+    """complete_attempt and cancel_run of the claimed run, each to be started
+    on a thread of its own: neither goes before both have started."""
+    start = threading.Barrier(2)
+
+    def complete(conn: psycopg.Connection) -> str:
+        start.wait()
+        return str(scalar(conn, "complete_attempt", **fenced(claim)))
+
+    def cancel(conn: psycopg.Connection) -> str:
+        start.wait()
+        return str(scalar(conn, "cancel_run", run_id=claim["run_id"]))
+
+    return complete, cancel
 
 
 def test_cancel_with_free_locks_is_terminal_at_once(db: psycopg.Connection) -> None:
@@ -64,9 +73,9 @@ def test_marker_written_while_writer_waits_wins(db: psycopg.Connection, connect:
     enqueue(db, "r1")
     claim = claim_one(db)
     barrier = _hold_run_lock(connect, "r1")
-    writer = connect()
-    pending = _in_thread(lambda: scalar(writer, "complete_attempt", **fenced(claim)))
-    wait_until_blocked(db, backend_pid(writer))
+    pending = queued_behind_lock(
+        db, connect(), lambda c: scalar(c, "complete_attempt", **fenced(claim))
+    )
     assert scalar(connect(), "cancel_run", run_id="r1") == "cancel_requested"
     barrier.rollback()
     assert pending.result(timeout=10) == "cancelled"
@@ -82,9 +91,9 @@ def test_marker_written_before_writer_arrives_wins(
     claim = claim_one(db)
     barrier = _hold_run_lock(connect, "r1")
     assert scalar(connect(), "cancel_run", run_id="r1") == "cancel_requested"
-    writer = connect()
-    pending = _in_thread(lambda: scalar(writer, "fail_attempt", **fenced(claim), error={"e": 1}))
-    wait_until_blocked(db, backend_pid(writer))
+    pending = queued_behind_lock(
+        db, connect(), lambda c: scalar(c, "fail_attempt", **fenced(claim), error={"e": 1})
+    )
     barrier.rollback()
     assert pending.result(timeout=10) == "cancelled"
     assert run_row(db, "r1")["status"] == "cancelled"
@@ -144,20 +153,10 @@ def test_cancel_and_complete_race_from_both_sides(db: psycopg.Connection, connec
         claim = claim_one(db, queues=[run_id])
         barrier = _hold_run_lock(connect, run_id)
         writer, canceller = connect(), connect()
-        start = threading.Barrier(2)
-
-        def complete(
-            c: dict[str, Any] = claim, w: psycopg.Connection = writer, s: Any = start
-        ) -> str:
-            s.wait()
-            return str(scalar(w, "complete_attempt", **fenced(c)))
-
-        def cancel(r: str = run_id, cc: psycopg.Connection = canceller, s: Any = start) -> str:
-            s.wait()
-            return str(scalar(cc, "cancel_run", run_id=r))
-
-        f_complete, f_cancel = _in_thread(complete), _in_thread(cancel)
-        wait_until_blocked(db, backend_pid(writer))
+        complete, cancel = _complete_and_cancel(claim)
+        # The cancel first: the complete waits for it at their start.
+        f_cancel = in_thread(cancel, canceller)
+        f_complete = queued_behind_lock(db, writer, complete)
         cancel_answer = f_cancel.result(timeout=10)
         barrier.rollback()
         complete_answer = f_complete.result(timeout=10)
@@ -186,19 +185,8 @@ def test_cancel_vs_complete_without_barrier_both_orders(
         enqueue(db, run_id, queue=run_id)
         claim = claim_one(db, queues=[run_id])
         writer, canceller = connect(), connect()
-        start = threading.Barrier(2)
-
-        def complete(
-            c: dict[str, Any] = claim, w: psycopg.Connection = writer, s: Any = start
-        ) -> str:
-            s.wait()
-            return str(scalar(w, "complete_attempt", **fenced(c)))
-
-        def cancel(r: str = run_id, cc: psycopg.Connection = canceller, s: Any = start) -> str:
-            s.wait()
-            return str(scalar(cc, "cancel_run", run_id=r))
-
-        f1, f2 = _in_thread(complete), _in_thread(cancel)
+        complete, cancel = _complete_and_cancel(claim)
+        f1, f2 = in_thread(complete, writer), in_thread(cancel, canceller)
         a, b = f1.result(timeout=10), f2.result(timeout=10)
         status = run_row(db, run_id)["status"]
         if a == "completed":

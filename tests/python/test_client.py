@@ -216,6 +216,32 @@ def attempt_status(db: psycopg.Connection, run_id: str, attempt: int) -> str:
     return str(row[0])
 
 
+# Every option of enqueue_run but run_at, each away from its default.
+EVERY_OPTION: dict[str, Any] = {
+    "queue": "mail",
+    "payload": {"to": "a@example.com"},
+    "priority": 7,
+    "max_attempts": 4,
+    "payload_retention": "drop_on_delivery",
+    "concurrency_key": "customer-1",
+}
+
+
+def assert_enqueued_with_every_option(
+    db: psycopg.Connection, run_id: str, run_at: datetime
+) -> None:
+    row = run_row(db, run_id)
+    assert {k: row[k] for k in EVERY_OPTION} == EVERY_OPTION
+    assert row["run_at"] == run_at
+
+
+def assert_enqueued_with_the_defaults(db: psycopg.Connection, run_id: str) -> None:
+    row = run_row(db, run_id)
+    assert (row["queue"], row["payload"], row["priority"]) == ("default", {}, 0)
+    assert (row["max_attempts"], row["payload_retention"]) == (3, "keep")
+    assert row["run_at"] <= db_now(db)
+
+
 def ledger_rows(db: psycopg.Connection, run_id: str) -> list[tuple[Any, ...]]:
     return db.execute(
         "SELECT type, lane, delivered_at IS NOT NULL FROM runrelay.ledger"
@@ -274,16 +300,7 @@ def test_enqueue_run_creates_then_returns_the_existing_run(
     run_at = db_now(db) + timedelta(hours=1)
 
     async def scenario(api: Api) -> None:
-        first = await api.enqueue_run(
-            "r1",
-            queue="mail",
-            payload={"to": "a@example.com"},
-            run_at=run_at,
-            priority=7,
-            max_attempts=4,
-            payload_retention="drop_on_delivery",
-            concurrency_key="customer-1",
-        )
+        first = await api.enqueue_run("r1", run_at=run_at, **EVERY_OPTION)
         assert type(first) is EnqueueResult
         assert first == EnqueueResult(run_id="r1", status=RunStatus.QUEUED, created=True)
         assert first.status is RunStatus.QUEUED
@@ -297,22 +314,8 @@ def test_enqueue_run_creates_then_returns_the_existing_run(
         assert default.created is True
 
     drive(scenario)
-    row = run_row(db, "r1")
-    assert (row["queue"], row["payload"], row["run_at"], row["priority"]) == (
-        "mail",
-        {"to": "a@example.com"},
-        run_at,
-        7,
-    )
-    assert (row["max_attempts"], row["payload_retention"], row["concurrency_key"]) == (
-        4,
-        "drop_on_delivery",
-        "customer-1",
-    )
-    defaults = run_row(db, "r2")
-    assert (defaults["queue"], defaults["payload"], defaults["priority"]) == ("default", {}, 0)
-    assert (defaults["max_attempts"], defaults["payload_retention"]) == (3, "keep")
-    assert defaults["run_at"] <= db_now(db)
+    assert_enqueued_with_every_option(db, "r1", run_at)
+    assert_enqueued_with_the_defaults(db, "r2")
     assert events(db, "r1") == ["run.queued"]
 
 
@@ -325,16 +328,7 @@ def test_enqueue_runs_answers_each_item_as_enqueue_run_in_one_round_trip(
         await api.enqueue_run("old", queue="mail", payload={"n": 0})
         rows = await api.enqueue_runs(
             [
-                EnqueueItem(
-                    "b1",
-                    queue="mail",
-                    payload={"to": "a@example.com"},
-                    run_at=run_at,
-                    priority=7,
-                    max_attempts=4,
-                    payload_retention="drop_on_delivery",
-                    concurrency_key="customer-1",
-                ),
+                EnqueueItem("b1", run_at=run_at, **EVERY_OPTION),
                 {"run_id": "b2", "concurrency_key": "customer-1"},
                 EnqueueItem("old", queue="mail", payload={"n": 0}),
                 EnqueueItem("b3"),
@@ -354,23 +348,9 @@ def test_enqueue_runs_answers_each_item_as_enqueue_run_in_one_round_trip(
         assert bad.value.parameter == "items[1].max_attempts"
 
     drive(scenario)
-    row = run_row(db, "b1")
-    assert (row["queue"], row["payload"], row["run_at"], row["priority"]) == (
-        "mail",
-        {"to": "a@example.com"},
-        run_at,
-        7,
-    )
-    assert (row["max_attempts"], row["payload_retention"], row["concurrency_key"]) == (
-        4,
-        "drop_on_delivery",
-        "customer-1",
-    )
+    assert_enqueued_with_every_option(db, "b1", run_at)
     assert run_row(db, "b2")["key_held"] is True
-    defaults = run_row(db, "b3")
-    assert (defaults["queue"], defaults["payload"], defaults["priority"]) == ("default", {}, 0)
-    assert (defaults["max_attempts"], defaults["payload_retention"]) == (3, "keep")
-    assert defaults["run_at"] <= db_now(db)
+    assert_enqueued_with_the_defaults(db, "b3")
     assert events(db, "b1") == ["run.queued"]
     assert db.execute(
         "SELECT count(*) FROM runrelay.runs WHERE run_id IN ('b4', 'b5')"
@@ -378,33 +358,6 @@ def test_enqueue_runs_answers_each_item_as_enqueue_run_in_one_round_trip(
     with psycopg.connect(db_url, autocommit=True) as conn, traced(conn) as out:
         Client(conn).enqueue_runs([EnqueueItem(f"rt-{i}") for i in range(100)])
     assert frontend_round_trips(out[0]) == 1
-
-
-def test_append_events_returns_typed_rows_in_seq_order(
-    drive: Callable[..., None], db: psycopg.Connection
-) -> None:
-    async def scenario(api: Api) -> None:
-        await api.enqueue_run("r1")
-        appended = await api.append_events(
-            "r1",
-            [
-                {"type": "order.paid", "payload": {"amount": 5}},
-                {"type": "log", "lane": "observability", "delivery_key": "custom-key"},
-            ],
-        )
-        assert [type(a) for a in appended] == [AppendedEvent, AppendedEvent]
-        paid, log = appended
-        assert paid.seq < log.seq
-        assert paid.delivery_key == f"r1:{paid.seq}"
-        assert log.delivery_key == "custom-key"
-        assert isinstance(paid.event_id, int)
-
-    drive(scenario)
-    assert ledger_rows(db, "r1") == [
-        ("run.queued", "lifecycle", False),
-        ("order.paid", "lifecycle", False),
-        ("log", "observability", False),
-    ]
 
 
 def test_signal_run_and_cancel_run_outcomes(
@@ -451,6 +404,33 @@ def test_cancel_requested_while_a_writer_holds_the_locks(
 
     drive(scenario)
     assert run_row(db, "r1")["status"] == "cancelled"
+
+
+def test_append_events_returns_typed_rows_in_seq_order(
+    drive: Callable[..., None], db: psycopg.Connection
+) -> None:
+    async def scenario(api: Api) -> None:
+        await api.enqueue_run("r1")
+        appended = await api.append_events(
+            "r1",
+            [
+                {"type": "order.paid", "payload": {"amount": 5}},
+                {"type": "log", "lane": "observability", "delivery_key": "custom-key"},
+            ],
+        )
+        assert [type(a) for a in appended] == [AppendedEvent, AppendedEvent]
+        paid, log = appended
+        assert paid.seq < log.seq
+        assert paid.delivery_key == f"r1:{paid.seq}"
+        assert log.delivery_key == "custom-key"
+        assert isinstance(paid.event_id, int)
+
+    drive(scenario)
+    assert ledger_rows(db, "r1") == [
+        ("run.queued", "lifecycle", False),
+        ("order.paid", "lifecycle", False),
+        ("log", "observability", False),
+    ]
 
 
 # --------------------------------------------------------------------------

@@ -341,14 +341,18 @@ def _handler(job: Job) -> Any:
     return {"kind": kind, "resume": job.resume}
 
 
+StartWorker = Callable[..., Worker]
+
+
 @pytest.fixture
-def start_worker(db: psycopg.Connection, db_url: str) -> Iterator[Callable[[], Worker]]:
-    """start_worker() -> a Worker running _handler on the WORK queue in a
-    thread, stopped (and its failure raised) after the test."""
+def start_worker(db: psycopg.Connection, db_url: str) -> Iterator[StartWorker]:
+    """start_worker(until={run_id: status, ...}) -> a Worker running _handler
+    on the WORK queue in a thread, once those runs have those statuses;
+    stopped (and its failure raised) after the test."""
     pool = ConnectionPool(db_url, min_size=1, max_size=4, kwargs={"autocommit": True})
     running: list[tuple[Worker, Any, Any]] = []
 
-    def start() -> Worker:
+    def start(until: dict[str, str] | None = None) -> Worker:
         worker = Worker(
             Client(pool),
             _handler,
@@ -361,6 +365,8 @@ def start_worker(db: psycopg.Connection, db_url: str) -> Iterator[Callable[[], W
         )
         thread, done = run_in_thread(worker)
         running.append((worker, thread, done))
+        if until:
+            _until(_statuses_are(db, **until), f"the worker took the runs to {until}")
         return worker
 
     with pool:
@@ -445,6 +451,24 @@ def _finish(client: Client, run_id: str, queue: str, fail: bool = False) -> None
         client.complete_attempt(**attempt.fence, result={"done": True})
 
 
+def _waiting_run(db: psycopg.Connection, start_worker: StartWorker, run_id: str) -> None:
+    """A run of WORK that the Worker suspended to wait for an event."""
+    Client(db).enqueue_run(run_id, queue=WORK, payload={"kind": "wait"})
+    start_worker(until={run_id: "waiting"})
+
+
+def _sent_again_changes_nothing(
+    db: psycopg.Connection, tab: Tab, action: str, fields: dict[str, str]
+) -> APIResponse:
+    """The form of an action that was applied, sent again as a double click or
+    a resent POST would: a redirect, and no row of any table changes."""
+    after = table_checksum(db)
+    again = tab.post(f"/actions/{action}", fields)
+    assert again.status == 303
+    assert table_checksum(db) == after
+    return again
+
+
 def _fits_the_window(page: Page) -> None:
     """Nothing on the page makes it scroll sideways."""
     wide = page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
@@ -456,7 +480,7 @@ def _screenshot(tab: Tab, name: str) -> None:
     tab.page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
 
 
-def _seed_everything(db: psycopg.Connection, start_worker: Callable[[], Worker]) -> Client:
+def _seed_everything(db: psycopg.Connection, start_worker: StartWorker) -> Client:
     """Runs in every state, from a real Worker where a worker would do it, a
     blocked lane and a schedule."""
     client = Client(db)
@@ -485,10 +509,7 @@ def _seed_everything(db: psycopg.Connection, start_worker: Callable[[], Worker])
 
 # -- every page ----------------------------------------------------------------------------
 def test_every_page_renders_from_the_database_without_errors(
-    db: psycopg.Connection,
-    rw: Dashboard,
-    browse: Callable[..., Tab],
-    start_worker: Callable[[], Worker],
+    db: psycopg.Connection, rw: Dashboard, browse: Callable[..., Tab], start_worker: StartWorker
 ) -> None:
     _seed_everything(db, start_worker)
 
@@ -739,10 +760,7 @@ def test_the_run_page_reads_an_earlier_attempts_error_and_the_attempt_counts_pla
 
 
 def test_the_run_page_shows_attempts_the_traceback_and_events_per_lane(
-    db: psycopg.Connection,
-    rw: Dashboard,
-    browse: Callable[..., Tab],
-    start_worker: Callable[[], Worker],
+    db: psycopg.Connection, rw: Dashboard, browse: Callable[..., Tab], start_worker: StartWorker
 ) -> None:
     client = Client(db)
     db.execute("UPDATE runrelay.settings SET retry_base_seconds = 0.05")
@@ -750,8 +768,7 @@ def test_the_run_page_shows_attempts_the_traceback_and_events_per_lane(
     client.append_events(
         "boom-2", [{"type": f"log.line.{i}", "lane": "observability"} for i in range(3)]
     )
-    start_worker()
-    _until(_statuses_are(db, **{"boom-2": "failed"}), "boom-2 failed twice")
+    start_worker(until={"boom-2": "failed"})
     # A relay delivered the first lifecycle event and gave up on the second;
     # the first observability event is delivered, the rest wait.
     (first,) = client.claim_ledger("relay-1", run_id="boom-2")
@@ -819,15 +836,9 @@ def test_the_run_page_shows_attempts_the_traceback_and_events_per_lane(
 
 # -- actions, each applied once -------------------------------------------------------------
 def test_cancel_is_applied_once_even_when_the_form_is_sent_twice(
-    db: psycopg.Connection,
-    rw: Dashboard,
-    browse: Callable[..., Tab],
-    start_worker: Callable[[], Worker],
+    db: psycopg.Connection, rw: Dashboard, browse: Callable[..., Tab], start_worker: StartWorker
 ) -> None:
-    client = Client(db)
-    client.enqueue_run("wait-c", queue=WORK, payload={"kind": "wait"})
-    start_worker()
-    _until(_statuses_are(db, **{"wait-c": "waiting"}), "wait-c waits")
+    _waiting_run(db, start_worker, "wait-c")
     tab = browse(rw, next_path="/run?id=wait-c")
     before = table_checksum(db)
 
@@ -838,13 +849,11 @@ def test_cancel_is_applied_once_even_when_the_form_is_sent_twice(
     assert tab.flash() == "Cancel wait-c: cancelled"
     assert _status(db, "wait-c") == "cancelled"
     assert (_events(db, "wait-c", "run.cancelled"), _calls(db, "wait-c", "cancel_run")) == (1, 1)
-    after = table_checksum(db)
-    assert after != before
+    assert table_checksum(db) != before
 
-    # The same form again (a double click, a resent POST): the first outcome, nothing new.
-    again = tab.post("/actions/cancel", fields)
-    assert again.status == 303 and again.headers["location"] == "/run?id=wait-c"
-    assert table_checksum(db) == after
+    # The same form again: the first outcome, nothing new.
+    again = _sent_again_changes_nothing(db, tab, "cancel", fields)
+    assert again.headers["location"] == "/run?id=wait-c"
     assert (_events(db, "wait-c", "run.cancelled"), _calls(db, "wait-c", "cancel_run")) == (1, 1)
     # ... and says what the first one did (not "already_terminal").
     tab.goto(again.headers["location"])
@@ -902,15 +911,10 @@ def test_an_action_the_login_may_not_call_says_which_role_it_needs(
 
 
 def test_retry_is_applied_once_even_when_the_form_is_sent_twice(
-    db: psycopg.Connection,
-    rw: Dashboard,
-    browse: Callable[..., Tab],
-    start_worker: Callable[[], Worker],
+    db: psycopg.Connection, rw: Dashboard, browse: Callable[..., Tab], start_worker: StartWorker
 ) -> None:
-    client = Client(db)
-    client.enqueue_run("boom-r", queue=WORK, payload={"kind": "boom"}, max_attempts=1)
-    start_worker()
-    _until(_statuses_are(db, **{"boom-r": "failed"}), "boom-r failed")
+    Client(db).enqueue_run("boom-r", queue=WORK, payload={"kind": "boom"}, max_attempts=1)
+    start_worker(until={"boom-r": "failed"})
     tab = browse(rw, next_path="/run?id=boom-r")
 
     fields = tab.submit(tab.page.locator("button[data-action=retry]"))
@@ -929,25 +933,16 @@ def test_retry_is_applied_once_even_when_the_form_is_sent_twice(
         ),
         "the retried run's second attempt failed",
     )
-    after = table_checksum(db)
 
-    again = tab.post("/actions/retry", fields)
-    assert again.status == 303
-    assert table_checksum(db) == after
+    _sent_again_changes_nothing(db, tab, "retry", fields)
     assert (_events(db, "boom-r", "run.retried"), _calls(db, "boom-r", "retry_run")) == (1, 1)
     assert _status(db, "boom-r") == "failed"
 
 
 def test_signal_with_a_json_payload_is_stored_once_and_resumes_the_run(
-    db: psycopg.Connection,
-    rw: Dashboard,
-    browse: Callable[..., Tab],
-    start_worker: Callable[[], Worker],
+    db: psycopg.Connection, rw: Dashboard, browse: Callable[..., Tab], start_worker: StartWorker
 ) -> None:
-    client = Client(db)
-    client.enqueue_run("wait-s", queue=WORK, payload={"kind": "wait"})
-    start_worker()
-    _until(_statuses_are(db, **{"wait-s": "waiting"}), "wait-s waits")
+    _waiting_run(db, start_worker, "wait-s")
     tab = browse(rw, next_path="/run?id=wait-s")
     page = tab.page
 
@@ -963,12 +958,10 @@ def test_signal_with_a_json_payload_is_stored_once_and_resumes_the_run(
     fields = tab.submit(page.locator("button[data-action=signal]"))
     assert tab.flash() == "Signal 'note' to wait-s: stored"
     assert signal_rows() == [("note", {"colour": "blue", "n": [1, 2.5, None]})]
-    after = table_checksum(db)
 
-    again = tab.post("/actions/signal", fields)
-    assert again.status == 303
-    assert table_checksum(db) == after
+    _sent_again_changes_nothing(db, tab, "signal", fields)
     assert len(signal_rows()) == 1 and _calls(db, "wait-s", "signal_run") == 1
+    after = table_checksum(db)
 
     # Not JSON: refused before any call, said so.
     page.get_by_test_id("signal-name").fill("note")
@@ -1017,9 +1010,7 @@ def test_requeue_unblocks_one_lane_or_every_lane_once(
     assert tab.flash() == "Requeue hook-1 lifecycle: 1 event(s) in 1 lane(s) requeued"
     assert head("hook-1") == (None, 0)
     assert ("hook-1", "lifecycle") not in _blocked_lanes(db) and len(_blocked_lanes(db)) == 3
-    after = table_checksum(db)
-    assert tab.post("/actions/requeue", fields).status == 303
-    assert table_checksum(db) == after
+    _sent_again_changes_nothing(db, tab, "requeue", fields)
 
     # One lane, from its row on the deliveries page.
     tab.goto("/deliveries")
@@ -1040,9 +1031,7 @@ def test_requeue_unblocks_one_lane_or_every_lane_once(
     assert tab.flash() == "Requeue every blocked lane: 2 event(s) in 2 lane(s) requeued"
     assert _blocked_lanes(db) == [] and head("hook-3") == (None, 0)
     expect(tab.page.get_by_test_id("no-blocked")).to_be_visible()
-    after = table_checksum(db)
-    assert tab.post("/actions/requeue", fields).status == 303
-    assert table_checksum(db) == after
+    _sent_again_changes_nothing(db, tab, "requeue", fields)
 
 
 def _cut_connections(db: psycopg.Connection, login: Login) -> None:
@@ -1122,27 +1111,20 @@ def test_pause_and_resume_a_queue_from_the_overview_once_each(
     assert tab.flash() == "Pause email: paused"
     assert paused() == [("email", None, f"dashboard:{USER}")]
     expect(row.get_by_test_id("paused")).to_be_visible()
-    after = table_checksum(db)
-    assert tab.post("/actions/pause", fields).status == 303
-    assert table_checksum(db) == after  # paused_at included: not paused again
+    _sent_again_changes_nothing(db, tab, "pause", fields)  # paused_at included: not paused again
 
     fields = tab.submit(row.locator("button[data-action=resume]"))
     assert tab.flash() == "Resume email: resumed"
     assert paused() == []
     expect(row.get_by_test_id("paused")).to_have_count(0)
     expect(row.locator("button[data-action=pause]")).to_be_visible()
-    after = table_checksum(db)
-    assert tab.post("/actions/resume", fields).status == 303
-    assert table_checksum(db) == after
+    _sent_again_changes_nothing(db, tab, "resume", fields)
     assert _count(db, "SELECT count(*) FROM runrelay.runs WHERE status = 'queued'") == 3
 
 
 # -- who may act -----------------------------------------------------------------------------
 def test_a_read_only_dashboard_shows_no_action_and_refuses_a_forged_one(
-    db: psycopg.Connection,
-    ro: Dashboard,
-    browse: Callable[..., Tab],
-    start_worker: Callable[[], Worker],
+    db: psycopg.Connection, ro: Dashboard, browse: Callable[..., Tab], start_worker: StartWorker
 ) -> None:
     client = Client(db)
     client.enqueue_runs(
@@ -1153,8 +1135,7 @@ def test_a_read_only_dashboard_shows_no_action_and_refuses_a_forged_one(
     )
     client.enqueue_run("hook-ro", queue="webhooks")
     _block(client, "hook-ro")
-    start_worker()
-    _until(_statuses_are(db, **{"wait-ro": "waiting", "boom-ro": "failed"}), "runs settled")
+    start_worker(until={"wait-ro": "waiting", "boom-ro": "failed"})
     tab = browse(ro)
     expect(tab.page.get_by_test_id("mode")).to_have_text("read-only")
     for path in ("/runs", "/run?id=wait-ro", "/run?id=boom-ro", "/run?id=hook-ro", "/deliveries",
@@ -1249,9 +1230,12 @@ def test_login_with_a_wrong_password_is_401_and_logout_ends_the_session(
 
 
 # -- live pages ------------------------------------------------------------------------------
-def _same_document(page: Page) -> None:
-    """Mark the document, to tell later that the page was never reloaded."""
-    page.evaluate("window.__notReloaded = 'yes'")
+def _following_live(tab: Tab) -> Page:
+    """The tab's page once it follows the event stream, its document marked
+    to tell later that the page was never reloaded."""
+    tab.live()
+    tab.page.evaluate("window.__notReloaded = 'yes'")
+    return tab.page
 
 
 def _still_same_document(page: Page) -> None:
@@ -1264,10 +1248,8 @@ def test_the_runs_page_shows_new_and_ended_runs_without_a_reload(
     db: psycopg.Connection, rw: Dashboard, browse: Callable[..., Tab]
 ) -> None:
     tab = browse(rw, next_path="/runs?queue=live")
-    tab.live()
-    page = tab.page
+    page = _following_live(tab)
     expect(page.get_by_test_id("no-runs")).to_be_visible()
-    _same_document(page)
 
     client = Client(db)
     client.enqueue_run("live-1", queue="live")
@@ -1286,9 +1268,7 @@ def test_the_overview_shows_the_backlog_move_without_a_reload(
     db: psycopg.Connection, rw: Dashboard, browse: Callable[..., Tab]
 ) -> None:
     tab = browse(rw, next_path="/")
-    tab.live()
-    page = tab.page
-    _same_document(page)
+    page = _following_live(tab)
 
     client = Client(db)
     client.enqueue_runs([{"run_id": f"ov-{i}", "queue": "live-ov"} for i in range(3)])

@@ -51,7 +51,7 @@ from faults import (
 from lifecycle import check_drained, check_lanes, drain_ledger
 from runrelay import LockTimeout, StatementTimeout
 from runrelay.errors import RunrelayError
-from sqlapi import call, claim_one, enqueue, events, fenced, run_row, scalar
+from sqlapi import call, claim_one, enqueue, events, fenced, run_row, scalar, table_checksum
 
 pytest_plugins = ["conftest_faults"]
 Connect = Callable[..., psycopg.Connection]
@@ -135,15 +135,7 @@ def semantic_checksum(conn: psycopg.Connection) -> str:
     """Every table's contents except lease expiries and heartbeat times: what a
     harmless repeat (a lease extended again) may change."""
     volatile = "- 'lease_expires_at' - 'heartbeat_at' - 'available_at'"
-    parts = []
-    for table in TABLES:
-        row = conn.execute(
-            f"SELECT md5(coalesce(string_agg((to_jsonb(t) {volatile})::text, '|'"
-            f" ORDER BY (to_jsonb(t) {volatile})::text), '')) FROM runrelay.{table} AS t"
-        ).fetchone()
-        assert row is not None
-        parts.append(f"{table}:{row[0]}")
-    return ";".join(parts)
+    return table_checksum(conn, TABLES, f"(to_jsonb(t) {volatile})::text")
 
 
 # =============================================================================

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
 import psycopg
@@ -21,16 +21,9 @@ import pytest
 from psycopg import sql
 
 from conftest import alembic, drop_database, url_for
-from sqlapi import backend_pid, call, claim_one, enqueue, fenced, scalar
+from sqlapi import backend_pid, call, claim_one, enqueue, fenced, in_thread, scalar
 
 Connect = Callable[..., psycopg.Connection]
-
-
-def _in_thread(fn: Callable[[], Any]) -> Future[Any]:
-    pool = ThreadPoolExecutor(max_workers=1)
-    future = pool.submit(fn)
-    pool.shutdown(wait=False)
-    return future
 
 
 def _waiting(observer: psycopg.Connection, pid: int) -> bool:
@@ -91,9 +84,9 @@ def _race(
     propagates."""
     relay, writer = connect(), connect()
     barrier = _hold_lane(connect, held_run)
-    relay_future = _in_thread(lambda: relay_call(relay))
+    relay_future = in_thread(lambda: relay_call(relay))
     assert _wait_until_waiting(db, backend_pid(relay), relay_future)
-    writer_future = _in_thread(lambda: writer_call(writer))
+    writer_future = in_thread(lambda: writer_call(writer))
     _wait_until_waiting(db, backend_pid(writer), writer_future)
     barrier.rollback()
     return relay_future.result(timeout=60), writer_future.result(timeout=60)
@@ -373,7 +366,7 @@ def test_an_append_that_finds_its_lane_held_by_a_relay_call_is_not_stranded(
     else:
         call(relay, op, event_id=head)
     producer = connect()
-    future = _in_thread(
+    future = in_thread(
         lambda: call(producer, "append_events", run_id="r1", events=[{"type": "fact"}])
     )
     _wait_until_waiting(db, backend_pid(producer), future)

@@ -11,26 +11,17 @@ plus the wait), and the answer is compared with that clock, not timed.
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
-from typing import Any
 
 import psycopg
 
 from lifecycle import check_database
-from sqlapi import backend_pid, call, claim_one, enqueue, fenced, wait_until_blocked
+from sqlapi import backend_pid, call, claim_one, enqueue, fenced, in_thread, wait_until_blocked
 
 Connect = Callable[..., psycopg.Connection]
 
 LEASE = timedelta(seconds=5)  # the shortest lease _lease grants
 WAIT = timedelta(seconds=5.5)  # longer than the lease, under the 10 s lock bound
-
-
-def _in_thread(fn: Callable[[], Any]) -> Future[Any]:
-    pool = ThreadPoolExecutor(max_workers=1)
-    future = pool.submit(fn)
-    pool.shutdown(wait=False)
-    return future
 
 
 def test_settle_and_claim_grants_a_whole_lease_after_waiting_for_a_settlement(
@@ -48,7 +39,7 @@ def test_settle_and_claim_grants_a_whole_lease_after_waiting_for_a_settlement(
     holder.execute("SELECT 1 FROM runrelay.runs WHERE run_id = 'a' FOR UPDATE")
     worker = connect()
     items = [{**fenced(held), "lease_token": str(held["lease_token"])}]
-    pending = _in_thread(
+    pending = in_thread(
         lambda: call(
             worker,
             "settle_and_claim",

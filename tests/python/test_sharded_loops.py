@@ -11,6 +11,7 @@ done within the waits below was started by a notification, not a poll.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -19,7 +20,8 @@ import subprocess
 import sys
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -79,8 +81,13 @@ def recording() -> tuple[list[str], Callable[[Job], None]]:
     return done, handler
 
 
-def test_a_worker_through_the_proxy_is_woken_by_either_shard(sharded: ShardedInstall) -> None:
-    done, handler = recording()
+@contextlib.contextmanager
+def listening_worker(
+    sharded: ShardedInstall, handler: Callable[[Job], Any]
+) -> Iterator[Future[None]]:
+    """A Worker through the proxy, in a thread, once it LISTENs on both
+    shards; stopped at the end of the block, and its failure raised. Yields
+    the outcome of its run."""
     worker = Worker(
         Client(sharded.proxy_url),
         handler,
@@ -91,6 +98,16 @@ def test_a_worker_through_the_proxy_is_woken_by_either_shard(sharded: ShardedIns
     thread, result = run_in_thread(worker)
     try:
         wait_listening(sharded)
+        yield result
+    finally:
+        worker.stop()
+        thread.join(30)
+    result.result(timeout=1)
+
+
+def test_a_worker_through_the_proxy_is_woken_by_either_shard(sharded: ShardedInstall) -> None:
+    done, handler = recording()
+    with listening_worker(sharded, handler):
         producer = sharded.client()
         (a,) = run_ids_on(sharded, 0, 1, "a")
         (b,) = run_ids_on(sharded, 1, 1, "b")
@@ -100,10 +117,6 @@ def test_a_worker_through_the_proxy_is_woken_by_either_shard(sharded: ShardedIns
         wait_for(lambda: b in done, WAIT, "the run on shard 1, on its NOTIFY")
         statuses = sharded.everywhere("SELECT run_id, status FROM runrelay.runs ORDER BY 1")
         assert statuses == [(a, "completed"), (b, "completed")]
-    finally:
-        worker.stop()
-        thread.join(30)
-    result.result(timeout=1)
     # Stopped: its LISTEN sessions are closed on both shards.
     wait_for(lambda: not any(listen_pids(sharded.shard(i)) for i in range(2)), WAIT, "UNLISTEN")
 
@@ -112,16 +125,7 @@ def test_a_shard_whose_listen_session_is_killed_reconnects_without_stalling_the_
     sharded: ShardedInstall,
 ) -> None:
     done, handler = recording()
-    worker = Worker(
-        Client(sharded.proxy_url),
-        handler,
-        poll_interval=POLL,
-        listen_dsn=shard_listen_dsns(sharded.proxy_url),
-        maintenance=False,
-    )
-    thread, result = run_in_thread(worker)
-    try:
-        wait_listening(sharded)
+    with listening_worker(sharded, handler):
         (killed,) = listen_pids(sharded.shard(1))
         assert terminate_backend(sharded.shard(1), killed)
         producer = sharded.client()
@@ -139,10 +143,6 @@ def test_a_shard_whose_listen_session_is_killed_reconnects_without_stalling_the_
         producer.enqueue_run(a[1])
         wait_for(lambda: {a[1], b[1]} <= set(done), WAIT, "runs on both shards after it")
         assert len(listen_pids(sharded.shard(0))) == 1
-    finally:
-        worker.stop()
-        thread.join(30)
-    result.result(timeout=1)
     assert sorted(done) == sorted(a + b)
 
 
@@ -166,47 +166,38 @@ def test_a_worker_goes_on_through_a_stopped_shard_and_loses_nothing(
         done.append(job.run_id)
         return {"ok": job.run_id}
 
-    worker = Worker(
-        Client(sharded.proxy_url),
-        handler,
-        poll_interval=POLL,
-        listen_dsn=shard_listen_dsns(sharded.proxy_url),
-        maintenance=False,
-    )
-    thread, result = run_in_thread(worker)
     shard1 = sharded.clusters.shards[1]
-    try:
-        wait_listening(sharded)
-        producer = sharded.client()
-        producer.enqueue_run(a[0])
-        producer.enqueue_run(b[0])
-        wait_for(started.is_set, WAIT, "the run on shard 1 in its handler")
-        wait_for(lambda: a[0] in done, WAIT, "the run on shard 0")
-        shard1.stop("immediate")
-        release.set()  # its outcome cannot be written while shard 1 is down
-        producer.enqueue_run(a[1])
-        wait_for(lambda: a[1] in done, WAIT, "a run on shard 0 while shard 1 is down")
-        assert not result.done()
-        shard1.start()
-        wait_for(
-            lambda: (
-                sharded.shard(1)
-                .execute("SELECT status FROM runrelay.runs WHERE run_id = %s", [b[0]])
-                .fetchone()
-                == ("completed",)
-            ),
-            WAIT,
-            "the held run's outcome written once shard 1 is back",
-        )
-        wait_for(lambda: len(listen_pids(sharded.shard(1))) == 1, WAIT, "LISTEN on shard 1 again")
-        again(lambda: producer.enqueue_run(b[1]))
-        producer.enqueue_run(a[2])
-        wait_for(lambda: {a[2], b[1]} <= set(done), WAIT, "runs on both shards after it")
-    finally:
-        release.set()
-        worker.stop()
-        thread.join(30)
-    result.result(timeout=1)
+    with listening_worker(sharded, handler) as result:
+        try:
+            producer = sharded.client()
+            producer.enqueue_run(a[0])
+            producer.enqueue_run(b[0])
+            wait_for(started.is_set, WAIT, "the run on shard 1 in its handler")
+            wait_for(lambda: a[0] in done, WAIT, "the run on shard 0")
+            shard1.stop("immediate")
+            release.set()  # its outcome cannot be written while shard 1 is down
+            producer.enqueue_run(a[1])
+            wait_for(lambda: a[1] in done, WAIT, "a run on shard 0 while shard 1 is down")
+            assert not result.done()
+            shard1.start()
+            wait_for(
+                lambda: (
+                    sharded.shard(1)
+                    .execute("SELECT status FROM runrelay.runs WHERE run_id = %s", [b[0]])
+                    .fetchone()
+                    == ("completed",)
+                ),
+                WAIT,
+                "the held run's outcome written once shard 1 is back",
+            )
+            wait_for(
+                lambda: len(listen_pids(sharded.shard(1))) == 1, WAIT, "LISTEN on shard 1 again"
+            )
+            again(lambda: producer.enqueue_run(b[1]))
+            producer.enqueue_run(a[2])
+            wait_for(lambda: {a[2], b[1]} <= set(done), WAIT, "runs on both shards after it")
+        finally:
+            release.set()
     statuses = sharded.everywhere("SELECT status, count(*) FROM runrelay.runs GROUP BY 1")
     assert statuses == [("completed", 3), ("completed", 2)]
     assert sorted(done) == sorted(a + b)
