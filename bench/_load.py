@@ -20,6 +20,8 @@ nothing left. Throughput is total jobs / (last stop - first start).
 from __future__ import annotations
 
 import contextlib
+import itertools
+import math
 import multiprocessing as mp
 import time
 import traceback
@@ -67,6 +69,34 @@ class WorkerError(RuntimeError):
     """A worker process failed; the message carries its traceback."""
 
 
+def warm_up(step: Step, steps: int) -> None:
+    """Runs `steps` unrecorded steps, so statements are prepared and plans
+    cached before anything is measured."""
+    scratch = Recorder()
+    for _ in range(steps):
+        step(scratch)
+
+
+def timed_steps(
+    step: Step, seconds: float = math.inf, steps: int | None = None
+) -> tuple[int, float, float, Recorder]:
+    """Steps until `seconds` have passed, `steps` were taken or a step finds
+    nothing left: the jobs done, the window's start and stop (perf_counter)
+    and the latencies."""
+    rec = Recorder()
+    jobs = 0
+    started = time.perf_counter()
+    deadline = started + seconds
+    for _ in itertools.repeat(None) if steps is None else range(steps):
+        done = step(rec)
+        if done is None:
+            break
+        jobs += done
+        if time.perf_counter() >= deadline:
+            break
+    return jobs, started, time.perf_counter(), rec
+
+
 def _worker(
     url: str,
     factory: Factory,
@@ -79,22 +109,9 @@ def _worker(
     try:
         with psycopg.connect(url, autocommit=True) as conn:
             step = factory(conn, index)
-            scratch = Recorder()
-            for _ in range(warmup):
-                step(scratch)
+            warm_up(step, warmup)
             barrier.wait(timeout=120)
-            rec = Recorder()
-            jobs = 0
-            started = time.perf_counter()
-            deadline = started + seconds
-            while True:
-                done = step(rec)
-                if done is None:
-                    break
-                jobs += done
-                if time.perf_counter() >= deadline:
-                    break
-            stopped = time.perf_counter()
+            jobs, started, stopped, rec = timed_steps(step, seconds)
         out.put((index, jobs, started, stopped, rec.samples, None))
     except BaseException:
         with contextlib.suppress(Exception):
@@ -134,18 +151,8 @@ def run_serial(url: str, factory: Factory, samples: int, warmup: int = 8) -> Win
     """`samples` steps on one connection in this process (latency probes)."""
     with psycopg.connect(url, autocommit=True) as conn:
         step = factory(conn, 0)
-        scratch = Recorder()
-        for _ in range(warmup):
-            step(scratch)
-        rec = Recorder()
-        jobs = 0
-        started = time.perf_counter()
-        for _ in range(samples):
-            done = step(rec)
-            if done is None:
-                break
-            jobs += done
-        stopped = time.perf_counter()
+        warm_up(step, warmup)
+        jobs, started, stopped, rec = timed_steps(step, steps=samples)
     latencies = {op: [s / 1e6 for s in v] for op, v in rec.samples.items()}
     return Window(jobs=jobs, seconds=stopped - started, latencies_ms=latencies)
 

@@ -51,7 +51,7 @@ import psycopg
 
 from bench import _server
 from bench import runrelay as rr
-from bench._load import Factory, Recorder, Window, WorkerError, run_serial
+from bench._load import Factory, Recorder, Window, WorkerError, run_serial, timed_steps, warm_up
 from bench.stats import summarize, write
 from runrelay import Client, _pgcluster
 from runrelay.sharding import ShardMap
@@ -427,23 +427,10 @@ def _timed_worker(
     try:
         with psycopg.connect(url, autocommit=True) as conn:
             step = factory(conn, index)
-            scratch = Recorder()
-            for _ in range(WARMUP):
-                step(scratch)
+            warm_up(step, WARMUP)
             start.wait(timeout=120)  # warmed up: the CPU is read now
             start.wait(timeout=120)  # go
-            rec = Recorder()
-            jobs = 0
-            started = time.perf_counter()
-            deadline = started + seconds
-            while True:
-                done = step(rec)
-                if done is None:
-                    break
-                jobs += done
-                if time.perf_counter() >= deadline:
-                    break
-            stopped = time.perf_counter()
+            jobs, started, stopped, rec = timed_steps(step, seconds)
             stop.wait(timeout=120)  # done: the CPU is read now
             stop.wait(timeout=120)
         out.put((index, jobs, started, stopped, rec.samples, None))
