@@ -263,6 +263,14 @@ def _check_metrics(command: Command, text: str) -> None:
         assert "runrelay_up 1.0" in body, f"{command}: {body[:500]}"
 
 
+def _handles_sigterm(pid: int) -> bool:
+    """Whether the process has a handler of its own for SIGTERM: the bit of
+    SIGTERM in the caught-signals mask the kernel shows in /proc."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    caught = next(line for line in status.splitlines() if line.startswith("SigCgt:"))
+    return bool(int(caught.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
+
+
 def _run(command: Command, text: str, cwd: Path, env: dict[str, str]) -> None:
     if LONG_RUNNING.search(text):
         # `VAR=value ... exec command`: the assignments go first.
@@ -277,6 +285,12 @@ def _run(command: Command, text: str, cwd: Path, env: dict[str, str]) -> None:
         )
         time.sleep(4)
         assert proc.poll() is None, f"{command} exited early: {proc.communicate()[1][-3000:]}"
+        # On a loaded machine the interpreter may still be importing after
+        # those 4 s; SIGTERM before the command handles it would kill it.
+        deadline = time.monotonic() + 60
+        while not _handles_sigterm(proc.pid) and proc.poll() is None:
+            assert time.monotonic() < deadline, f"{command} never handled SIGTERM"
+            time.sleep(0.1)
         _check_metrics(command, text)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
