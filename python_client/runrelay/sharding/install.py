@@ -253,8 +253,10 @@ def proxy_sql(shard: psycopg.Connection[Any], schema: str) -> str:
         )
 
     written = [fill(text) for name, text in _sql_files() if name != "00_config.sql"]
-    # The routing helpers come before the functions that use them.
-    body = [written[0], *out, *written[1:]]
+    gathers = [fill(_GATHER.replace("@view@", view)) for view in VIEWS]
+    # The routing helpers come before the functions that use them, and the
+    # views' gather_ functions before the views.
+    body = [written[0], *out, *gathers, *written[1:]]
 
     # Callers reach the shards only through the public functions: those run
     # as their owner on the proxy (so no runrelay role needs, or has, the
@@ -302,6 +304,29 @@ def proxy_sql(shard: psycopg.Connection[Any], schema: str) -> str:
                 f"GRANT EXECUTE ON FUNCTION {proxy}.{_ident('gather_' + view)}() TO {_ident(role)};"
             )
     return "\n\n".join([*body, *definer, *grants]) + "\n"
+
+
+# A stats view's rows from every shard that answers: what the proxy's view
+# of that name sums (sql/40_every_shard.sql). Filled like sql/*.sql.
+_GATHER = """\
+CREATE FUNCTION @proxy@.gather_@view@()
+RETURNS SETOF @proxy@.@view@_row
+LANGUAGE plpgsql
+VOLATILE
+AS $$
+DECLARE
+    v_part integer;
+    v_rows @proxy@.@view@_row [];
+BEGIN
+    FOR v_part IN SELECT w.head FROM @proxy@.walk(NULL) AS w (head) LOOP
+        BEGIN
+            SELECT coalesce(array_agg(r), '{}') INTO v_rows FROM @proxy@.on_@view@(v_part) AS r;
+        @skip_if_down(v_part)@
+        END;
+        RETURN QUERY SELECT * FROM unnest(v_rows);
+    END LOOP;
+END;
+$$;"""
 
 
 # The handler of every call that reaches one shard from sql/*.sql, written

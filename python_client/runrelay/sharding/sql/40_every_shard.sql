@@ -166,46 +166,10 @@ AS $$
     SELECT NULL::@schema@.enqueue_due_schedules_result WHERE false;
 $$;
 
--- The stats views: every shard's rows that answer, summed. A shard that is
--- down is left out (with a WARNING).
-CREATE FUNCTION @proxy@.gather_run_stats()
-RETURNS SETOF @proxy@.run_stats_row
-LANGUAGE plpgsql
-VOLATILE
-AS $$
-DECLARE
-    v_part integer;
-    v_rows @proxy@.run_stats_row [];
-BEGIN
-    FOR v_part IN SELECT w.head FROM @proxy@.walk(NULL) AS w (head) LOOP
-        BEGIN
-            SELECT coalesce(array_agg(r), '{}') INTO v_rows FROM @proxy@.on_run_stats(v_part) AS r;
-        @skip_if_down(v_part)@
-        END;
-        RETURN QUERY SELECT * FROM unnest(v_rows);
-    END LOOP;
-END;
-$$;
-
-CREATE FUNCTION @proxy@.gather_ledger_stats()
-RETURNS SETOF @proxy@.ledger_stats_row
-LANGUAGE plpgsql
-VOLATILE
-AS $$
-DECLARE
-    v_part integer;
-    v_rows @proxy@.ledger_stats_row [];
-BEGIN
-    FOR v_part IN SELECT w.head FROM @proxy@.walk(NULL) AS w (head) LOOP
-        BEGIN
-            SELECT coalesce(array_agg(r), '{}') INTO v_rows FROM @proxy@.on_ledger_stats(v_part) AS r;
-        @skip_if_down(v_part)@
-        END;
-        RETURN QUERY SELECT * FROM unnest(v_rows);
-    END LOOP;
-END;
-$$;
-
+-- The stats views: every shard's rows that answer, summed. Each reads its
+-- gather_ function (install.py writes one per view, beside the view's row
+-- type and its one-shard on_ function), which leaves a shard that is down
+-- out, with a WARNING.
 CREATE VIEW @schema@.run_stats AS
 SELECT
     s.queue,
