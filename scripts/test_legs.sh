@@ -10,8 +10,11 @@ cd "$(dirname "$0")/.."
 
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-make --no-print-directory test-pg18 >"$log" 2>&1 &
+# Its own process group, so that an interrupted run stops the whole leg (a
+# background job of a script ignores the terminal's SIGINT).
+setsid -w make --no-print-directory test-pg18 >"$log" 2>&1 &
 pg18=$!
+trap 'kill -TERM -- "-$pg18" 2>/dev/null; wait "$pg18"; exit 130' INT TERM
 make --no-print-directory test-pg15
 pg15_status=$?
 wait "$pg18"
