@@ -542,6 +542,9 @@ DURABLE = f"""
     WHERE r.task = '{DURABLE_TASK}' AND r.status = 'completed'
 """
 
+# Ledger events a relay still has to deliver: every event not delivered,
+# except a transport-only one that ends its lane (nothing follows to
+# acknowledge it). The test suites wait on the same query.
 UNDELIVERED = """
     SELECT count(*) FROM runrelay.ledger AS l
     WHERE l.state <> 'delivered'

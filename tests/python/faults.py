@@ -748,17 +748,6 @@ def shifted(conn: psycopg.Connection, offset: str) -> Iterator[None]:
         conn.execute("SELECT set_config('runrelay.clock_offset', '', false)")
 
 
-# Ledger events a relay still has to deliver: every event not delivered,
-# except a transport-only one that ends its lane (nothing follows to acknowledge it).
-UNDELIVERED = """
-    SELECT count(*) FROM runrelay.ledger AS l
-    WHERE l.state <> 'delivered'
-      AND NOT (l.transport_only AND NOT EXISTS (
-          SELECT 1 FROM runrelay.ledger AS n
-          WHERE n.run_id = l.run_id AND n.lane = l.lane AND n.seq > l.seq))
-"""
-
-
 def wait_for(predicate: Callable[[], bool], timeout: float = 60.0, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -21,7 +21,6 @@ import pytest
 
 from faults import (
     REPO,
-    UNDELIVERED,
     Checker,
     Children,
     History,
@@ -31,6 +30,7 @@ from faults import (
 )
 from faults import wait_for as wait_until
 from lifecycle import check_drained
+from runrelay.demo import UNDELIVERED
 
 pytest_plugins = ["conftest_faults"]
 

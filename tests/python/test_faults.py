@@ -26,7 +26,6 @@ import pytest
 from faults import (
     MODES,
     TABLES,
-    UNDELIVERED,
     Checker,
     Children,
     History,
@@ -50,6 +49,7 @@ from faults import (
 )
 from lifecycle import check_drained, check_lanes, drain_ledger
 from runrelay import LockTimeout, StatementTimeout
+from runrelay.demo import UNDELIVERED
 from runrelay.errors import RunrelayError
 from sqlapi import call, claim_one, enqueue, events, fenced, run_row, scalar, table_checksum
 

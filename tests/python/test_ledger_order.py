@@ -21,19 +21,11 @@ from typing import Any
 
 import psycopg
 
+from runrelay.demo import UNDELIVERED
 from sqlapi import call
 
 Connect = Callable[..., psycopg.Connection]
 LANES = ("lifecycle", "observability")
-# Everything but a lane's trailing transport-only events, which rest until a
-# successor arrives (they are never delivered to the consumer anyway).
-UNDELIVERED = """
-    SELECT count(*) FROM runrelay.ledger AS l
-    WHERE l.state <> 'delivered'
-      AND NOT (l.transport_only AND NOT EXISTS (
-          SELECT 1 FROM runrelay.ledger AS n
-          WHERE n.run_id = l.run_id AND n.lane = l.lane AND n.seq > l.seq))
-"""
 
 
 class Sink:
