@@ -213,6 +213,21 @@ describe("the worker", () => {
     assert.equal((run?.error as { type?: string }).type, "timeout");
   });
 
+  test("listen: true on a client over one connection, not a pool, is refused at construction", async () => {
+    const conn = new pg.Client({ connectionString: db.url });
+    await conn.connect();
+    try {
+      assert.throws(
+        () => new Worker(new Client(conn), () => undefined, { listen: true, logger: quiet }),
+        (error: unknown) => error instanceof TypeError && /listen: true needs a pg\.Pool/.test(error.message),
+      );
+      // Without listen (the default) the same client makes a worker.
+      assert.equal(new Worker(new Client(conn), () => undefined, { logger: quiet }).concurrency, 4);
+    } finally {
+      await conn.end();
+    }
+  });
+
   test("stop() hands unfinished runs back without using an attempt", async () => {
     await client.enqueueRun({ run_id: "held", queue: "shutdown" });
     const worker = new Worker(client, () => new Promise(() => undefined), {
