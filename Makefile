@@ -30,9 +30,7 @@ $(VENV)/.installed: pyproject.toml
 demo: $(VENV)/.installed
 	runrelay demo $(DEMO_ARGS)
 
-# The two legs run side by side (scripts/test_legs.sh says why and how).
-test: $(VENV)/.installed prereqs
-	bash scripts/test_legs.sh
+test: test-pg15 test-pg18
 
 prereqs:
 	bash scripts/ensure_prereqs.sh
