@@ -26,6 +26,7 @@ from runrelay import AsyncClient, ClaimedAttempt, Client, LedgerEvent
 from runrelay._listen import listen_statement
 from runrelay.contract import CHANNEL_KINDS, channel
 from runrelay.dashboard.live import Notifications
+from runrelay.demo import UNDELIVERED
 from runrelay.relay import Relay
 from runrelay.sinks import DeliveryError, JsonLinesSink, WebhookSink
 from runrelay.worker import (
@@ -463,7 +464,20 @@ def test_redelivery_after_a_lost_reply_keeps_keys_stable(
     hook.process_before_failing = True
     hook.script = lambda n: (500, 0.0) if n == 0 else (200, 0.0)
     with serve(hook) as url:
-        Relay(client, WebhookSink(url), batch_size=100, max_sleep=0.05).run(until_idle=0.7)
+        relay = Relay(client, WebhookSink(url), batch_size=100, max_sleep=0.05)
+        thread = threading.Thread(target=relay.run)
+        thread.start()
+        try:
+            # Until the retry went out and nothing is left: on a loaded
+            # machine an idle window can close before the retry comes due.
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not (
+                len(hook.headers) >= 2 and db.execute(UNDELIVERED).fetchone() == (0,)
+            ):
+                time.sleep(0.05)
+        finally:
+            relay.stop()
+            thread.join(30)
     assert hook.headers[0] == hook.headers[1]
     assert Counter(hook.keys).most_common(1)[0][1] == 2
     assert set(hook.keys) == set(_events_in_db(db))
