@@ -275,6 +275,7 @@ def _run(command: Command, text: str, cwd: Path, env: dict[str, str]) -> None:
     if LONG_RUNNING.search(text):
         # `VAR=value ... exec command`: the assignments go first.
         script = re.sub(r"^((?:\w+=\S+ )*)", r"\1exec ", text, count=1)
+        received_before = len(_Receiver.received)
         proc = subprocess.Popen(
             ["bash", "-c", script],
             cwd=cwd,
@@ -291,6 +292,15 @@ def _run(command: Command, text: str, cwd: Path, env: dict[str, str]) -> None:
         while not _handles_sigterm(proc.pid) and proc.poll() is None:
             assert time.monotonic() < deadline, f"{command} never handled SIGTERM"
             time.sleep(0.1)
+        if text.startswith("runrelay relay --webhook"):
+            # Delivering is what it is there for; a slow start must not
+            # leave it no time to (the caller checks that it delivered).
+            while (
+                len(_Receiver.received) <= received_before
+                and proc.poll() is None
+                and time.monotonic() < deadline
+            ):
+                time.sleep(0.1)
         _check_metrics(command, text)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
