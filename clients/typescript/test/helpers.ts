@@ -44,6 +44,16 @@ export async function freshDatabase(label: string): Promise<TestDatabase> {
     await pool.end();
     const drop = new pg.Client({ connectionString: server });
     await drop.connect();
+    // pool.end() resolves once its clients are asked to end, not once their
+    // sessions are gone: a session still closing when DROP ... WITH (FORCE)
+    // terminates it errors in its client after the tests ended. Wait for
+    // them to leave (a few seconds at most) before forcing the rest.
+    const deadline = performance.now() + 5000;
+    while (performance.now() < deadline) {
+      const left = await drop.query("SELECT count(*)::int AS n FROM pg_stat_activity WHERE datname = $1", [name]);
+      if (left.rows[0].n === 0) break;
+      await sleep(20);
+    }
     await drop.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`);
     await drop.end();
   };
