@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import inspect
 import types
 import typing
@@ -1262,6 +1263,111 @@ def test_default_pool_calls_are_one_round_trip(db: psycopg.Connection, db_url: s
             counts.append(frontend_round_trips(out[0]))
     assert counts == [1, 1]
     assert run_row(db, "p2")["status"] == "queued"
+
+
+class _Pipelines(psycopg.Connection[Any]):
+    """A real connection that counts the pipelines opened on it."""
+
+    pipelines = 0
+
+    @contextlib.contextmanager
+    def pipeline(self) -> Iterator[psycopg.Pipeline]:
+        self.pipelines += 1
+        with super().pipeline() as p:
+            yield p
+
+
+def _flights_and_pipelines(conn: _Pipelines, call: Callable[[], Any], times: int) -> list[str]:
+    """Each call's round trips and whether it opened a pipeline: "1p" or "1"."""
+    seen = []
+    for _ in range(times):
+        before = conn.pipelines
+        with traced(conn) as out:
+            call()
+        piped = "p" if conn.pipelines > before else ""
+        seen.append(f"{frontend_round_trips(out[0])}{piped}")
+    return seen
+
+
+def test_a_prepared_statement_goes_without_pipeline_mode_in_one_round_trip(
+    db: psycopg.Connection, db_url: str
+) -> None:
+    """psycopg runs a statement unnamed five times and prepares it on the
+    sixth, each in pipeline mode (one flight, Parse included); from the
+    seventh on the prepared statement goes without a pipeline, still one
+    flight. The client reads psycopg's own cache, which files a statement
+    by its query and its parameters' types."""
+    with _Pipelines.connect(db_url, autocommit=True) as conn:
+        client = Client(conn)
+        claim = functools.partial(client.claim_attempts, "w1", queues=["empty"])
+        assert _flights_and_pipelines(conn, claim, 8) == ["1p"] * 6 + ["1"] * 2
+        # A call_id is typed uuid where a NULL was not: a statement of its own.
+        replayed = functools.partial(client.claim_attempts, "w1", call_id=uuid.uuid4())
+        assert _flights_and_pipelines(conn, replayed, 7) == ["1p"] * 6 + ["1"]
+        # A refused call is counted by neither psycopg nor the client: the
+        # prepared claim stays prepared.
+        with pytest.raises(InvalidArgument):
+            client.claim_attempts("w1", queues=["empty"], max_runs=0)
+        assert _flights_and_pipelines(conn, claim, 1) == ["1"]
+
+
+def test_inside_the_callers_transaction_a_prepared_call_is_one_round_trip(
+    db: psycopg.Connection, db_url: str
+) -> None:
+    """Inside the caller's open transaction no BEGIN is due, so a prepared
+    call goes without a pipeline; on an idle connection outside autocommit
+    it keeps one (psycopg sends BEGIN first)."""
+    with _Pipelines.connect(db_url) as caller:
+        client = Client(db_url)
+        try:
+            caller.execute("SELECT 1")  # the caller's own work opens the transaction
+            enqueue = functools.partial(client.enqueue_run, "t1", conn=caller)
+            assert _flights_and_pipelines(caller, enqueue, 8) == ["1p"] * 6 + ["1"] * 2
+            caller.commit()
+            # Idle outside autocommit: the call that opens the transaction
+            # keeps its pipeline (psycopg's BEGIN goes with it), the next
+            # goes without.
+            opening, next_call = _flights_and_pipelines(caller, enqueue, 2)
+            assert opening.endswith("p") and next_call == "1"
+            caller.commit()
+        finally:
+            client.close()
+    assert run_row(db, "t1")["status"] == "queued"
+
+
+def test_without_prepared_statements_every_call_goes_without_a_pipeline(
+    db: psycopg.Connection, db_url: str
+) -> None:
+    """prepare_threshold=None (a pooler that cannot keep prepared
+    statements): each call is an unnamed statement, one flight without a
+    pipeline, and nothing is prepared on the server."""
+    with _Pipelines.connect(db_url, autocommit=True, prepare_threshold=None) as conn:
+        client = Client(conn)
+        call = functools.partial(client.get_run, "nothing-here")
+        assert _flights_and_pipelines(conn, call, 8) == ["1"] * 8
+        prepared = conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()
+        assert prepared == (0,)
+
+
+def test_after_a_rollback_drops_psycopgs_statements_calls_keep_one_round_trip(
+    db: psycopg.Connection, db_url: str
+) -> None:
+    """A ROLLBACK makes psycopg forget its prepared statements; the client
+    reads psycopg's cache, so the calls after it go in pipeline mode again
+    until psycopg has prepared the statement anew: one flight each."""
+    with _Pipelines.connect(db_url) as caller:
+        client = Client(db_url)
+        try:
+            caller.execute("SELECT 1")
+            run = functools.partial(client.get_run, "nothing-here", conn=caller)
+            assert _flights_and_pipelines(caller, run, 8) == ["1p"] * 6 + ["1"] * 2
+            caller.rollback()
+            caller.execute("SELECT 1")
+            assert _flights_and_pipelines(caller, run, 8) == ["1p"] * 6 + ["1"] * 2
+            assert run() is None
+            caller.rollback()
+        finally:
+            client.close()
 
 
 def declared_result(name: str) -> Any:
