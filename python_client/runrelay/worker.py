@@ -840,8 +840,12 @@ class _Loop(_Signals, _Recorder):
         # A reentrant lock: a signal handler (stop()) may run in the main
         # thread while it holds the lock.
         self._lock = threading.RLock()
-        # Notified when a slot comes free, a settlement ends, or stop().
+        # Notified when a slot comes free or stop(): what the claim loop and
+        # shutdown wait for. A job swapped for the next one it claimed frees
+        # none, and wakes nobody.
         self._changed = threading.Condition(self._lock)
+        # Notified when no settlement is in flight any more (shutdown waits).
+        self._settled = threading.Condition(self._lock)
         self._inflight: dict[tuple[str, int], Job] = {}
         self._reserved = 0
         # Jobs whose outcome a settle_and_claim call in flight is writing:
@@ -907,18 +911,21 @@ class _Loop(_Signals, _Recorder):
         never sees it empty in between), and `reserved` reserved slots are
         given up: the claimed jobs took the place of as many."""
         with self._changed:
+            held = len(self._inflight) + self._reserved
             for job in nxt:
                 self._inflight[(job.run_id, job.attempt.attempt)] = job
             for job in done:
                 self._inflight.pop((job.run_id, job.attempt.attempt), None)
             self._reserved -= reserved
-            self._changed.notify_all()
+            if len(self._inflight) + self._reserved < held:
+                self._changed.notify_all()
         left(done)
 
     def _settling_ended(self, keys: Sequence[tuple[str, int]]) -> None:
-        with self._changed:
+        with self._lock:
             self._settling.difference_update(keys)
-            self._changed.notify_all()
+            if not self._settling:
+                self._settled.notify_all()
 
     def _leftovers(self) -> list[Job]:
         """What a stopping worker hands back: every job in flight but a
@@ -1570,8 +1577,8 @@ class Worker(_Loop):
         drive(self._hand_back_steps(self._leftovers()), self._perform)
         # A settle_and_claim call in flight hands back what it claims; wait
         # for it (a stopping worker's call gives up after SETTLE_TRIES).
-        with self._changed:
-            self._changed.wait_for(lambda: not self._settling, timeout=SETTLE_WAIT)
+        with self._settled:
+            self._settled.wait_for(lambda: not self._settling, timeout=SETTLE_WAIT)
 
 
 def _log_batch(
