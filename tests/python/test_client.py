@@ -1277,6 +1277,17 @@ class _Pipelines(psycopg.Connection[Any]):
             yield p
 
 
+def _prepared_call(conn: psycopg.Connection[Any]) -> str:
+    """What a call of a statement psycopg holds prepared shows: "1", one
+    flight without a pipeline, where this psycopg has the statement cache the
+    client reads; else "1p", the pipeline every call then keeps (the
+    client's fallback, still one flight)."""
+    cur = conn.cursor()
+    cur.execute("SELECT 1")
+    readable = hasattr(getattr(conn, "_prepared", None), "_names") and hasattr(cur, "_query")
+    return "1" if readable else "1p"
+
+
 def _flights_and_pipelines(conn: _Pipelines, call: Callable[[], Any], times: int) -> list[str]:
     """Each call's round trips and whether it opened a pipeline: "1p" or "1"."""
     seen = []
@@ -1299,16 +1310,17 @@ def test_a_prepared_statement_goes_without_pipeline_mode_in_one_round_trip(
     by its query and its parameters' types."""
     with _Pipelines.connect(db_url, autocommit=True) as conn:
         client = Client(conn)
+        prepared = _prepared_call(conn)
         claim = functools.partial(client.claim_attempts, "w1", queues=["empty"])
-        assert _flights_and_pipelines(conn, claim, 8) == ["1p"] * 6 + ["1"] * 2
+        assert _flights_and_pipelines(conn, claim, 8) == ["1p"] * 6 + [prepared] * 2
         # A call_id is typed uuid where a NULL was not: a statement of its own.
         replayed = functools.partial(client.claim_attempts, "w1", call_id=uuid.uuid4())
-        assert _flights_and_pipelines(conn, replayed, 7) == ["1p"] * 6 + ["1"]
+        assert _flights_and_pipelines(conn, replayed, 7) == ["1p"] * 6 + [prepared]
         # A refused call is counted by neither psycopg nor the client: the
         # prepared claim stays prepared.
         with pytest.raises(InvalidArgument):
             client.claim_attempts("w1", queues=["empty"], max_runs=0)
-        assert _flights_and_pipelines(conn, claim, 1) == ["1"]
+        assert _flights_and_pipelines(conn, claim, 1) == [prepared]
 
 
 def test_inside_the_callers_transaction_a_prepared_call_is_one_round_trip(
@@ -1321,14 +1333,15 @@ def test_inside_the_callers_transaction_a_prepared_call_is_one_round_trip(
         client = Client(db_url)
         try:
             caller.execute("SELECT 1")  # the caller's own work opens the transaction
+            prepared = _prepared_call(caller)
             enqueue = functools.partial(client.enqueue_run, "t1", conn=caller)
-            assert _flights_and_pipelines(caller, enqueue, 8) == ["1p"] * 6 + ["1"] * 2
+            assert _flights_and_pipelines(caller, enqueue, 8) == ["1p"] * 6 + [prepared] * 2
             caller.commit()
             # Idle outside autocommit: the call that opens the transaction
             # keeps its pipeline (psycopg's BEGIN goes with it), the next
             # goes without.
             opening, next_call = _flights_and_pipelines(caller, enqueue, 2)
-            assert opening.endswith("p") and next_call == "1"
+            assert opening.endswith("p") and next_call == prepared
             caller.commit()
         finally:
             client.close()
@@ -1359,11 +1372,12 @@ def test_after_a_rollback_drops_psycopgs_statements_calls_keep_one_round_trip(
         client = Client(db_url)
         try:
             caller.execute("SELECT 1")
+            prepared = _prepared_call(caller)
             run = functools.partial(client.get_run, "nothing-here", conn=caller)
-            assert _flights_and_pipelines(caller, run, 8) == ["1p"] * 6 + ["1"] * 2
+            assert _flights_and_pipelines(caller, run, 8) == ["1p"] * 6 + [prepared] * 2
             caller.rollback()
             caller.execute("SELECT 1")
-            assert _flights_and_pipelines(caller, run, 8) == ["1p"] * 6 + ["1"] * 2
+            assert _flights_and_pipelines(caller, run, 8) == ["1p"] * 6 + [prepared] * 2
             assert run() is None
             caller.rollback()
         finally:
