@@ -49,8 +49,9 @@ BEGIN
         l.event_id = ANY(p_event_ids) AND l.run_id = p_run_id
         AND ll.run_id = l.run_id AND ll.lane = l.lane
     RETURNING l.*;
-    PERFORM pg_notify(_channel('delivered'),
-        json_build_object('run_id', p_run_id, 'event_id', p_event_ids[cardinality(p_event_ids)])::text);
+    PERFORM pg_notify(n.channel,
+        json_build_object('run_id', p_run_id, 'event_id', p_event_ids[cardinality(p_event_ids)])::text)
+    FROM _notifying('delivered') AS n (channel);
 END;
 $$;
 

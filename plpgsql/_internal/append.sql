@@ -46,7 +46,8 @@
 -- statement, a later snapshot) sees the empty lane and wakes it.
 --
 -- One statement for all the lanes; it notifies runrelay_ledger once per run
--- with a lane made claimable, and returns how many runs it notified.
+-- with a lane made claimable (unless settings.notifications turns ledger
+-- off), and returns how many such runs there were.
 CREATE FUNCTION _lanes_on_write(p_run_ids text[], p_lanes text[], p_first_seqs bigint[])
 RETURNS integer
 LANGUAGE plpgsql
@@ -76,7 +77,7 @@ BEGIN
             VALUES (p_run_ids[1], p_lanes[1], p_first_seqs[1], v_now)
             ON CONFLICT (run_id, lane) DO NOTHING;
             IF FOUND THEN
-                PERFORM pg_notify(_channel('ledger'), p_run_ids[1]);
+                PERFORM pg_notify(n.channel, p_run_ids[1]) FROM _notifying('ledger') AS n (channel);
                 RETURN 1;
             END IF;
         END IF;
@@ -167,7 +168,9 @@ BEGIN
         SELECT a.run_id, a.available_at FROM left_awake AS a
     ),
     notified AS (
-        SELECT pg_notify(_channel('ledger'), a.run_id)
+        SELECT
+            a.run_id,
+            (SELECT count(pg_notify(n.channel, a.run_id)) FROM _notifying('ledger') AS n (channel)) AS sent
         FROM (SELECT DISTINCT b.run_id FROM became_available AS b WHERE b.available_at IS NOT NULL) AS a
     )
     SELECT count(*) INTO v_notified FROM notified;

@@ -33,3 +33,41 @@ $$;
 
 COMMENT ON FUNCTION _channel(text) IS
 'The name of one of the install''s NOTIFY channels: <schema>_runs, _ledger, _terminal, _delivered or _cancel.';
+
+-- _notifying(kind): the channel of that kind (_channel) while
+-- settings.notifications names the kind; no row while it does not. Every
+-- notification of the install is sent through it, in the statement that
+-- decides to send it:
+--   PERFORM pg_notify(n.channel, payload) FROM _notifying('runs') AS n (channel);
+-- or joined into a statement that notifies once per row. A set-returning SQL
+-- function with a SQL-standard body, STABLE and without a SET clause, so
+-- that the planner expands it into that statement: the setting costs no
+-- statement and no call of its own (as _ledger_row, ledger_row.sql).
+--
+-- Why an install may leave kinds out: PostgreSQL commits the transactions
+-- that notified one at a time, holding one cluster-wide lock from before
+-- the commit until its WAL is flushed, so notifying commits never share a
+-- flush. A completion notifies <schema>_terminal and an enqueue
+-- <schema>_runs and <schema>_ledger; with four workers on the one-job path
+-- a third of the sessions waited on that lock. Notifications are wake-ups
+-- only (the loops poll), so an install where nobody listens on a channel
+-- can turn it off (docs/configuration.md). Every kind is on by default.
+CREATE FUNCTION _notifying(p_kind text)
+RETURNS SETOF text
+LANGUAGE sql
+STABLE
+ROWS 1
+BEGIN ATOMIC
+    SELECT _channel(p_kind) AS channel
+    -- The one row by its key (a probe, not a scan). A kind that does not
+    -- exist raises (_channel) whether or not it is on.
+    WHERE
+        (
+            SELECT notifications @> ARRAY[p_kind] FROM settings
+            WHERE singleton
+        )
+        OR _channel(p_kind) IS NULL;
+END;
+
+COMMENT ON FUNCTION _notifying(text) IS
+'The install''s channel of a notification kind while settings.notifications sends that kind, else no row (inlined).';

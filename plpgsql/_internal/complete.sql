@@ -100,7 +100,7 @@ BEGIN
     -- writes, run.completed as _emit_lifecycle writes it (reading each lane's
     -- head in the same statement, so only an empty lane goes to
     -- _lanes_on_write) and each run's runrelay_terminal notification, as
-    -- _ended sends it. _ended's other two tasks have nothing to do here: no
+    -- _ended sends it (unless settings.notifications turns it off). _ended's other two tasks have nothing to do here: no
     -- run has a key to promote, and no marker was pending. A batch with an
     -- item that does not pass writes nothing here and goes through the steps
     -- below, which decide it item by item.
@@ -156,13 +156,22 @@ BEGIN
                 p_run_ids[d.i] || ':' || d.seq, FALSE, v_now, v_now
             FROM runs_done AS d
             RETURNING l.run_id, l.seq
+        ),
+        notified AS (
+            SELECT
+                e.run_id, e.seq,
+                (
+                    SELECT count(pg_notify(n.channel, json_build_object('run_id', e.run_id, 'status', 'completed')::text))
+                    FROM _notifying('terminal') AS n (channel)
+                ) AS sent
+            FROM announced AS e
         )
         SELECT
-            count(pg_notify(_channel('terminal'), json_build_object('run_id', e.run_id, 'status', 'completed')::text)),
+            count(*),
             array_agg(e.run_id) FILTER (WHERE h.head_seq IS NULL),
             array_agg(e.seq) FILTER (WHERE h.head_seq IS NULL)
         INTO v_done, v_woken, v_woken_seqs
-        FROM announced AS e
+        FROM notified AS e
         LEFT JOIN LATERAL (
             SELECT t.head_seq FROM ledger_lanes AS t
             WHERE t.run_id = e.run_id AND t.lane = 'lifecycle'

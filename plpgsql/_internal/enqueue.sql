@@ -213,7 +213,8 @@ BEGIN
         IF v_created IS NOT NULL THEN
             PERFORM _emit_lifecycle(
                 v_created, array_fill(1::bigint, ARRAY[cardinality(v_created)]), 'run.queued', v_events);
-            PERFORM pg_notify(_channel('runs'), w.queue) FROM unnest(v_wake) AS w (queue);
+            PERFORM pg_notify(n.channel, w.queue)
+            FROM unnest(v_wake) AS w (queue) CROSS JOIN _notifying('runs') AS n (channel);
         END IF;
     END IF;
 

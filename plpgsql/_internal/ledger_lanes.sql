@@ -223,7 +223,7 @@ BEGIN
         WHERE l.event_id = ANY(p_event_ids)
     LOOP
         IF _refresh_lane(v_lane.run_id, v_lane.lane) <= _now() THEN
-            PERFORM pg_notify(_channel('ledger'), v_lane.run_id);
+            PERFORM pg_notify(n.channel, v_lane.run_id) FROM _notifying('ledger') AS n (channel);
         END IF;
     END LOOP;
 END;

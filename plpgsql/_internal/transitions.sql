@@ -32,7 +32,7 @@ BEGIN
     WHERE r.run_id = head.run_id AND r.key_held
     RETURNING r.queue, r.status, r.key_held, r.run_at INTO v_queue, v_status, v_key_held, v_run_at;
     IF v_queue IS NOT NULL AND _runnable(v_status, v_key_held, v_run_at, _now()) THEN
-        PERFORM pg_notify(_channel('runs'), v_queue);
+        PERFORM pg_notify(n.channel, v_queue) FROM _notifying('runs') AS n (channel);
     END IF;
 END;
 $$;
@@ -43,9 +43,10 @@ COMMENT ON FUNCTION _promote_key(text) IS
 -- Bookkeeping when runs reach a terminal status (p_status), for each of
 -- p_run_ids with its concurrency key (p_keys[i], NULL for none): its cancel
 -- marker is dropped (one that committed after the run's fence lost to the
--- ending), runrelay_terminal is notified, and each distinct key's next run
--- is promoted, in key order (the caller holds those key locks). Returns how
--- many runs it notified (every one given).
+-- ending), runrelay_terminal is notified (unless settings.notifications
+-- turns it off), and each distinct key's next run is promoted, in key order
+-- (the caller holds those key locks). Returns how many notifications it
+-- sent: every run given, or none.
 CREATE FUNCTION _ended(p_run_ids text[], p_status text, p_keys text[])
 RETURNS integer
 LANGUAGE plpgsql
@@ -67,11 +68,10 @@ BEGIN
         ) AS x
         WHERE c.ctid = x.tid
     )
-    SELECT count(*) INTO v_notified
-    FROM (
-        SELECT pg_notify(_channel('terminal'), json_build_object('run_id', p_run_ids[g.i], 'status', p_status)::text)
-        FROM generate_subscripts(p_run_ids, 1) AS g (i)
-    ) AS n;
+    SELECT count(pg_notify(n.channel, json_build_object('run_id', p_run_ids[g.i], 'status', p_status)::text))
+    INTO v_notified
+    FROM generate_subscripts(p_run_ids, 1) AS g (i)
+    CROSS JOIN _notifying('terminal') AS n (channel);
     IF cardinality(array_remove(p_keys, NULL)) > 0 THEN
         FOR v_key IN
             SELECT d.key
@@ -87,7 +87,7 @@ END;
 $$;
 
 COMMENT ON FUNCTION _ended(text[], text, text[]) IS
-'After runs end: drops their cancel markers, notifies runrelay_terminal, promotes their keys; returns the runs notified.';
+'After runs end: drops their cancel markers, notifies runrelay_terminal, promotes their keys; returns the notifications sent.';
 
 -- Apply a cancellation: live attempts and the run become cancelled.
 CREATE FUNCTION _cancel(p_run runs, p_reason text, p_outcome_op text DEFAULT NULL, p_attempt integer DEFAULT NULL)
@@ -111,9 +111,9 @@ BEGIN
             AND a.status = 'running'
             AND a.attempt IS DISTINCT FROM p_attempt
     LOOP
-        PERFORM pg_notify(_channel('cancel'), jsonb_build_object(
+        PERFORM pg_notify(n.channel, jsonb_build_object(
             'run_id', p_run.run_id, 'attempt', v_held.attempt, 'worker', v_held.worker
-        )::text);
+        )::text) FROM _notifying('cancel') AS n (channel);
     END LOOP;
     UPDATE attempts AS a
     SET status = 'cancelled',
@@ -194,7 +194,7 @@ BEGIN
     PERFORM _emit(p_run.run_id, 'run.resumed',
         jsonb_build_object('attempt', p_run.attempt_count, 'resume', p_resume),
         _wait_detached(p_run.wait), v_seq);
-    PERFORM pg_notify(_channel('runs'), p_run.queue);
+    PERFORM pg_notify(n.channel, p_run.queue) FROM _notifying('runs') AS n (channel);
 END;
 $$;
 
@@ -249,7 +249,7 @@ BEGIN
         PERFORM _emit(p_run.run_id, 'run.retry_scheduled', jsonb_build_object(
             'attempt', p_attempt, 'run_at', v_run_at, 'error', p_error), FALSE, v_seq);
         IF _runnable('queued', v_key_held, v_run_at, v_now) THEN
-            PERFORM pg_notify(_channel('runs'), p_run.queue);
+            PERFORM pg_notify(n.channel, p_run.queue) FROM _notifying('runs') AS n (channel);
         END IF;
     ELSE
         UPDATE runs AS r

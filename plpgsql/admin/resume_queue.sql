@@ -27,7 +27,7 @@ BEGIN
     IF v_resumed IS NULL THEN
         RETURN _restore_lock_wait(v_caller_lock_timeout, 'not_paused');
     END IF;
-    PERFORM pg_notify(_channel('runs'), resume_queue.queue);
+    PERFORM pg_notify(n.channel, resume_queue.queue) FROM _notifying('runs') AS n (channel);
     RETURN _restore_lock_wait(v_caller_lock_timeout, 'resumed');
 END;
 $$;

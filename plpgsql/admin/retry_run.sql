@@ -131,7 +131,7 @@ BEGIN
         'requested_by', retry_run.requested_by,
         'session_user', session_user), FALSE, v_seq);
     IF _runnable('queued', v_held, v_run_at, v_now) THEN
-        PERFORM pg_notify(_channel('runs'), v_run.queue);
+        PERFORM pg_notify(n.channel, v_run.queue) FROM _notifying('runs') AS n (channel);
     END IF;
     RETURN _restore_lock_wait(v_caller_lock_timeout,
         _record_call(retry_run.call_id, 'retry_run', retry_run.run_id, v_digest, 'retried'));

@@ -104,7 +104,7 @@ BEGIN
     -- The head moves past it; its successors become claimable (and relays
     -- are woken).
     PERFORM _refresh_lane(skip_ledger_events.run_id, skip_ledger_events.lane);
-    PERFORM pg_notify(_channel('ledger'), skip_ledger_events.run_id);
+    PERFORM pg_notify(n.channel, skip_ledger_events.run_id) FROM _notifying('ledger') AS n (channel);
     RETURN QUERY SELECT v_head.event_id, v_head.seq, 'skipped'::text;
     PERFORM _restore_lock_wait(v_caller_lock_timeout);
 END;

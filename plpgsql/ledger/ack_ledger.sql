@@ -229,7 +229,7 @@ BEGIN
             ack_ledger.relay, ack_ledger.run_id, v_lane, ack_ledger.claim_next,
             ack_ledger.batch, _lease(ack_ledger.lease_seconds), v_call, NULL, v_from);
     ELSIF _refresh_lane(ack_ledger.run_id, v_lane, v_from) <= v_now THEN
-        PERFORM pg_notify(_channel('ledger'), ack_ledger.run_id);
+        PERFORM pg_notify(n.channel, ack_ledger.run_id) FROM _notifying('ledger') AS n (channel);
     END IF;
     PERFORM _restore_lock_wait(v_caller_lock_timeout);
 END;

@@ -125,7 +125,15 @@ BEGIN
         )
         SELECT
             (SELECT count(*) FROM created),
-            (SELECT count(pg_notify(_channel('ledger'), l.run_id)) FROM laned AS l)
+            (
+                SELECT count(*)
+                FROM (
+                    SELECT
+                        l.run_id,
+                        (SELECT count(pg_notify(n.channel, l.run_id)) FROM _notifying('ledger') AS n (channel)) AS sent
+                    FROM laned AS l
+                ) AS x
+            )
         INTO v_created, v_laned;
         IF v_created = 1 THEN
             IF v_laned = 0 THEN
@@ -133,7 +141,7 @@ BEGIN
                 PERFORM _lanes_on_write(ARRAY[enqueue_run.run_id], ARRAY['lifecycle'], ARRAY[1::bigint]);
             END IF;
             IF _runnable('queued', FALSE, v_run_at, v_now) THEN
-                PERFORM pg_notify(_channel('runs'), enqueue_run.queue);
+                PERFORM pg_notify(n.channel, enqueue_run.queue) FROM _notifying('runs') AS n (channel);
             END IF;
             RETURN QUERY SELECT enqueue_run.run_id, 'queued'::text, TRUE;
             PERFORM _restore_lock_wait(v_caller_lock_timeout);
@@ -187,7 +195,7 @@ BEGIN
                 'priority', enqueue_run.priority,
                 'concurrency_key', enqueue_run.concurrency_key), FALSE, 1);
             IF _runnable('queued', v_held, v_run_at, v_now) THEN
-                PERFORM pg_notify(_channel('runs'), enqueue_run.queue);
+                PERFORM pg_notify(n.channel, enqueue_run.queue) FROM _notifying('runs') AS n (channel);
             END IF;
             RETURN QUERY SELECT enqueue_run.run_id, 'queued'::text, TRUE;
             PERFORM _restore_lock_wait(v_caller_lock_timeout);

@@ -63,7 +63,7 @@ BEGIN
     UPDATE runs AS r
     SET wake_at = _wake_at(r.wait, v_now), updated_at = v_now
     WHERE r.run_id = record_runner_terminal.run_id;
-    PERFORM pg_notify(_channel('runs'), v_run.queue);
+    PERFORM pg_notify(n.channel, v_run.queue) FROM _notifying('runs') AS n (channel);
     RETURN _restore_lock_wait(v_caller_lock_timeout, 'recorded');
 END;
 $$;

@@ -82,7 +82,7 @@ BEGIN
         'attempt', release_attempt.attempt, 'run_at', v_run_at,
         'released', TRUE, 'reason', release_attempt.reason), FALSE, v_run.ledger_seq);
     IF _runnable(v_run.status, v_run.key_held, v_run.run_at, v_now) THEN
-        PERFORM pg_notify(_channel('runs'), v_run.queue);
+        PERFORM pg_notify(n.channel, v_run.queue) FROM _notifying('runs') AS n (channel);
     END IF;
     RETURN _restore_lock_wait(v_caller_lock_timeout, 'released');
 END;

@@ -13,6 +13,9 @@ CREATE TABLE settings (
     -- record_step appends a step.recorded event to the run's observability
     -- lane for each step it records; false: none.
     step_events boolean NOT NULL DEFAULT TRUE,
+    -- The kinds of notification the install sends (_notify,
+    -- _internal/channels.sql): runs, ledger, terminal, delivered, cancel.
+    notifications text[] NOT NULL DEFAULT ARRAY['runs', 'ledger', 'terminal', 'delivered', 'cancel'],
     CONSTRAINT settings_singleton CHECK (singleton),
     CONSTRAINT settings_max_payload_bytes CHECK (
         max_payload_bytes BETWEEN 1024 AND 268435456
@@ -22,6 +25,10 @@ CREATE TABLE settings (
     ),
     CONSTRAINT settings_retry_seconds CHECK (
         retry_base_seconds > 0 AND retry_max_seconds >= retry_base_seconds
+    ),
+    -- Only the five kinds (a null element is in no array, so it fails too).
+    CONSTRAINT settings_notifications CHECK (
+        notifications <@ ARRAY['runs', 'ledger', 'terminal', 'delivered', 'cancel']
     )
 );
 

@@ -685,6 +685,13 @@ def test_channel_names_are_the_same_in_sql_and_python(two_installs: str) -> None
                     sql.SQL("SELECT {}(%s)").format(sql.Identifier(schema, "_channel")), (kind,)
                 ).fetchone()
                 assert row == (channel(schema, kind),)
+            # An install sends every kind until told otherwise, and takes
+            # exactly these kinds in settings.notifications.
+            settings = sql.Identifier(schema, "settings")
+            row = c.execute(sql.SQL("SELECT notifications FROM {}").format(settings)).fetchone()
+            assert row == (list(CHANNEL_KINDS),)
+            with pytest.raises(psycopg.errors.CheckViolation, match="settings_notifications"):
+                c.execute(sql.SQL("UPDATE {} SET notifications = '{{queue}}'").format(settings))
     assert [channel("runrelay", k) for k in CHANNEL_KINDS] == [
         "runrelay_runs",
         "runrelay_ledger",
@@ -701,6 +708,57 @@ def test_channel_names_are_the_same_in_sql_and_python(two_installs: str) -> None
         "billing_terminal",
         "billing_delivered",
     )
+
+
+def _notified_by_a_runs_life(client: Client, listener: psycopg.Connection[Any]) -> Counter[str]:
+    """The kinds a listener on every channel hears while one run is
+    enqueued, given its first observability event (a new lane), its
+    run.queued delivered, claimed (run.started wakes the lane the delivery
+    left empty) and completed, and a second run cancelled while a worker
+    holds it: every statement that notifies ledger or terminal."""
+    client.enqueue_run("life", "mail", {"n": 1})
+    client.append_events("life", [{"type": "note.added", "lane": "observability"}])
+    [queued] = client.claim_ledger(relay="r", run_id="life")
+    assert queued.type == "run.queued"
+    client.ack_ledger(relay="r", run_id="life", event_ids=[queued.event_id])
+    [attempt] = client.claim_attempts(worker="w", queues=["mail"])
+    assert client.claim_ledger(relay="r", run_id="life")[0].type == "run.started"
+    assert client.complete_attempt(**attempt.fence, result={"ok": 1}) == "completed"
+    client.enqueue_run("held", "held", {"n": 2})
+    assert len(client.claim_attempts(worker="w", queues=["held"])) == 1
+    assert client.cancel_run("held") == "cancelled"
+    got = _received_until_sentinel(listener, "runrelay")
+    return Counter(name.rsplit("_", 1)[1] for name in got)
+
+
+# What that life sends with every kind on, statement by statement: runs —
+# the two enqueues; ledger — the two enqueues, the new observability lane
+# (_lanes_on_write's one-lane insert) and the claim's run.started on the
+# emptied lane (its one-statement wake); terminal — the completion (the
+# fused completion) and the cancellation (_ended); delivered — the one
+# acknowledgement; cancel — the held run's worker.
+LIFE_SENDS = Counter({"runs": 2, "ledger": 4, "terminal": 2, "delivered": 1, "cancel": 1})
+
+
+@pytest.mark.parametrize(
+    "sent",
+    [
+        list(CHANNEL_KINDS),
+        ["runs", "ledger"],
+        ["terminal", "delivered", "cancel"],
+        [],
+    ],
+    ids=["every kind", "wake-ups only", "observers only", "none"],
+)
+def test_settings_notifications_sends_the_kinds_it_names(
+    db: psycopg.Connection[Any], db_url: str, client: Client, sent: list[str]
+) -> None:
+    """settings.notifications decides which kinds an install sends, and the
+    run's life is the same whichever it names (the calls above assert it)."""
+    db.execute("UPDATE runrelay.settings SET notifications = %s", (sent,))
+    with _listen_all(db_url, "runrelay") as listener:
+        got = _notified_by_a_runs_life(client, listener)
+    assert got == Counter({kind: n for kind, n in LIFE_SENDS.items() if kind in sent})
 
 
 def test_a_channel_name_that_needs_quoting_is_listened_on_quoted(db_url: str) -> None:

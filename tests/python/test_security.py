@@ -139,6 +139,11 @@ ADMIN_VIEWS = frozenset({"run_stats", "ledger_stats", "wait_stats"})
 # _routing_partition, the partition a run_id routes to on a sharded install:
 # it reads only its arguments and is inlined into _check_run_owner's
 # set-based check of every run_id (plpgsql/_internal/shard_ownership.sql).
+# _notifying, the channel of a notification kind while settings.notifications
+# sends it: it reads the settings row, which decides only whether a wake-up
+# is sent (never what a call writes or answers), and the planner inlines a
+# set-returning SQL function into the notifying statement only if it is not
+# volatile (plpgsql/_internal/channels.sql).
 VOLATILITY_ALLOW_LIST: frozenset[str] = frozenset(
     {
         "_runnable",
@@ -158,6 +163,7 @@ VOLATILITY_ALLOW_LIST: frozenset[str] = frozenset(
         "_run_id_reserved",
         "_event_type_reserved",
         "_routing_partition",
+        "_notifying",
     }
 )
 
@@ -519,7 +525,7 @@ def test_every_function_is_volatile_unless_allow_listed(db: psycopg.Connection) 
         "_ledger_events_rules", "_ledger_lanes_rules", "_ledger_row", "_ledger_claimable",
         "_enqueue_valid", "_enqueue_item_well_formed", "_trace_context_valid",
         "_activity_minute", "_id_valid", "_run_id_reserved", "_event_type_reserved",
-        "_routing_partition",
+        "_routing_partition", "_notifying",
     })  # fmt: skip
     assert reviewed == VOLATILITY_ALLOW_LIST, "the reviewed allow-list"
     assert_all_volatile(db, "runrelay")

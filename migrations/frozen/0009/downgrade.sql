@@ -2,6 +2,11 @@
 -- delimited by a header and an end line, so that sections written
 -- separately merge side by side.
 
+-- ==== notification kinds ===================================================
+-- 0008 sends every notification: a kind turned off is on again.
+ALTER TABLE settings DROP COLUMN notifications;
+-- ==== end: notification kinds ==============================================
+
 -- ==== row rules without a path ============================================
 -- The migrations run with the install's schema and pg_temp as the path, as
 -- when revision 0008 created these functions.

@@ -522,3 +522,15 @@ ALTER FUNCTION _ledger_events_rules(
     integer, boolean, uuid
 ) RESET search_path;
 -- ==== end: row rules without a path =======================================
+
+-- ==== notification kinds ===================================================
+-- settings.notifications: the kinds of notification the install sends
+-- (every notification goes through _notify); all five by default, as
+-- before, so adding it changes no behaviour and rewrites nothing.
+ALTER TABLE settings
+ADD COLUMN notifications text[] NOT NULL
+DEFAULT ARRAY['runs', 'ledger', 'terminal', 'delivered', 'cancel'],
+ADD CONSTRAINT settings_notifications CHECK (
+    notifications <@ ARRAY['runs', 'ledger', 'terminal', 'delivered', 'cancel']
+);
+-- ==== end: notification kinds ==============================================
