@@ -100,10 +100,11 @@ BEGIN
     -- writes, run.completed as _emit_lifecycle writes it (reading each lane's
     -- head in the same statement, so only an empty lane goes to
     -- _lanes_on_write) and each run's runrelay_terminal notification, as
-    -- _ended sends it (unless settings.notifications turns it off). _ended's other two tasks have nothing to do here: no
-    -- run has a key to promote, and no marker was pending. A batch with an
-    -- item that does not pass writes nothing here and goes through the steps
-    -- below, which decide it item by item.
+    -- _ended sends it (unless settings.notifications turns it off). _ended's
+    -- other two tasks have nothing to do here: no run has a key to promote,
+    -- and no marker was pending. A batch with an item that does not pass
+    -- writes nothing here and goes through the steps below, which decide it
+    -- item by item.
     IF NOT v_keyed AND p_events <@ ARRAY['[]'::jsonb] AND _fast_paths() THEN
         v_now := _now();
         WITH decided AS (
