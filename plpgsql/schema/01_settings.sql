@@ -13,7 +13,7 @@ CREATE TABLE settings (
     -- record_step appends a step.recorded event to the run's observability
     -- lane for each step it records; false: none.
     step_events boolean NOT NULL DEFAULT TRUE,
-    -- The kinds of notification the install sends (_notify,
+    -- The kinds of notification the install sends (_notifying,
     -- _internal/channels.sql): runs, ledger, terminal, delivered, cancel.
     notifications text[] NOT NULL DEFAULT ARRAY['runs', 'ledger', 'terminal', 'delivered', 'cancel'],
     CONSTRAINT settings_singleton CHECK (singleton),

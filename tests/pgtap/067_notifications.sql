@@ -68,7 +68,7 @@ SELECT throws_ok(
 SELECT is((SELECT notifications FROM runrelay.settings), ARRAY['runs'], 'a refused value changes nothing');
 
 -- With every kind off, a run's life writes what it writes with them on:
--- the fast completion (its statement counts its rows through _notify), the
+-- the fast completion (its statement counts its rows beside _notifying), the
 -- general one, a cancellation and an enqueue.
 UPDATE runrelay.settings SET notifications = '{}';
 SELECT tests.start_run('n1');
