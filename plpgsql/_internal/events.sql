@@ -71,14 +71,18 @@ BEGIN
             IF v_key = ANY(v_keys) THEN
                 PERFORM _invalid(p_parameter, format('element %s repeats delivery_key %s', v_index, _quote(v_key)), 'Delivery keys must be unique.');
             END IF;
-            IF p_check_unused AND EXISTS (SELECT 1 FROM ledger_events AS l WHERE l.delivery_key = v_key) THEN
-                PERFORM _invalid(p_parameter, format('element %s: delivery_key %s is already used', v_index, _quote(v_key)), 'Delivery keys must be unique.');
-            END IF;
             -- Default keys are <run_id>:<seq>, for runs that may not exist yet:
-            -- an explicit key of that form could collide with one later.
+            -- an explicit key of that form could collide with one later. (And
+            -- the unique index holds explicit keys only: 06_ledger.sql.)
             IF v_key ~ ':[0-9]+$' THEN
                 PERFORM _invalid(p_parameter, format('element %s: delivery_key %s ends in :<number>, the form reserved for default keys <run_id>:<seq>', v_index, _quote(v_key)),
                     'Omit delivery_key to get the default, or choose a key that does not end in a colon and digits (e.g. order-123).');
+            END IF;
+            IF p_check_unused AND EXISTS (
+                SELECT 1 FROM ledger_events AS l
+                WHERE l.delivery_key = v_key AND l.delivery_key <> l.run_id || ':' || l.seq::text
+            ) THEN
+                PERFORM _invalid(p_parameter, format('element %s: delivery_key %s is already used', v_index, _quote(v_key)), 'Delivery keys must be unique.');
             END IF;
             v_keys := v_keys || v_key;
         END IF;
@@ -108,7 +112,11 @@ DECLARE
 BEGIN
     SELECT l.delivery_key INTO v_key
     FROM jsonb_array_elements(p_events) AS e (value)
-    INNER JOIN ledger_events AS l ON l.delivery_key = e.value ->> 'delivery_key'
+    INNER JOIN ledger_events AS l
+        ON
+            l.delivery_key = e.value ->> 'delivery_key'
+            -- explicit keys only, as the index holds them (06_ledger.sql)
+            AND l.delivery_key <> l.run_id || ':' || l.seq::text
     LIMIT 1;
     IF v_key IS NOT NULL THEN
         PERFORM _invalid(p_parameter, format('delivery_key %s is already used', _quote(v_key)),

@@ -53,6 +53,8 @@ BEGIN
                 AND l.delivery_key = e.value ->> 'delivery_key'
                 -- default keys (<run_id>:<seq>) are never passed explicitly
                 AND (e.value ->> 'delivery_key') !~ ':[0-9]+$'
+                -- explicit keys only, as the unique index holds them
+                AND l.delivery_key <> l.run_id || ':' || l.seq::text
                 AND l.run_id = append_events.run_id
                 AND l.type = e.value ->> 'type'
                 AND l.lane = coalesce(e.value ->> 'lane', 'lifecycle')
@@ -62,7 +64,10 @@ BEGIN
         RETURN QUERY
         SELECT l.event_id, l.seq, l.delivery_key
         FROM jsonb_array_elements(append_events.events) WITH ORDINALITY AS e (value, ordinality)
-        INNER JOIN ledger_events AS l ON l.delivery_key = e.value ->> 'delivery_key'
+        INNER JOIN ledger_events AS l
+            ON
+                l.delivery_key = e.value ->> 'delivery_key'
+                AND l.delivery_key <> l.run_id || ':' || l.seq::text
         ORDER BY e.ordinality;
         PERFORM _restore_lock_wait(v_caller_lock_timeout);
         RETURN;

@@ -134,7 +134,6 @@ CREATE TABLE ledger_events (
     skip_reason text,
     skipped_by text,
     skip_call_id uuid,
-    CONSTRAINT ledger_delivery_key_unique UNIQUE (delivery_key),
     -- Every row rule of an event, one per name; see _ledger_events_rules above.
     CONSTRAINT ledger_events_rules CHECK (
         _ledger_events_rules(
@@ -156,6 +155,18 @@ CREATE TABLE ledger_events (
 -- for an empty lane), so heads and prefixes are seeks, O(batch), whatever
 -- the delivered history.
 CREATE INDEX ledger_lane_seq_idx ON ledger_events (run_id, lane, seq);
+
+-- Delivery keys are unique. A default key, <run_id>:<seq>, is unique by
+-- construction: seq is unique per run (runs.ledger_seq, advanced by an update
+-- of the run row), the key's last colon splits it back into run and seq, and
+-- an explicit key never ends in a colon and digits (_normalize_events refuses
+-- that form). So only the keys a producer chose need an index, and an event
+-- with its default key, as every event the engine writes has, writes three
+-- index entries, not four (bench/notes.md, "Where a job's WAL goes").
+-- A lookup by an explicit key repeats the predicate, which lets it use this
+-- index (append_events, _normalize_events, _check_keys_unused).
+CREATE UNIQUE INDEX ledger_delivery_key_unique ON ledger_events (delivery_key)
+WHERE delivery_key <> run_id || ':' || seq::text;
 
 -- prune(): events by age. Not delivered_at (a delivery would then be a
 -- non-HOT update): an event delivered before a cut-off was created before it.

@@ -13,7 +13,10 @@ SELECT col_is_pk('runrelay', 'attempts', ARRAY['run_id', 'attempt'], 'attempts k
 SELECT col_is_pk('runrelay', 'ledger_events', 'event_id', 'ledger keyed by event_id');
 SELECT col_type_is('runrelay', 'attempts', 'lease_token', 'uuid', 'lease tokens are uuids');
 SELECT col_type_is('runrelay', 'ledger', 'seq', 'bigint', 'seq is bigint');
-SELECT col_is_unique('runrelay', 'ledger_events', 'delivery_key', 'delivery keys are unique');
+SELECT index_is_unique(
+    'runrelay', 'ledger_events', 'ledger_delivery_key_unique',
+    'explicit delivery keys are unique (default keys are by construction: 068_delivery_keys.sql)'
+);
 
 SELECT throws_ok(
     $$SELECT tests.insert_run('bad-status', 'exploded')$$,

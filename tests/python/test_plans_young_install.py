@@ -197,6 +197,11 @@ def tour(db: psycopg.Connection, n: int) -> None:
         assert scalar(db, "cancel_run", run_id=left, reason="stop") == "cancelled"
 
     call(db, "append_events", run_id=a, events=[{"type": "obs", "lane": "observability"}] * 3)
+    # Explicit keys: the first call appends, the repeat is answered as a
+    # replay; both look their keys up in the index of explicit keys.
+    keyed = [{"type": "order.paid", "delivery_key": f"paid-{n}"}]
+    first = call(db, "append_events", run_id=a, events=keyed)
+    assert call(db, "append_events", run_id=a, events=keyed) == first
     rows = call(db, "claim_ledger", relay="r", run_id=a, batch=True, max_events=10)
     assert rows
     ids_ = [r["event_id"] for r in rows]

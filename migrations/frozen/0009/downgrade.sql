@@ -2,6 +2,13 @@
 -- delimited by a header and an end line, so that sections written
 -- separately merge side by side.
 
+-- ==== explicit delivery keys ===============================================
+-- 0008 indexes every delivery key: the default keys join the unique index
+-- (they are unique, so the build cannot fail on them).
+DROP INDEX ledger_delivery_key_unique;
+ALTER TABLE ledger_events ADD CONSTRAINT ledger_delivery_key_unique UNIQUE (delivery_key);
+-- ==== end: explicit delivery keys ==========================================
+
 -- ==== notification kinds ===================================================
 -- 0008 sends every notification: a kind turned off is on again.
 ALTER TABLE settings DROP COLUMN notifications;

@@ -525,7 +525,7 @@ ALTER FUNCTION _ledger_events_rules(
 
 -- ==== notification kinds ===================================================
 -- settings.notifications: the kinds of notification the install sends
--- (every notification goes through _notify); all five by default, as
+-- (every notification goes through _notifying); all five by default, as
 -- before, so adding it changes no behaviour and rewrites nothing.
 ALTER TABLE settings
 ADD COLUMN notifications text[] NOT NULL
@@ -534,3 +534,14 @@ ADD CONSTRAINT settings_notifications CHECK (
     notifications <@ ARRAY['runs', 'ledger', 'terminal', 'delivered', 'cancel']
 );
 -- ==== end: notification kinds ==============================================
+
+-- ==== explicit delivery keys ===============================================
+-- The unique index on delivery keys holds only the keys a producer chose: a
+-- default key, <run_id>:<seq>, is unique by construction, and an explicit key
+-- never has that form (refused since the ledger's first revision), so the
+-- engine's events write one index entry fewer (plpgsql/schema/06_ledger.sql).
+-- Built inside the migration's transaction: writers of events wait for it.
+ALTER TABLE ledger_events DROP CONSTRAINT ledger_delivery_key_unique;
+CREATE UNIQUE INDEX ledger_delivery_key_unique ON ledger_events (delivery_key)
+WHERE delivery_key <> run_id || ':' || seq::text;
+-- ==== end: explicit delivery keys ==========================================
