@@ -51,9 +51,8 @@ BEGIN
             ON
                 jsonb_typeof(e.value) = 'object'
                 AND l.delivery_key = e.value ->> 'delivery_key'
-                -- default keys (<run_id>:<seq>) are never passed explicitly
-                AND (e.value ->> 'delivery_key') !~ ':[0-9]+$'
-                -- explicit keys only, as the unique index holds them
+                -- explicit keys only, as the unique index holds them: a
+                -- default key (<run_id>:<seq>) is never passed explicitly
                 AND l.delivery_key <> l.run_id || ':' || l.seq::text
                 AND l.run_id = append_events.run_id
                 AND l.type = e.value ->> 'type'

@@ -44,6 +44,30 @@ def test_seq_follows_commit_order_under_concurrent_appends(
     assert second[0]["event_id"] > first[0]["event_id"]
 
 
+def test_one_explicit_key_appended_by_two_sessions_at_once_is_taken_once(
+    db: psycopg.Connection, connect: Connect
+) -> None:
+    """Neither session's check sees the other's uncommitted event, so the
+    unique index of explicit keys decides: the second waits for the first
+    and fails when it commits, and the key is held by one event."""
+    enqueue(db, "r1")
+    enqueue(db, "r2")
+    keyed = [{"type": "order.paid", "delivery_key": "order-9/paid"}]
+    t1 = connect(autocommit=False)
+    call(t1, "append_events", run_id="r1", events=keyed)
+    t2 = connect()
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(call, t2, "append_events", run_id="r2", events=keyed)
+        wait_until_blocked(db, backend_pid(t2))
+        t1.commit()
+        with pytest.raises(psycopg.errors.UniqueViolation, match="ledger_delivery_key_unique"):
+            pending.result(timeout=10)
+    rows = db.execute(
+        "SELECT run_id FROM runrelay.ledger WHERE delivery_key = 'order-9/paid'"
+    ).fetchall()
+    assert rows == [("r1",)]
+
+
 def test_discovery_skips_a_run_another_relay_holds(
     db: psycopg.Connection, connect: Connect
 ) -> None:
