@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, Self, Ty
 
 import psycopg
 from psycopg.pq import TransactionStatus
-from psycopg.rows import dict_row
+from psycopg.rows import tuple_row
 
 from . import _operations
 from .contract import LEASE_SECONDS_DEFAULT
@@ -90,7 +90,7 @@ if TYPE_CHECKING:
 
 P = ParamSpec("P")
 T = TypeVar("T")
-Rows = list[dict[str, Any]]
+Fetched = _operations.Fetched
 
 # The documentation of Client.fail_waiting and AsyncClient.fail_waiting.
 FAIL_WAITING_DOC = """Fail a run that waits on this attempt's suspension, unless the wait
@@ -270,14 +270,14 @@ def _one_flight(
     params: dict[str, Any] | None,
     before: Sequence[_operations.Statement] = (),
     after: Sequence[_operations.Statement] = (),
-) -> Rows:
+) -> Fetched:
     """Execute and fetch in one network round trip. Pipeline mode sends Parse,
     Bind, Execute and Sync together, so even the call on which psycopg first
     prepares the statement (or opens the caller's transaction) is one flight;
     a statement already prepared goes without it (_Prepared). `before` and
     `after` (a tracing client's setting of the trace context) ride the same
     flight and, up to the one Sync, the same transaction."""
-    cur = conn.cursor(row_factory=dict_row)
+    cur = conn.cursor(row_factory=tuple_row)
     key = None if before or after else _PREPARED.key(conn, query, params)
     if key is not None and _PREPARED.plain(conn, key):
         cur.execute(query, params)
@@ -292,7 +292,7 @@ def _one_flight(
                 conn.cursor().execute(text, args)
     if key is not None:
         _PREPARED.ran(conn, key, filed)
-    return cur.fetchall()
+    return _columns(cur), cur.fetchall()
 
 
 async def _one_flight_async(
@@ -301,8 +301,8 @@ async def _one_flight_async(
     params: dict[str, Any] | None,
     before: Sequence[_operations.Statement] = (),
     after: Sequence[_operations.Statement] = (),
-) -> Rows:
-    cur = conn.cursor(row_factory=dict_row)
+) -> Fetched:
+    cur = conn.cursor(row_factory=tuple_row)
     key = None if before or after else _PREPARED.key(conn, query, params)
     if key is not None and _PREPARED.plain(conn, key):
         await cur.execute(query, params)
@@ -317,7 +317,18 @@ async def _one_flight_async(
                 await conn.cursor().execute(text, args)
     if key is not None:
         _PREPARED.ran(conn, key, filed)
-    return await cur.fetchall()
+    return _columns(cur), await cur.fetchall()
+
+
+def _columns(cur: Any) -> tuple[str, ...]:
+    """The column names of the cursor's result."""
+    return tuple(column.name for column in cur.description or ())
+
+
+def _dicts(fetched: Fetched) -> list[dict[str, Any]]:
+    """A view's rows as the client returns them: a dict per row."""
+    names, rows = fetched
+    return [dict(zip(names, row, strict=True)) for row in rows]
 
 
 def _tracing_of(tracing: bool | TracerProvider) -> Tracing | None:
@@ -1267,7 +1278,7 @@ class Client(_Methods):
         conn: Any,
         before: Sequence[_operations.Statement] = (),
         after: Sequence[_operations.Statement] = (),
-    ) -> Rows:
+    ) -> Fetched:
         params = _operations.OPERATIONS[function].bind(values)
         run_id = values.get("run_id")
         rows = self._fetch(self._queries[function], params, conn, before, after, run_id)
@@ -1283,7 +1294,7 @@ class Client(_Methods):
         before: Sequence[_operations.Statement] = (),
         after: Sequence[_operations.Statement] = (),
         run_id: Any = None,
-    ) -> Rows:
+    ) -> Fetched:
         try:
             if conn is not None:
                 return _one_flight(conn, query, params, before, after)
@@ -1387,8 +1398,8 @@ class Client(_Methods):
         """Rows of the wait_stats view (admin role): waiting runs by queue and kind."""
         return self._view("wait_stats", conn)
 
-    def _view(self, view: str, conn: Any) -> Rows:
-        return self._fetch(_operations.view_query(self.schema, view), None, conn)
+    def _view(self, view: str, conn: Any) -> list[dict[str, Any]]:
+        return _dicts(self._fetch(_operations.view_query(self.schema, view), None, conn))
 
     def close(self) -> None:
         if self._own is not None:
@@ -1462,7 +1473,7 @@ class AsyncClient(_Methods):
         conn: Any,
         before: Sequence[_operations.Statement] = (),
         after: Sequence[_operations.Statement] = (),
-    ) -> Rows:
+    ) -> Fetched:
         params = _operations.OPERATIONS[function].bind(values)
         run_id = values.get("run_id")
         rows = await self._fetch(self._queries[function], params, conn, before, after, run_id)
@@ -1478,7 +1489,7 @@ class AsyncClient(_Methods):
         before: Sequence[_operations.Statement] = (),
         after: Sequence[_operations.Statement] = (),
         run_id: Any = None,
-    ) -> Rows:
+    ) -> Fetched:
         try:
             if conn is not None:
                 return await _one_flight_async(conn, query, params, before, after)
@@ -1580,8 +1591,8 @@ class AsyncClient(_Methods):
     async def wait_stats(self, *, conn: Any = None) -> list[dict[str, Any]]:
         return await self._view("wait_stats", conn)
 
-    async def _view(self, view: str, conn: Any) -> Rows:
-        return await self._fetch(_operations.view_query(self.schema, view), None, conn)
+    async def _view(self, view: str, conn: Any) -> list[dict[str, Any]]:
+        return _dicts(await self._fetch(_operations.view_query(self.schema, view), None, conn))
 
     async def close(self) -> None:
         if self._own is not None:

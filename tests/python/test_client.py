@@ -819,6 +819,36 @@ def test_relay_claim_renew_ack_release(drive: Callable[..., None], db: psycopg.C
     ]
 
 
+def test_event_id_lists_reach_the_server_as_given(
+    drive: Callable[..., None], db: psycopg.Connection
+) -> None:
+    """A list of plain ints goes as one bigint[] literal; anything else (a
+    null among them) as psycopg sends a list. Either way the server answers
+    what the ids ask, at bigint's edges too."""
+
+    async def scenario(api: Api) -> None:
+        await api.enqueue_run("E1")
+        (head,) = await api.claim_ledger("relay-1", lease_seconds=60)
+        assert await api.renew_ledger_lease("relay-1", []) == []
+        edges = [-(2**63), head.event_id, 2**63 - 1, 0]
+        renewed = await api.renew_ledger_lease("relay-1", edges, lease_seconds=90)
+        assert [r.event_id for r in renewed] == [head.event_id]
+        before = table_checksum(db)
+        with pytest.raises(InvalidArgument) as caught:
+            await api.ack_ledger("relay-1", "E1", [head.event_id, None])  # type: ignore[list-item]
+        assert caught.value.parameter == "event_ids"
+        with pytest.raises(psycopg.errors.NumericValueOutOfRange):
+            await api.release_ledger("relay-1", [head.event_id, 2**63])
+        assert table_checksum(db) == before
+        # The same statement many times over (psycopg prepares it on the way).
+        for _ in range(8):
+            assert await api.renew_ledger_lease("relay-1", [head.event_id, 5]) != []
+        acked = await api.ack_ledger("relay-1", "E1", [head.event_id])
+        assert [(e.kind, e.event_id) for e in acked] == [(LedgerKind.DELIVERED, head.event_id)]
+
+    drive(scenario)
+
+
 def test_relay_fail_requeue_local_ack_and_prune(
     drive: Callable[..., None], db: psycopg.Connection
 ) -> None:
