@@ -44,12 +44,14 @@ def test_seq_follows_commit_order_under_concurrent_appends(
     assert second[0]["event_id"] > first[0]["event_id"]
 
 
+@pytest.mark.parametrize("first", ["commits", "rolls back"])
 def test_one_explicit_key_appended_by_two_sessions_at_once_is_taken_once(
-    db: psycopg.Connection, connect: Connect
+    db: psycopg.Connection, connect: Connect, first: str
 ) -> None:
     """Neither session's check sees the other's uncommitted event, so the
-    unique index of explicit keys decides: the second waits for the first
-    and fails when it commits, and the key is held by one event."""
+    unique index of explicit keys decides: the second waits for the first,
+    fails if it commits (docs/scheduler.md) and goes through if it rolls
+    back; the key is held by one event either way."""
     enqueue(db, "r1")
     enqueue(db, "r2")
     keyed = [{"type": "order.paid", "delivery_key": "order-9/paid"}]
@@ -59,13 +61,17 @@ def test_one_explicit_key_appended_by_two_sessions_at_once_is_taken_once(
     with ThreadPoolExecutor(1) as pool:
         pending = pool.submit(call, t2, "append_events", run_id="r2", events=keyed)
         wait_until_blocked(db, backend_pid(t2))
-        t1.commit()
-        with pytest.raises(psycopg.errors.UniqueViolation, match="ledger_delivery_key_unique"):
-            pending.result(timeout=10)
+        if first == "commits":
+            t1.commit()
+            with pytest.raises(psycopg.errors.UniqueViolation, match="ledger_delivery_key_unique"):
+                pending.result(timeout=10)
+        else:
+            t1.rollback()
+            assert [r["delivery_key"] for r in pending.result(timeout=10)] == ["order-9/paid"]
     rows = db.execute(
         "SELECT run_id FROM runrelay.ledger WHERE delivery_key = 'order-9/paid'"
     ).fetchall()
-    assert rows == [("r1",)]
+    assert rows == [("r1",) if first == "commits" else ("r2",)]
 
 
 def test_discovery_skips_a_run_another_relay_holds(
