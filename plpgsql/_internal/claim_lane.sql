@@ -38,7 +38,9 @@
 -- batch, makes them the frozen batch through batch_through), whatever the
 -- batch size. The lease carries p_call_id, and every row acknowledged
 -- locally is tagged with it: that is what claim_ledger and ack_ledger
--- replays look up. Finally the lane's availability is recomputed.
+-- replays look up. Finally, unless the call leased (the lease's update
+-- already wrote what a recomputation would), the lane's availability is
+-- recomputed.
 CREATE FUNCTION _claim_lane(
     p_relay text,
     p_run_id text,
@@ -72,6 +74,7 @@ DECLARE
     v_from bigint;
     v_front bigint;
     v_front_ok boolean;
+    v_leased boolean := FALSE;
 BEGIN
     -- Start at the lane's known head, or an earlier wake-up (_lane_scan_from).
     v_from := _lane_scan_from(p_run_id, p_lane, p_from);
@@ -213,10 +216,21 @@ BEGIN
             AND l.seq >= v_head.seq AND l.seq <= v_last
             AND l.delivered_at IS NULL
         ORDER BY l.seq;
+        v_leased := TRUE;
         v_from := v_head.seq;
         EXIT;
     END LOOP;
-    PERFORM _refresh_lane(p_run_id, p_lane, v_from);
+    -- A lease just written leaves the lane as _refresh_lane would: its head
+    -- is the leased head, available when the lease expires, with the lease
+    -- and batch it covers, and the wake-ups read at the start consumed. So
+    -- only a claim that leased nothing recomputes the lane (reading its tail
+    -- and lane row again would cost a fifth of a short lane's claim). A
+    -- wake-up an appender leaves while this call holds the lane is consumed
+    -- by whichever call takes the lane next (the ack, or a claim after the
+    -- lease expires), as any wake-up is.
+    IF NOT (v_leased AND _fast_paths()) THEN
+        PERFORM _refresh_lane(p_run_id, p_lane, v_from);
+    END IF;
 END;
 $$;
 

@@ -1,12 +1,15 @@
--- _fast_paths(): whether a call may take a fused path where one exists:
--- settle_and_claim's check of a worker's usual call in one statement,
--- _complete's completion of a whole batch in one statement, and
--- enqueue_run's check and write of a new run in one statement. Each fused path
--- does what the general steps beside it do, for the calls it takes; a
+-- _fast_paths(): whether a call may take a fused path or short cut where
+-- one exists: settle_and_claim's check of a worker's usual call in one
+-- statement, _complete's completion of a whole batch in one statement,
+-- enqueue_run's check and write of a new run in one statement, and the
+-- ledger's two short cuts (a claim that leased does not recompute its lane;
+-- ack_ledger's claim_next on a lane with nothing left only recomputes it).
+-- Each does what the general steps beside it do, for the calls it takes; a
 -- session that sets runrelay.reference_paths to on takes the general steps
 -- for every call instead. The tests do, to hold the two to the same
--- outcomes, states, attempts and events (tests/pgtap/027_settle_and_claim.sql,
--- 066_enqueue_paths.sql); nothing else needs to. SQL-standard body: the
+-- outcomes, states, attempts, events and lanes
+-- (tests/pgtap/027_settle_and_claim.sql, 066_enqueue_paths.sql,
+-- 069_ledger_paths.sql); nothing else needs to. SQL-standard body: the
 -- planner inlines it, so the check costs no call.
 CREATE FUNCTION _fast_paths()
 RETURNS boolean

@@ -223,11 +223,28 @@ BEGIN
         v_from := v_last_seq + 1;
     END IF;
 
-    IF ack_ledger.claim_next > 0 THEN
+    -- Claim next, unless one probe finds nothing after the acknowledged
+    -- prefix and no wake-up (the usual end of a run's short lane): then only
+    -- the lane is recomputed, which is where _claim_lane would end after
+    -- finding no head. An append committed after the probe is the lane's
+    -- next head either way, as if it had committed just after _claim_lane
+    -- read the tail.
+    IF ack_ledger.claim_next > 0 AND (
+        NOT _fast_paths()
+        OR EXISTS (
+            SELECT FROM ledger_events AS l
+            WHERE
+                l.run_id = ack_ledger.run_id AND l.lane = v_lane AND l.seq >= v_from
+                AND l.delivered_at IS NULL
+        )
+        OR EXISTS (SELECT FROM ledger_wakeups AS w WHERE w.run_id = ack_ledger.run_id AND w.lane = v_lane)
+    ) THEN
         RETURN QUERY
         SELECT * FROM _claim_lane(
             ack_ledger.relay, ack_ledger.run_id, v_lane, ack_ledger.claim_next,
             ack_ledger.batch, _lease(ack_ledger.lease_seconds), v_call, NULL, v_from);
+    ELSIF ack_ledger.claim_next > 0 THEN
+        PERFORM _refresh_lane(ack_ledger.run_id, v_lane, v_from);
     ELSIF _refresh_lane(ack_ledger.run_id, v_lane, v_from) <= v_now THEN
         PERFORM pg_notify(n.channel, ack_ledger.run_id) FROM _notifying('ledger') AS n (channel);
     END IF;
