@@ -28,12 +28,25 @@ SET search_path FROM CURRENT
 AS $$
 DECLARE
     v_drop boolean;
+    v_lane text;
+    v_batch_id uuid;
+    v_batch_started_at timestamptz;
+    v_batch_through bigint;
+    v_first bigint;
+    v_last bigint;
 BEGIN
     IF coalesce(cardinality(p_event_ids), 0) = 0 THEN
         RETURN;
     END IF;
-    SELECT r.payload_retention = 'drop_on_delivery' INTO v_drop
-    FROM runs AS r WHERE r.run_id = p_run_id;
+    SELECT
+        r.payload_retention = 'drop_on_delivery', ll.lane, ll.batch_id, ll.batch_started_at, ll.batch_through,
+        f.seq, t.seq
+    INTO v_drop, v_lane, v_batch_id, v_batch_started_at, v_batch_through, v_first, v_last
+    FROM runs AS r
+    INNER JOIN ledger_events AS f ON f.event_id = p_event_ids[1] AND f.run_id = r.run_id
+    INNER JOIN ledger_events AS t ON t.event_id = p_event_ids[cardinality(p_event_ids)] AND t.run_id = r.run_id
+    INNER JOIN ledger_lanes AS ll ON ll.run_id = f.run_id AND ll.lane = f.lane
+    WHERE r.run_id = p_run_id;
     RETURN QUERY
     UPDATE ledger_events AS l
     SET delivered_at = p_now,
@@ -41,13 +54,12 @@ BEGIN
         acked_locally = p_locally,
         call_id = p_call_id,
         local_ack_call_id = CASE WHEN p_locally THEN p_call_id END,
-        batch_id = CASE WHEN l.seq <= ll.batch_through THEN ll.batch_id END,
-        batch_started_at = CASE WHEN l.seq <= ll.batch_through THEN ll.batch_started_at END,
+        batch_id = CASE WHEN l.seq <= v_batch_through THEN v_batch_id END,
+        batch_started_at = CASE WHEN l.seq <= v_batch_through THEN v_batch_started_at END,
         payload = CASE WHEN v_drop THEN NULL ELSE l.payload END
-    FROM ledger_lanes AS ll
     WHERE
-        l.event_id = ANY(p_event_ids) AND l.run_id = p_run_id
-        AND ll.run_id = l.run_id AND ll.lane = l.lane
+        l.run_id = p_run_id AND l.lane = v_lane AND l.seq >= v_first AND l.seq <= v_last
+        AND l.event_id = ANY(p_event_ids)
     RETURNING l.*;
     PERFORM pg_notify(n.channel,
         json_build_object('run_id', p_run_id, 'event_id', p_event_ids[cardinality(p_event_ids)])::text)

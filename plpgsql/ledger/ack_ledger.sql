@@ -99,7 +99,6 @@ DECLARE
     v_lane text;
     v_all boolean;
     v_lane_row ledger_lanes;
-    v_event ledger_events;
     v_ack bigint[] := '{}'::bigint[];
     v_last_seq bigint;
     v_from bigint;
@@ -136,20 +135,25 @@ BEGIN
     -- The prefix of the pending tail covered by event_ids and leased to us:
     -- the lane's lease is ours and covers it (it runs from the head through
     -- leased_through).
+    -- One statement: a running AND in seq order marks the events before the
+    -- first one that event_ids does not name or that failed.
     IF v_lane_row.lease_owner = ack_ledger.relay THEN
-        FOR v_event IN
-            SELECT l.*
+        SELECT
+            coalesce(array_agg(p.event_id ORDER BY p.seq) FILTER (WHERE p.in_prefix), '{}'::bigint[]),
+            max(p.seq) FILTER (WHERE p.in_prefix)
+        INTO v_ack, v_last_seq
+        FROM (
+            SELECT
+                l.event_id, l.seq,
+                bool_and(l.event_id = ANY(ack_ledger.event_ids) AND l.failed_at IS NULL)
+                    OVER (ORDER BY l.seq) AS in_prefix
             FROM ledger_events AS l
             WHERE
                 l.run_id = ack_ledger.run_id AND l.lane = v_lane AND l.seq >= v_from
                 AND l.seq <= v_lane_row.leased_through AND l.delivered_at IS NULL
             ORDER BY l.seq
             LIMIT cardinality(ack_ledger.event_ids)
-        LOOP
-            EXIT WHEN NOT (v_event.event_id = ANY(ack_ledger.event_ids)) OR v_event.failed_at IS NOT NULL;
-            v_ack := v_ack || v_event.event_id;
-            v_last_seq := v_event.seq;
-        END LOOP;
+        ) AS p;
     END IF;
     -- Every id found in the prefix: one lane, and the delivered rows to
     -- report are exactly those acknowledged now.

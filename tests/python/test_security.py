@@ -124,7 +124,11 @@ ADMIN_VIEWS = frozenset({"run_stats", "ledger_stats", "wait_stats"})
 # of a claimed or acknowledged event: it reads only its arguments, and the
 # planner inlines a set-returning SQL function into the claim or
 # acknowledgement that calls it only if it is not volatile
-# (plpgsql/_internal/ledger_row.sql). _enqueue_valid and
+# (plpgsql/_internal/ledger_row.sql). _ledger_claimable and
+# _ledger_claimable_at, whether an event is claimable by a relay: they read
+# only their arguments and are inlined into the claim's statements, the
+# successors of a batch tested in one (plpgsql/_internal/claim_lane.sql).
+# _enqueue_valid and
 # _enqueue_item_well_formed, the enqueue argument rules as expressions: they
 # read only their arguments (the payload cap is passed in) and are inlined
 # into enqueue_runs' one-statement check of all its items
@@ -155,6 +159,7 @@ VOLATILITY_ALLOW_LIST: frozenset[str] = frozenset(
         "_ledger_lanes_rules",
         "_ledger_row",
         "_ledger_claimable",
+        "_ledger_claimable_at",
         "_enqueue_valid",
         "_enqueue_item_well_formed",
         "_trace_context_valid",
@@ -523,9 +528,9 @@ def test_every_function_is_volatile_unless_allow_listed(db: psycopg.Connection) 
     reviewed = frozenset({
         "_runnable", "_terminal", "_fence_of", "_runs_rules", "_attempts_rules",
         "_ledger_events_rules", "_ledger_lanes_rules", "_ledger_row", "_ledger_claimable",
-        "_enqueue_valid", "_enqueue_item_well_formed", "_trace_context_valid",
-        "_activity_minute", "_id_valid", "_run_id_reserved", "_event_type_reserved",
-        "_routing_partition", "_notifying",
+        "_ledger_claimable_at", "_enqueue_valid", "_enqueue_item_well_formed",
+        "_trace_context_valid", "_activity_minute", "_id_valid", "_run_id_reserved",
+        "_event_type_reserved", "_routing_partition", "_notifying",
     })  # fmt: skip
     assert reviewed == VOLATILITY_ALLOW_LIST, "the reviewed allow-list"
     assert_all_volatile(db, "runrelay")
