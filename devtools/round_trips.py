@@ -60,6 +60,8 @@ def calls(now: datetime) -> dict[str, tuple[tuple[Any, ...], dict[str, Any]]]:
         "reap_expired": ((), {}),
         "claim_ledger": (("relay-1",), {"run_id": "missing"}),
         "ack_ledger": (("relay-1", "rt", [1]), {"claim_next": 1}),
+        "claim_ledger_runs": (("relay-1",), {"max_runs": 2}),
+        "ack_ledger_runs": (("relay-1", [1]), {"claim_runs": 1}),
         "renew_ledger_lease": (("relay-1", [1]), {}),
         "release_ledger": (("relay-1", [1]), {}),
         "fail_ledger": (("relay-1", [1], {"e": 1}), {}),

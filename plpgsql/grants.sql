@@ -51,6 +51,8 @@ BEGIN
             ('run_trace_context', 'relay'),
             ('claim_ledger', 'relay'),
             ('ack_ledger', 'relay'),
+            ('claim_ledger_runs', 'relay'),
+            ('ack_ledger_runs', 'relay'),
             ('renew_ledger_lease', 'relay'),
             ('release_ledger', 'relay'),
             ('fail_ledger', 'relay'),

@@ -249,6 +249,8 @@ OPERATIONS: dict[str, Operation] = {
         Operation("reap_expired", _each(t.ReapedAttempt, outcome=t.ReapOutcome)),
         Operation("claim_ledger", _each(t.LedgerEvent, kind=t.LedgerKind)),
         Operation("ack_ledger", _each(t.LedgerEvent, kind=t.LedgerKind)),
+        Operation("claim_ledger_runs", _each(t.LedgerEvent, kind=t.LedgerKind)),
+        Operation("ack_ledger_runs", _each(t.LedgerEvent, kind=t.LedgerKind)),
         Operation("renew_ledger_lease", _each(t.RenewedLease)),
         Operation("release_ledger", _scalar),
         Operation("fail_ledger", _each(t.LedgerFailure, outcome=t.LedgerFailOutcome)),
@@ -292,6 +294,8 @@ TRACED_CLAIMS: dict[str, str | None] = {
     "settle_and_claim": "claimed",
     "claim_ledger": "claimed",
     "ack_ledger": "claimed",
+    "claim_ledger_runs": "claimed",
+    "ack_ledger_runs": "claimed",
 }
 
 

@@ -871,6 +871,56 @@ class _Methods:
         return _Call("ack_ledger", values, conn)
 
     @_operation
+    def claim_ledger_runs(
+        self,
+        relay: str,
+        lane: str = "lifecycle",
+        max_runs: int = 10,
+        max_events: int = 100,
+        lease_seconds: int = LEASE_SECONDS_DEFAULT,
+        call_id: uuid.UUID | None = None,
+        *,
+        conn: Any = None,
+    ) -> _Call[list[LedgerEvent]]:
+        """Lease the next batches of up to max_runs runs' lanes, in run_id and
+        seq order -> list[LedgerEvent]."""
+        values = {
+            "relay": relay,
+            "lane": lane,
+            "max_runs": max_runs,
+            "max_events": max_events,
+            "lease_seconds": lease_seconds,
+            "call_id": call_id,
+        }
+        return _Call("claim_ledger_runs", values, conn)
+
+    @_operation
+    def ack_ledger_runs(
+        self,
+        relay: str,
+        event_ids: Sequence[int],
+        claim_runs: int = 0,
+        max_events: int = 100,
+        lease_seconds: int = LEASE_SECONDS_DEFAULT,
+        lane: str = "lifecycle",
+        call_id: uuid.UUID | None = None,
+        *,
+        conn: Any = None,
+    ) -> _Call[list[LedgerEvent]]:
+        """Acknowledge delivered events of several runs, then claim the next
+        runs' batches -> list[LedgerEvent]."""
+        values = {
+            "relay": relay,
+            "event_ids": list(event_ids),
+            "claim_runs": claim_runs,
+            "max_events": max_events,
+            "lease_seconds": lease_seconds,
+            "lane": lane,
+            "call_id": call_id,
+        }
+        return _Call("ack_ledger_runs", values, conn)
+
+    @_operation
     def renew_ledger_lease(
         self,
         relay: str,

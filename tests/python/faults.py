@@ -790,7 +790,13 @@ EXACT = {
     "append_events",
     "claim_ledger",
     "ack_ledger",
+    "claim_ledger_runs",
+    "ack_ledger_runs",
 }
+# The relay calls whose rows report leases and acknowledgements, of one run
+# or of several.
+LEDGER_CLAIMS = ("claim_ledger", "ack_ledger", "claim_ledger_runs", "ack_ledger_runs")
+LEDGER_ACKS = ("ack_ledger", "ack_ledger_runs")
 # Columns a faithful replay may answer differently (measured at statement
 # time, or a lease re-extended for the same holder).
 VOLATILE_COLUMNS = {"lease_remaining_ms", "lease_expires_at"}
@@ -969,7 +975,7 @@ class Checker:
         by_index = {c["index"]: c for c in self.calls}
         first: dict[int, tuple[float, float, int, tuple[str, str]]] = {}
         for c in self.ok:
-            if c["fn"] not in ("ack_ledger", "claim_ledger"):
+            if c["fn"] not in LEDGER_CLAIMS:
                 continue
             anchor = by_index.get(c.get("replay_of"), c) if c.get("replay_of") is not None else c
             for row in c["result"]:
@@ -1024,7 +1030,7 @@ class Checker:
         obs: dict[int, list[tuple[float, float, float, str]]] = defaultdict(list)
         for c in self.calls:
             fn, args = c["fn"], c["args"]
-            if c["type"] != "ok" or fn not in ("claim_ledger", "ack_ledger", "renew_ledger_lease"):
+            if c["type"] != "ok" or fn not in (*LEDGER_CLAIMS, "renew_ledger_lease"):
                 continue
             lease = min(300, max(5, int(args.get("lease_seconds") or 30)))
             for row in c["result"]:
@@ -1068,7 +1074,7 @@ class Checker:
         ends: dict[tuple[int, str], list[float]] = defaultdict(list)
         for c in self.calls:
             fn, args = c["fn"], c["args"]
-            if fn in ("ack_ledger", "release_ledger", "fail_ledger"):
+            if fn in (*LEDGER_ACKS, "release_ledger", "fail_ledger"):
                 for eid in args["event_ids"]:
                     ends[(eid, args["relay"])].append(c["w0"])
         for eid, items in obs.items():
@@ -1106,7 +1112,7 @@ class Checker:
         troubled: dict[str, list[float]] = defaultdict(list)
         for c in self.calls:
             if c["fn"] in ("fail_ledger", "release_ledger") or (
-                c["fn"] == "ack_ledger" and c["type"] != "ok"
+                c["fn"] in LEDGER_ACKS and c["type"] != "ok"
             ):
                 troubled[c["process"]].append(c["w0"])
         for lane_key, batches in by_lane.items():
@@ -1149,7 +1155,7 @@ class Checker:
         delivered = {
             row["event_id"]
             for c in self.ok
-            if c["fn"] in ("ack_ledger", "claim_ledger")
+            if c["fn"] in LEDGER_CLAIMS
             for row in c["result"]
             if row["kind"] in ("delivered", "local_ack")
         }
@@ -1318,7 +1324,7 @@ class Checker:
             ):
                 return
             mine, theirs = _masked(original, fn), raw and _masked(raw, fn)
-            if fn in ("claim_attempts", "claim_ledger") and not mine:
+            if fn in ("claim_attempts", "claim_ledger", "claim_ledger_runs") and not mine:
                 return  # the lost claim took nothing: a replay is simply a new claim
             if theirs is None or mine != theirs:
                 self.bad("I9", f"{label}: replay answered {raw and raw['rows']}, first {first}")

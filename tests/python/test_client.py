@@ -1513,6 +1513,8 @@ def test_every_method_returns_its_declared_type(
         await call("release_ledger", "relay-1", [again.event_id])
         (again,) = await call("claim_ledger", "relay-1", lane="observability", conn=ahead)
         await call("ack_ledger", "relay-1", "a", [again.event_id])
+        batches = await call("claim_ledger_runs", "relay-2", max_runs=2)
+        await call("ack_ledger_runs", "relay-2", [e.event_id for e in batches], claim_runs=1)
         await call("ledger_next_due_at", lane="observability", run_id="a")
 
         await call("reap_expired", conn=ahead)  # a's lease lapses two hours ahead

@@ -24,6 +24,7 @@ import psycopg
 import pytest
 
 from faults import (
+    LEDGER_ACKS,
     MODES,
     TABLES,
     Checker,
@@ -244,6 +245,21 @@ def _setup_ack(db: psycopg.Connection) -> dict[str, Any]:
     return {"relay": "R", "run_id": "r1", "event_ids": ids, "claim_next": 5, "batch": True}
 
 
+def _setup_claim_ledger_runs(db: psycopg.Connection) -> dict[str, Any]:
+    for run_id in ("r1", "r2"):
+        enqueue(db, run_id)
+        call(db, "append_events", run_id=run_id, events=[{"type": "e1"}])
+    return {"relay": "R", "max_runs": 2, "max_events": 5, "call_id": uuid.uuid4()}
+
+
+def _setup_ack_runs(db: psycopg.Connection) -> dict[str, Any]:
+    """r1's batch leased (its head and e0), r2 waiting to be claimed next."""
+    ids = _leased(db)
+    enqueue(db, "r2")
+    return {"relay": "R", "event_ids": ids, "claim_runs": 5, "max_events": 5,
+            "call_id": uuid.uuid4()}  # fmt: skip
+
+
 def _setup_requeue(db: psycopg.Connection) -> dict[str, Any]:
     ids = _leased(db, max_events=1)
     call(db, "fail_ledger", relay="R", event_ids=ids, error={"e": 1}, permanent=True)
@@ -393,6 +409,17 @@ CASES: dict[str, ReplayCase] = {
         _setup_ack,
         lambda r: _kinds(r) == ["delivered", "delivered", "claimed", "claimed"],
         "exact",  # and writes nothing: the claimed prefix's lease is not re-extended
+    ),
+    "claim_ledger_runs": ReplayCase(
+        _setup_claim_ledger_runs,
+        lambda r: _kinds(r) == ["claimed"] * 4,
+        "exact",
+    ),
+    "ack_ledger_runs": ReplayCase(
+        _setup_ack_runs,
+        # r1's two delivered; r1's next batch (e1, e2) and r2's run.queued claimed.
+        lambda r: _kinds(r) == ["delivered", "delivered", "claimed", "claimed", "claimed"],
+        "exact",
     ),
     "renew_ledger_lease": ReplayCase(
         lambda db: {"relay": "R", "event_ids": _leased(db), "lease_seconds": 60},
@@ -708,13 +735,13 @@ def test_lease_expires_during_slow_delivery_and_another_relay_takes_over(
 
     def late_ack_seen() -> bool:
         calls, _ = load_history([slow.history])
-        return any(c["fn"] == "ack_ledger" and c["type"] == "ok" for c in calls)
+        return any(c["fn"] in LEDGER_ACKS and c["type"] == "ok" for c in calls)
 
     wait_for(late_ack_seen, 60, "the slow relay's late acknowledgement")
     slow.terminate()
     fast.terminate()
     calls, _ = load_history([slow.history, fast.history])
-    late = [c for c in calls if c["fn"] == "ack_ledger" and c["process"] == "slow"]
+    late = [c for c in calls if c["fn"] in LEDGER_ACKS and c["process"] == "slow"]
     assert all(r["kind"] != "delivered" for c in late for r in c["result"]), late
     by = db.execute("SELECT DISTINCT delivered_by FROM runrelay.ledger WHERE NOT acked_locally")
     assert by.fetchall() == [("fast",)]

@@ -172,6 +172,39 @@ def test_batch_completion_with_fast_and_slow_items_never_deadlocks_with_fail_led
     assert len(failed) == 2
 
 
+def test_ack_ledger_runs_takes_its_lanes_in_the_lane_order_whatever_the_ids_order(
+    db: psycopg.Connection, connect: Connect
+) -> None:
+    """The ids name b's event before a's. While a's lane is held, the call
+    waits for it holding nothing: b's lane is free to lock meanwhile (it
+    would be held already had the call gone in the ids' order, which two
+    such calls in opposite orders would deadlock on). Then it acknowledges
+    both, and a batch completion that takes the lanes the other way round
+    finishes beside it."""
+    enqueue(db, "a", concurrency_key="k")
+    enqueue(db, "b")
+    items = [fenced(claim_one(db)), fenced(claim_one(db))]
+    payload = [{**i, "lease_token": str(i["lease_token"])} for i in items]
+    ids = [_lease_head(db, "b"), _lease_head(db, "a")]
+    relay, probe = connect(), connect(autocommit=False)
+    barrier = _hold_lane(connect, "a")
+    acked = in_thread(lambda: call(relay, "ack_ledger_runs", relay="R", event_ids=ids))
+    assert _wait_until_waiting(db, backend_pid(relay), acked)
+    row = probe.execute(
+        "SELECT 1 FROM runrelay.ledger_lanes WHERE run_id = 'b' AND lane = 'lifecycle'"
+        " FOR UPDATE NOWAIT"
+    ).fetchone()
+    assert row == (1,)
+    probe.rollback()
+    writer = connect()
+    completed = in_thread(lambda: call(writer, "complete_attempts", items=payload))
+    _wait_until_waiting(db, backend_pid(writer), completed)
+    barrier.rollback()
+    rows = acked.result(timeout=60)
+    assert [(r["kind"], r["run_id"]) for r in rows] == [("delivered", "a"), ("delivered", "b")]
+    assert sorted(r["outcome"] for r in completed.result(timeout=60)) == ["completed"] * 2
+
+
 def test_waking_due_waits_never_deadlocks_with_fail_ledger(
     db: psycopg.Connection, connect: Connect
 ) -> None:

@@ -69,6 +69,8 @@ GRANTS: dict[str, frozenset[str]] = {
         {
             "claim_ledger",
             "ack_ledger",
+            "claim_ledger_runs",
+            "ack_ledger_runs",
             "renew_ledger_lease",
             "release_ledger",
             "fail_ledger",
@@ -238,6 +240,12 @@ def _allowed_calls() -> dict[str, tuple[dict[str, Any], Callable[[list[tuple[Any
         "reap_expired": ({}, empty),
         "claim_ledger": ({"relay": "r", "run_id": "sec-absent"}, empty),
         "ack_ledger": ({"relay": "r", "run_id": "sec-seed", "event_ids": [-1]}, empty),
+        # The observability lanes hold nothing to lease: no lease is taken.
+        "claim_ledger_runs": (
+            {"relay": "r", "lane": "observability"},
+            lambda rows: all(len(r) == 11 for r in rows),
+        ),
+        "ack_ledger_runs": ({"relay": "r", "event_ids": [-1]}, empty),
         "renew_ledger_lease": ({"relay": "r", "event_ids": [-1]}, empty),
         "release_ledger": ({"relay": "r", "event_ids": [-1]}, first_is(0)),
         "fail_ledger": ({"relay": "r", "event_ids": [-1], "error": {}}, empty),

@@ -61,8 +61,10 @@ ROUTED = (
 )
 # Written in sql/*.sql (their signatures are filled in from the shard).
 WRITTEN = (
+    "ack_ledger_runs",
     "claim_attempts",
     "claim_ledger",
+    "claim_ledger_runs",
     "complete_attempts",
     "enqueue_due_schedules",
     "enqueue_runs",

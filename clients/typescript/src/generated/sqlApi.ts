@@ -369,6 +369,21 @@ export interface AckLedgerArgs {
   readonly batch?: boolean;
 }
 
+export interface AckLedgerRunsArgs {
+  readonly relay: string;
+  readonly event_ids: number[];
+  /** SQL default: 0 */
+  readonly claim_runs?: number;
+  /** SQL default: 100 */
+  readonly max_events?: number;
+  /** SQL default: 30 */
+  readonly lease_seconds?: number;
+  /** SQL default: 'lifecycle'::text */
+  readonly lane?: string;
+  /** SQL default: NULL::uuid */
+  readonly call_id?: string | null;
+}
+
 export interface AppendEventsArgs {
   readonly run_id: string;
   readonly events: AppendEvent[];
@@ -418,6 +433,20 @@ export interface ClaimLedgerArgs {
   readonly expected_head?: number | null;
   /** SQL default: false */
   readonly batch?: boolean;
+  /** SQL default: NULL::uuid */
+  readonly call_id?: string | null;
+}
+
+export interface ClaimLedgerRunsArgs {
+  readonly relay: string;
+  /** SQL default: 'lifecycle'::text */
+  readonly lane?: string;
+  /** SQL default: 10 */
+  readonly max_runs?: number;
+  /** SQL default: 100 */
+  readonly max_events?: number;
+  /** SQL default: 30 */
+  readonly lease_seconds?: number;
   /** SQL default: NULL::uuid */
   readonly call_id?: string | null;
 }
@@ -787,11 +816,13 @@ export interface SqlFunction {
 
 export const SQL_API: Readonly<Record<string, SqlFunction>> = {
   "ack_ledger": {"params": [["relay", "text", null], ["run_id", "text", null], ["event_ids", "bigint[]", null], ["claim_next", "integer", "0"], ["lease_seconds", "integer", "30"], ["batch", "boolean", "false"]], "rows": true, "shape": "each", "returns": "ack_ledger_result", "columns": [["kind", "text"], ["event_id", "bigint"], ["run_id", "text"], ["seq", "bigint"], ["type", "text"], ["payload", "jsonb"], ["delivery_key", "text"], ["created_at", "timestamp with time zone"], ["frozen", "boolean"], ["lease_expires_at", "timestamp with time zone"], ["lease_remaining_ms", "bigint"], ["lag_ms", "bigint"]], "roles": ["relay"]},
+  "ack_ledger_runs": {"params": [["relay", "text", null], ["event_ids", "bigint[]", null], ["claim_runs", "integer", "0"], ["max_events", "integer", "100"], ["lease_seconds", "integer", "30"], ["lane", "text", "'lifecycle'::text"], ["call_id", "uuid", "NULL::uuid"]], "rows": true, "shape": "each", "returns": "ack_ledger_result", "columns": [["kind", "text"], ["event_id", "bigint"], ["run_id", "text"], ["seq", "bigint"], ["type", "text"], ["payload", "jsonb"], ["delivery_key", "text"], ["created_at", "timestamp with time zone"], ["frozen", "boolean"], ["lease_expires_at", "timestamp with time zone"], ["lease_remaining_ms", "bigint"], ["lag_ms", "bigint"]], "roles": ["relay"]},
   "append_events": {"params": [["run_id", "text", null], ["events", "jsonb", null]], "rows": true, "shape": "each", "returns": "append_result", "columns": [["event_id", "bigint"], ["seq", "bigint"], ["delivery_key", "text"]], "roles": ["producer"]},
   "cancel_run": {"params": [["run_id", "text", null], ["reason", "text", "NULL::text"], ["call_id", "uuid", "NULL::uuid"]], "rows": false, "shape": "scalar", "returns": "text", "columns": [], "roles": ["producer"]},
   "claim_attempts": {"params": [["worker", "text", null], ["queues", "text[]", "NULL::text[]"], ["max_runs", "integer", "1"], ["lease_seconds", "integer", "30"], ["call_id", "uuid", "NULL::uuid"], ["tasks", "text[]", "NULL::text[]"]], "rows": true, "shape": "each", "returns": "claim_attempts_result", "columns": [["run_id", "text"], ["attempt", "integer"], ["lease_token", "uuid"], ["queue", "text"], ["payload", "jsonb"], ["resume", "jsonb"], ["lease_expires_at", "timestamp with time zone"], ["task", "text"], ["steps", "jsonb"]], "roles": ["worker"]},
   "claim_detached_terminal": {"params": [["run_id", "text", null], ["attempt", "integer", null], ["lease_token", "uuid", null]], "rows": false, "shape": "scalar", "returns": "boolean", "columns": [], "roles": ["worker"]},
   "claim_ledger": {"params": [["relay", "text", null], ["lane", "text", "'lifecycle'::text"], ["run_id", "text", "NULL::text"], ["max_events", "integer", "1"], ["lease_seconds", "integer", "30"], ["wait_for_run", "boolean", "false"], ["expected_head", "bigint", "NULL::bigint"], ["batch", "boolean", "false"], ["call_id", "uuid", "NULL::uuid"]], "rows": true, "shape": "each", "returns": "claim_ledger_result", "columns": [["kind", "text"], ["event_id", "bigint"], ["run_id", "text"], ["seq", "bigint"], ["type", "text"], ["payload", "jsonb"], ["delivery_key", "text"], ["created_at", "timestamp with time zone"], ["frozen", "boolean"], ["lease_expires_at", "timestamp with time zone"], ["lease_remaining_ms", "bigint"]], "roles": ["relay"]},
+  "claim_ledger_runs": {"params": [["relay", "text", null], ["lane", "text", "'lifecycle'::text"], ["max_runs", "integer", "10"], ["max_events", "integer", "100"], ["lease_seconds", "integer", "30"], ["call_id", "uuid", "NULL::uuid"]], "rows": true, "shape": "each", "returns": "claim_ledger_result", "columns": [["kind", "text"], ["event_id", "bigint"], ["run_id", "text"], ["seq", "bigint"], ["type", "text"], ["payload", "jsonb"], ["delivery_key", "text"], ["created_at", "timestamp with time zone"], ["frozen", "boolean"], ["lease_expires_at", "timestamp with time zone"], ["lease_remaining_ms", "bigint"]], "roles": ["relay"]},
   "complete_attempt": {"params": [["run_id", "text", null], ["attempt", "integer", null], ["lease_token", "uuid", null], ["result", "jsonb", "'{}'::jsonb"], ["final_events", "jsonb", "'[]'::jsonb"]], "rows": false, "shape": "scalar", "returns": "text", "columns": [], "roles": ["worker"]},
   "complete_attempts": {"params": [["items", "jsonb", null]], "rows": true, "shape": "each", "returns": "complete_attempts_result", "columns": [["run_id", "text"], ["attempt", "integer"], ["outcome", "text"]], "roles": ["worker"]},
   "delete_schedule": {"params": [["name", "text", null]], "rows": false, "shape": "scalar", "returns": "text", "columns": [], "roles": ["admin"]},
@@ -856,6 +887,12 @@ export abstract class SqlCalls<Conn> {
   }
 
 
+  /** ack_ledger_runs: see SPEC and docs/sql-api.md. */
+  ackLedgerRuns(args: AckLedgerRunsArgs, conn?: Conn): Promise<LedgerEvent[]> {
+    return this.call("ack_ledger_runs", args, conn) as Promise<LedgerEvent[]>;
+  }
+
+
   /** append_events: see SPEC and docs/sql-api.md. */
   appendEvents(args: AppendEventsArgs, conn?: Conn): Promise<AppendedEvent[]> {
     return this.call("append_events", args, conn) as Promise<AppendedEvent[]>;
@@ -883,6 +920,12 @@ export abstract class SqlCalls<Conn> {
   /** claim_ledger: see SPEC and docs/sql-api.md. */
   claimLedger(args: ClaimLedgerArgs, conn?: Conn): Promise<LedgerEvent[]> {
     return this.call("claim_ledger", args, conn) as Promise<LedgerEvent[]>;
+  }
+
+
+  /** claim_ledger_runs: see SPEC and docs/sql-api.md. */
+  claimLedgerRuns(args: ClaimLedgerRunsArgs, conn?: Conn): Promise<LedgerEvent[]> {
+    return this.call("claim_ledger_runs", args, conn) as Promise<LedgerEvent[]>;
   }
 
 

@@ -90,6 +90,43 @@ BEGIN
 END;
 $$;
 
+-- Up to max_runs runs' lanes: each shard is asked for the runs still
+-- missing, as claim_attempts asks for attempts. The rows come in run_id and
+-- seq order, as one install answers them.
+CREATE FUNCTION @schema@.claim_ledger_runs(@args:claim_ledger_runs@)
+RETURNS @result:claim_ledger_runs@
+LANGUAGE plpgsql
+VOLATILE
+AS $$
+DECLARE
+    v_left integer := claim_ledger_runs.max_runs;
+    v_part integer;
+    v_rows @schema@.claim_ledger_result[];
+    v_all @schema@.claim_ledger_result[] := ARRAY[]::@schema@.claim_ledger_result[];
+    v_answered boolean := false;
+    v_error text;
+BEGIN
+    FOR v_part IN SELECT w.head FROM @proxy@.walk(claim_ledger_runs.call_id) AS w (head) LOOP
+        BEGIN
+            SELECT coalesce(array_agg(c), '{}') INTO v_rows
+            FROM @proxy@.on_claim_ledger_runs(
+                v_part, claim_ledger_runs.relay, claim_ledger_runs.lane, v_left,
+                claim_ledger_runs.max_events, claim_ledger_runs.lease_seconds, claim_ledger_runs.call_id
+            ) AS c;
+        @skip_if_down(v_part, v_error)@
+        END;
+        v_answered := true;
+        v_all := v_all || v_rows;
+        v_left := v_left - (SELECT count(DISTINCT r.run_id)::integer FROM unnest(v_rows) AS r);
+        EXIT WHEN v_left <= 0;
+    END LOOP;
+    IF NOT v_answered THEN
+        PERFORM @proxy@.no_shard_answered('claim_ledger_runs', v_error);
+    END IF;
+    RETURN QUERY SELECT * FROM unnest(v_all) AS r ORDER BY r.run_id, r.seq;
+END;
+$$;
+
 CREATE FUNCTION @schema@.reap_expired(@args:reap_expired@)
 RETURNS @result:reap_expired@
 LANGUAGE plpgsql

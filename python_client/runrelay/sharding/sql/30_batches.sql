@@ -248,6 +248,45 @@ BEGIN
 END;
 $$;
 
+-- Each shard acknowledges its own runs' events (event_groups), claiming
+-- nothing; then the next runs' batches are claimed across the shards as
+-- claim_ledger_runs claims them (the same call_id replays each shard's part).
+CREATE FUNCTION @schema@.ack_ledger_runs(@args:ack_ledger_runs@)
+RETURNS @result:ack_ledger_runs@
+LANGUAGE plpgsql
+VOLATILE
+AS $$
+DECLARE
+    v_group record;
+BEGIN
+    IF ack_ledger_runs.claim_runs IS NULL OR ack_ledger_runs.claim_runs NOT BETWEEN 0 AND 1000 THEN
+        -- Refused by a shard, with the error every shard gives (it claims
+        -- nothing with such a claim_runs).
+        RETURN QUERY SELECT * FROM @proxy@.on_ack_ledger_runs(
+            @proxy@.shard_partition((SELECT p.shard FROM @config@.partitions AS p WHERE p.partition = 0)),
+            ack_ledger_runs.relay, '{}', ack_ledger_runs.claim_runs, ack_ledger_runs.max_events,
+            ack_ledger_runs.lease_seconds, ack_ledger_runs.lane, ack_ledger_runs.call_id
+        );
+        RETURN;
+    END IF;
+    FOR v_group IN SELECT * FROM @proxy@.event_groups(ack_ledger_runs.event_ids) LOOP
+        BEGIN
+            RETURN QUERY SELECT * FROM @proxy@.on_ack_ledger_runs(
+                v_group.head, ack_ledger_runs.relay, v_group.ids, 0, ack_ledger_runs.max_events,
+                ack_ledger_runs.lease_seconds, ack_ledger_runs.lane, NULL
+            );
+        @unavailable_if_down(v_group.head)@
+        END;
+    END LOOP;
+    IF ack_ledger_runs.claim_runs > 0 THEN
+        RETURN QUERY SELECT c.*, NULL::bigint FROM @schema@.claim_ledger_runs(
+            ack_ledger_runs.relay, ack_ledger_runs.lane, ack_ledger_runs.claim_runs,
+            ack_ledger_runs.max_events, ack_ledger_runs.lease_seconds, ack_ledger_runs.call_id
+        ) AS c;
+    END IF;
+END;
+$$;
+
 CREATE FUNCTION @schema@.fail_ledger(@args:fail_ledger@)
 RETURNS @result:fail_ledger@
 LANGUAGE plpgsql
