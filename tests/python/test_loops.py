@@ -430,14 +430,22 @@ def test_relay_renews_leases_during_slow_deliveries(
     assert len(hook.keys) == len(set(hook.keys))  # the lease held: no redelivery
 
 
+@pytest.mark.parametrize("runs_per_claim", [1, 8])
 def test_relay_fast_deliveries_never_renew(
-    db: psycopg.Connection, client: Client, calls: Counter[str]
+    db: psycopg.Connection, client: Client, calls: Counter[str], runs_per_claim: int
 ) -> None:
     _make_runs(client, 5)
     with serve(Hook()) as url:
-        Relay(client, WebhookSink(url), batch_size=100, max_sleep=0.05).run(until_idle=0.5)
+        relay = Relay(client, WebhookSink(url), batch_size=100, max_sleep=0.05,
+                      runs_per_claim=runs_per_claim)  # fmt: skip
+        relay.run(until_idle=0.5)
     assert calls["renew_ledger_lease"] == 0
-    assert calls["ack_ledger"] >= 5
+    # Every run's lifecycle and observability batches were acknowledged.
+    assert relay.stats["delivered"] >= 10 and db.execute(UNDELIVERED).fetchone() == (0,)
+    if runs_per_claim == 1:
+        assert calls["ack_ledger"] >= 5
+    else:
+        assert 1 <= calls["ack_ledger_runs"] < 5 and calls["ack_ledger"] == 0
 
 
 def test_permanent_rejection_blocks_the_lane(db: psycopg.Connection, client: Client) -> None:
@@ -483,7 +491,10 @@ def test_redelivery_after_a_lost_reply_keeps_keys_stable(
     assert set(hook.keys) == set(_events_in_db(db))
 
 
-def test_relay_replays_a_claim_whose_reply_was_lost(db: psycopg.Connection, db_url: str) -> None:
+@pytest.mark.parametrize("runs_per_claim", [1, 8])
+def test_relay_replays_a_claim_whose_reply_was_lost(
+    db: psycopg.Connection, db_url: str, runs_per_claim: int
+) -> None:
     """The first claim commits but its reply is dropped (OperationalError after
     the call): the relay repeats it with the same call_id and delivers exactly
     once, in order."""
@@ -494,12 +505,18 @@ def test_relay_replays_a_claim_whose_reply_was_lost(db: psycopg.Connection, db_u
         seen_call_ids: list[Any] = []
 
         class LossyClient(Client):
-            def claim_ledger(self, *args: Any, **kwargs: Any) -> Any:
-                rows = super().claim_ledger(*args, **kwargs)
-                seen_call_ids.append(kwargs.get("call_id"))
+            def _lossy(self, rows: Any, call_id: Any) -> Any:
+                seen_call_ids.append(call_id)
                 if len(seen_call_ids) == 1:
                     raise psycopg.OperationalError("connection lost after COMMIT")
                 return rows
+
+            def claim_ledger(self, *args: Any, **kwargs: Any) -> Any:
+                return self._lossy(super().claim_ledger(*args, **kwargs), kwargs.get("call_id"))
+
+            def claim_ledger_runs(self, *args: Any, **kwargs: Any) -> Any:
+                rows = super().claim_ledger_runs(*args, **kwargs)
+                return self._lossy(rows, kwargs.get("call_id"))
 
         delivered: list[LedgerEvent] = []
         relay = Relay(
@@ -508,6 +525,7 @@ def test_relay_replays_a_claim_whose_reply_was_lost(db: psycopg.Connection, db_u
             batch_size=100,
             max_sleep=0.05,
             concurrency=1,  # one slot: its claims come one after the other
+            runs_per_claim=runs_per_claim,
         )
         relay.run(until_idle=0.5)
     assert seen_call_ids[0] == seen_call_ids[1]

@@ -18,7 +18,7 @@ import pytest
 from faults import wait_for
 from runrelay import Client, LedgerEvent
 from runrelay.cli import build_parser
-from runrelay.relay import EMPTY_LANE_PAUSE, Relay
+from runrelay.relay import EMPTY_LANE_PAUSE, WAITING_LIMIT, Relay
 from runrelay.sinks import DeliveryError
 
 
@@ -45,8 +45,9 @@ def _undelivered(db: psycopg.Connection) -> int:
     return int(row[0])
 
 
+@pytest.mark.parametrize("runs_per_claim", [1, 8])
 def test_every_lane_stays_in_order_and_nothing_is_lost_with_many_slots(
-    db: psycopg.Connection, client: Client
+    db: psycopg.Connection, client: Client, runs_per_claim: int
 ) -> None:
     _runs(client, 30)
     seen: list[tuple[str, str, int]] = []
@@ -58,7 +59,9 @@ def test_every_lane_stays_in_order_and_nothing_is_lost_with_many_slots(
         with lock:
             seen.extend((e.run_id, lane, e.seq) for e in events)
 
-    relay = Relay(client, sink, concurrency=8, max_sleep=0.05, batch_size=2)
+    relay = Relay(
+        client, sink, concurrency=8, max_sleep=0.05, batch_size=2, runs_per_claim=runs_per_claim
+    )
     relay.run(until_idle=1.0)
     by_lane: dict[tuple[str, str], list[int]] = defaultdict(list)
     for run_id, lane, seq in seen:
@@ -80,7 +83,10 @@ def test_deliveries_overlap_up_to_the_concurrency(client: Client) -> None:
         if len(passed) < 4:
             passed.append(barrier.wait())
 
-    relay = Relay(client, sink, concurrency=4, max_sleep=0.05, lanes=["lifecycle"])
+    # One run per claim: four slots' claims, not one slot's claim of all eight.
+    relay = Relay(
+        client, sink, concurrency=4, max_sleep=0.05, lanes=["lifecycle"], runs_per_claim=1
+    )
     relay.run(until_idle=1.0)
     assert sorted(passed) == [0, 1, 2, 3]
     assert not barrier.broken
@@ -250,7 +256,9 @@ def test_a_lane_found_empty_is_claimed_again_after_a_pause_while_another_keeps_t
 
     times: list[float] = []
     lanes = _lanes_claimed(client, times)
-    relay = Relay(client, sink, concurrency=1, max_sleep=0.05)
+    # Counted on claim_ledger: one run per claim (a claim of several runs
+    # ends its pass after the same pause: the next test).
+    relay = Relay(client, sink, concurrency=1, max_sleep=0.05, runs_per_claim=1)
     relay.run(until_idle=0.5)
     assert sorted(batches) == ids and _undelivered(db) == 0
     # The claims up to the last one of the lifecycle lane: while work remained.
@@ -332,8 +340,9 @@ def test_deliveries_share_one_renewal_thread_and_slow_ones_are_each_renewed(
     client.append_events(ids[0], [{"type": "slow"}])
     client.append_events(ids[1], [{"type": "slow"}])
     both = threading.Barrier(2, timeout=20)
+    # One run per claim: the two slow runs in two slots at once.
     relay = Relay(client, lambda lane, events: None, name="s", concurrency=2,
-                  lanes=["lifecycle"], lease_seconds=2)  # fmt: skip
+                  lanes=["lifecycle"], lease_seconds=2, runs_per_claim=1)  # fmt: skip
 
     def slow(lane: str, events: list[LedgerEvent]) -> None:
         both.wait()  # both deliveries in flight
@@ -354,3 +363,98 @@ def _undelivered_on(db: psycopg.Connection, lane: str) -> int:
     ).fetchone()
     assert row is not None
     return int(row[0])
+
+
+def test_a_claim_of_several_runs_gives_each_run_its_own_sink_call_in_order(
+    db: psycopg.Connection, client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One slot claiming five runs a call: every sink call holds one run's
+    batch, each lane arrives whole and in order, and the acknowledgements
+    really carry several runs each (one commit for them)."""
+    _runs(client, 12, events=3)
+    calls: list[tuple[str, str, list[int]]] = []
+    acked_runs: list[int] = []
+    ack = client.ack_ledger_runs
+
+    def counting(relay: str, event_ids: Any, *args: Any, **kwargs: Any) -> Any:
+        out = ack(relay, event_ids, *args, **kwargs)
+        acked_runs.append(len({e.run_id for e in out if e.kind == "delivered"}))
+        return out
+
+    monkeypatch.setattr(client, "ack_ledger_runs", counting)
+
+    def sink(lane: str, events: list[LedgerEvent]) -> None:
+        assert len({e.run_id for e in events}) == 1, events
+        calls.append((lane, events[0].run_id, [e.seq for e in events]))
+
+    relay = Relay(client, sink, concurrency=1, runs_per_claim=5, max_sleep=0.05)
+    relay.run(until_idle=0.5)
+    assert _undelivered(db) == 0
+    by_lane: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for lane, run_id, seqs in calls:
+        by_lane[(lane, run_id)].extend(seqs)
+    for key, seqs in by_lane.items():
+        assert seqs == sorted(seqs) and len(seqs) == len(set(seqs)), (key, seqs)
+    assert len(by_lane) == 24
+    assert max(acked_runs) == 5, acked_runs
+    assert relay.stats["batches"] == len(calls)
+
+
+def test_batches_waiting_behind_a_hung_delivery_are_handed_back(
+    db: psycopg.Connection, client: Client
+) -> None:
+    """A slot's claim of six runs whose first delivery hangs: the five
+    waiting are handed back after the waiting limit and another slot
+    delivers them while the first still hangs; nothing is delivered twice."""
+    _runs(client, 6, events=1)
+    release = threading.Event()
+    hung: list[str] = []
+    seen: list[tuple[str, int]] = []
+    lock = threading.Lock()
+
+    def sink(lane: str, events: list[LedgerEvent]) -> None:
+        with lock:
+            first = not hung
+            if first:
+                hung.append(events[0].run_id)
+            seen.extend((e.run_id, e.seq) for e in events)
+        if first:
+            assert release.wait(60)
+
+    relay = Relay(client, sink, concurrency=2, runs_per_claim=6, max_sleep=0.05,
+                  lanes=["lifecycle"])  # fmt: skip
+    thread = _start(relay)
+    try:
+        started = time.monotonic()
+        wait_for(lambda: len({r for r, _ in seen}) == 6, 30, "the five other runs")
+        assert time.monotonic() - started >= WAITING_LIMIT * 0.9
+        assert relay.stats.get("handed_back", 0) >= 1, relay.stats
+        row = db.execute(
+            "SELECT count(*) FROM runrelay.ledger WHERE lane = 'lifecycle'"
+            " AND run_id <> %s AND state <> 'delivered'",
+            (hung[0],),
+        ).fetchone()
+        assert row == (0,)
+    finally:
+        release.set()
+    wait_for(lambda: _undelivered_on(db, "lifecycle") == 0)
+    relay.stop()
+    thread.join(30)
+    assert not thread.is_alive()
+    assert len(seen) == len(set(seen)), seen
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1001, True, 2.0])
+def test_runs_per_claim_must_be_an_integer_from_1_to_1000(client: Client, bad: Any) -> None:
+    with pytest.raises(ValueError, match="runs_per_claim must be an integer from 1 to 1000"):
+        Relay(client, lambda lane, events: None, runs_per_claim=bad)
+
+
+def test_the_relay_command_passes_runs_per_claim_and_refuses_a_bad_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = build_parser().parse_args(["relay", "--jsonl", "/dev/null", "--runs-per-claim", "3"])
+    assert args.runs_per_claim == 3
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["relay", "--jsonl", "/dev/null", "--runs-per-claim", "0"])
+    assert exit_.value.code == 2

@@ -239,6 +239,7 @@ def cmd_relay(args: argparse.Namespace) -> int:
         listen_dsn=listen,
         metrics=_loop_metrics(args),
         concurrency=args.concurrency,
+        runs_per_claim=args.runs_per_claim,
     )
     relay.install_signal_handlers()
     relay.run()

@@ -16,6 +16,7 @@ from ..contract import (
     LEASE_SECONDS_MIN,
     RUN_STATUSES,
 )
+from ..relay import RUNS_PER_CLAIM
 from .common import (
     EXIT_USAGE,
     Command,
@@ -294,6 +295,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=16,
         help="run lanes in flight at once, one batch each (each lane stays in order); about "
         "the batches per second wanted times the consumer's seconds per batch",
+    )
+    p.add_argument(
+        "--runs-per-claim",
+        type=_positive_int,
+        default=RUNS_PER_CLAIM,
+        help="runs' batches a slot claims and acknowledges per call, delivered one after "
+        "another (1: one run per call)",
     )
     p.add_argument(
         "--lease-seconds",
