@@ -47,6 +47,8 @@ function calls(now: Date): Record<string, object> {
     reap_expired: {},
     claim_ledger: { relay: "relay-1", run_id: "missing" },
     ack_ledger: { relay: "relay-1", run_id: "rt", event_ids: [1], claim_next: 1 },
+    claim_ledger_runs: { relay: "relay-1", max_runs: 2 },
+    ack_ledger_runs: { relay: "relay-1", event_ids: [1], claim_runs: 1 },
     renew_ledger_lease: { relay: "relay-1", event_ids: [1] },
     release_ledger: { relay: "relay-1", event_ids: [1] },
     fail_ledger: { relay: "relay-1", event_ids: [1], error: { e: 1 } },
