@@ -429,12 +429,21 @@ def test_batches_waiting_behind_a_hung_delivery_are_handed_back(
         wait_for(lambda: len({r for r, _ in seen}) == 6, 30, "the five other runs")
         assert time.monotonic() - started >= WAITING_LIMIT * 0.9
         assert relay.stats.get("handed_back", 0) >= 1, relay.stats
-        row = db.execute(
-            "SELECT count(*) FROM runrelay.ledger WHERE lane = 'lifecycle'"
-            " AND run_id <> %s AND state <> 'delivered'",
-            (hung[0],),
-        ).fetchone()
-        assert row == (0,)
+        # And acknowledged (each slot acknowledges after its claim's
+        # deliveries), all while the first delivery still hangs.
+        wait_for(
+            lambda: (
+                db.execute(
+                    "SELECT count(*) FROM runrelay.ledger WHERE lane = 'lifecycle'"
+                    " AND run_id <> %s AND state <> 'delivered'",
+                    (hung[0],),
+                ).fetchone()
+                == (0,)
+            ),
+            30,
+            "the other runs acknowledged",
+        )
+        assert not release.is_set()
     finally:
         release.set()
     wait_for(lambda: _undelivered_on(db, "lifecycle") == 0)
