@@ -19,8 +19,11 @@ logging and its defaults.
 
 And the relays: one runrelay `Relay` as docs/python-client.md starts it
 (`Relay(client, sink, listen_dsn=url)`, every other option its default: 16
-lanes in flight, batches of 100; its client's pool of 18 connections, as the
-Relay's docs ask), a no-op sink, against one PgQ consumer
+lanes in flight, batches of 100, 8 runs per claim; its client's pool of 18
+connections, as the Relay's docs ask), a no-op sink, over runs' lanes of
+100 events and again over lanes of three (what a run's lifecycle lane
+usually holds); the TypeScript `Relay` the same way (docs/typescript-client.md,
+skipped without `node`); against one PgQ consumer
 written as PgQ's own consumer loop runs (next_batch, get_batch_events,
 finish_batch and a commit per batch; a second's sleep when no batch is
 ready), each over enough pending events to last the window, in batches of
@@ -154,6 +157,9 @@ while not stopping:
 # PgQ's consumer moves several times as many events per second as a Relay:
 # it is loaded with this many times the Relay's events.
 PGQ_FACTOR = 5
+
+# Runs loaded for the Relays over lanes of three events (150 000 events).
+SHORT_RUNS = 50_000
 
 # Where PgQ's consumer c1 stands: the queue's event count at its last tick.
 PGQ_DONE = f"""
@@ -336,6 +342,44 @@ def relays(
     if quick:
         skipped["PgQ consumer"] = "measured in full runs only"
         return out, skipped
+    # A run's lifecycle lane usually holds a few events (queued, started,
+    # completed): the same Relay over lanes of three.
+    short = System(
+        "runrelay Relay, runs of 3 events",
+        sys.executable,
+        RELAY,
+        url,
+        rr.ledger_loader(url, SHORT_RUNS, 3),
+        "SELECT count(*) FROM runrelay.ledger_events WHERE delivered_at IS NOT NULL",
+        processes=1,
+        unit="events/s",
+        loaded=SHORT_RUNS * 3,
+    )
+    out.append(short)
+    node = shutil.which("node")
+    if node is None:
+        skipped["runrelay TypeScript Relay"] = "no node on PATH"
+    else:
+        subprocess.run(["bash", str(REPO / "scripts" / "ts_install.sh")], check=True, cwd=REPO)
+        script = REPO / "clients" / "typescript" / "build" / "test" / "fixtures" / "bench-relay.js"
+        for name, loader, loaded in [
+            ("runrelay TypeScript Relay", rr.ledger_loader(url, max(1, events // 100), 100), None),
+            ("runrelay TypeScript Relay, runs of 3 events", short.load, short.loaded),
+        ]:
+            out.append(
+                System(
+                    name,
+                    node,
+                    "",
+                    url,
+                    loader,
+                    short.done,
+                    processes=1,
+                    unit="events/s",
+                    loaded=loaded,
+                    command=[node, str(script)],
+                )
+            )
     url = server.create_database("shipped_pgq")
     try:
         peers.ensure_pgq(url, install)

@@ -7,6 +7,13 @@
 // with a due head (claim_ledger with batch => true: the batch is frozen at
 // its first claim), deliver it, then ack_ledger(claim_next => batchSize)
 // acknowledges it and claims the same run's next batch in one round trip.
+// With runsPerClaim above 1 (the default, 8) a pass claims the batches of up
+// to that many runs in one call (claim_ledger_runs), delivers each run's
+// batch in turn, and acknowledges the delivered ones while claiming the
+// next runs (ack_ledger_runs): a run's lifecycle lane usually holds a few
+// events, and every call is a commit. Batches still waiting for the slot
+// WAITING_LIMIT after their claim are handed back (release_ledger), so a
+// consumer that hangs on one run holds only that run.
 // Transport-only events are acknowledged locally by the claims (kind
 // local_ack) and never reach the sink. A slow delivery renews its leases
 // (the first renewal scheduled from the claim's lease_remaining_ms); a sink
@@ -35,6 +42,9 @@ export interface RelayOptions {
   readonly leaseSeconds?: number;
   /** Batches in flight at once (default 16). */
   readonly concurrency?: number;
+  /** Runs' batches a slot claims and acknowledges per call (1 to 1000,
+   * default 8); 1 claims one run per call. */
+  readonly runsPerClaim?: number;
   /** Longest idle sleep in seconds (default 5). */
   readonly maxSleep?: number;
   /** LISTEN for wake-ups (new runs, cancellations; ledger work for a
@@ -48,6 +58,14 @@ const MESSAGE_CHARS = 2000;
 // A lane found empty is asked again after this many ms while the slot's
 // other lanes keep it busy.
 const EMPTY_LANE_PAUSE = 50;
+// How long (ms) the batches of a claim of several runs may wait for the
+// slot's deliveries before them, at most a quarter of the lease: past it they
+// are handed back for any slot or relay to deliver. A waiting batch is not
+// renewed.
+const WAITING_LIMIT = 2000;
+/** Runs' batches per claim by default: one run per call bounds a relay by
+ * the disk's commit flushes, not by its work. */
+export const RUNS_PER_CLAIM = 8;
 
 export class Relay extends Loop {
   readonly sink: Sink;
@@ -56,6 +74,7 @@ export class Relay extends Loop {
   readonly leaseSeconds: number;
   readonly concurrency: number;
   readonly maxSleep: number;
+  readonly runsPerClaim: number;
   readonly stats = { batches: 0, delivered: 0, failed: 0, localAcks: 0, renewals: 0, calls: 0 };
 
   constructor(client: Client, sink: Sink, options: RelayOptions = {}) {
@@ -66,6 +85,11 @@ export class Relay extends Loop {
     this.leaseSeconds = options.leaseSeconds ?? 30;
     this.concurrency = Math.max(1, options.concurrency ?? 16);
     this.maxSleep = options.maxSleep ?? 5;
+    const runs = options.runsPerClaim ?? RUNS_PER_CLAIM;
+    if (!Number.isInteger(runs) || runs < 1 || runs > 1000) {
+      throw new RangeError(`runsPerClaim must be an integer from 1 to 1000, not ${String(runs)}`);
+    }
+    this.runsPerClaim = runs;
   }
 
   protected async loop(untilIdle: number | undefined): Promise<void> {
@@ -140,6 +164,7 @@ export class Relay extends Loop {
   /** One pass on a lane: claim a run's due batch and deliver the run's
    * batches until it has none. Whether anything was done. */
   async #pass(lane: Lane): Promise<boolean> {
+    if (this.runsPerClaim > 1) return this.#passRuns(lane);
     let rows = await this.#counted((callId) =>
       this.client.claimLedger({
         relay: this.name,
@@ -190,11 +215,102 @@ export class Relay extends Loop {
     }
   }
 
-  /** Deliver one batch, renewing its leases while the sink takes its time.
-   * undefined: delivered; "aborted": a second stop() cut it short. */
-  async #deliver(lane: Lane, events: LedgerEvent[]): Promise<unknown> {
+  /** A pass with several runs per call: claim up to runsPerClaim runs'
+   * batches, deliver each run's batch in turn, then acknowledge the
+   * delivered ones and claim the next runs in one call, until nothing is
+   * claimed or EMPTY_LANE_PAUSE has passed (with more than one lane, so the
+   * slot looks at its other lanes as often as with one run per claim). A
+   * batch the sink refuses is failed and the others go on. */
+  async #passRuns(lane: Lane): Promise<boolean> {
+    let asked = performance.now();
+    const until = asked + EMPTY_LANE_PAUSE;
+    let rows = await this.#counted((callId) =>
+      this.client.claimLedgerRuns({
+        relay: this.name,
+        lane,
+        max_runs: this.runsPerClaim,
+        max_events: this.batchSize,
+        lease_seconds: this.leaseSeconds,
+        call_id: callId,
+      }),
+    );
+    let progressed = false;
+    for (;;) {
+      const claimed = rows.filter((r) => r.kind === "claimed");
+      const local = rows.filter((r) => r.kind === "local_ack").length;
+      this.stats.localAcks += local;
+      if (local > 0) progressed = true;
+      if (claimed.length === 0) return progressed;
+      progressed = true;
+      if (this.stopping) {
+        await this.#release(claimed);
+        return progressed;
+      }
+      const waiting = new Map<string, LedgerEvent[]>();
+      for (const event of claimed) waiting.set(event.run_id, [...(waiting.get(event.run_id) ?? []), event]);
+      const sent: LedgerEvent[] = [];
+      const released: Promise<void>[] = [];
+      const handBack = (): void => {
+        const left = [...waiting.values()].flat();
+        waiting.clear();
+        if (left.length > 0) {
+          released.push(
+            this.#release(left).catch((error: unknown) =>
+              this.log.warn(`runrelay relay ${this.name}: handing back failed: ${String(error)}`),
+            ),
+          );
+        }
+      };
+      const handBackAt = asked + Math.min(WAITING_LIMIT, (this.leaseSeconds * 1000) / 4);
+      const limit = setTimeout(handBack, Math.max(0, handBackAt - performance.now()));
+      try {
+        for (;;) {
+          const next = waiting.entries().next();
+          if (next.done === true || this.stopping) break;
+          const [runId, events] = next.value;
+          waiting.delete(runId);
+          const failure = await this.#deliver(lane, events, performance.now() - asked);
+          if (failure === "aborted") {
+            await this.#release(events);
+            break;
+          }
+          if (failure !== undefined) {
+            await this.#fail(events, failure);
+            continue;
+          }
+          this.stats.batches += 1;
+          this.stats.delivered += events.length;
+          sent.push(...events);
+        }
+      } finally {
+        clearTimeout(limit);
+        handBack(); // stopping: never handed to the sink
+        await Promise.all(released);
+      }
+      asked = performance.now();
+      const claimRuns = this.stopping || !(this.lanes.length === 1 || asked < until) ? 0 : this.runsPerClaim;
+      if (sent.length === 0 && claimRuns === 0) return progressed;
+      const out = await this.#counted((callId) =>
+        this.client.ackLedgerRuns({
+          relay: this.name,
+          event_ids: sent.map((e) => e.event_id),
+          claim_runs: claimRuns,
+          max_events: this.batchSize,
+          lease_seconds: this.leaseSeconds,
+          lane,
+          call_id: callId,
+        }),
+      );
+      rows = out.filter((r) => r.kind !== "delivered");
+    }
+  }
+
+  /** Deliver one batch, renewing its leases while the sink takes its time;
+   * `waited` ms have passed since its claim. undefined: delivered;
+   * "aborted": a second stop() cut it short. */
+  async #deliver(lane: Lane, events: LedgerEvent[], waited = 0): Promise<unknown> {
     const ids = events.map((e) => e.event_id);
-    const remaining = events[0]?.lease_remaining_ms ?? this.leaseSeconds * 1000;
+    const remaining = (events[0]?.lease_remaining_ms ?? this.leaseSeconds * 1000) - waited;
     let renewal: NodeJS.Timeout | undefined;
     const renew = (delay: number): void => {
       renewal = setTimeout(() => {

@@ -80,22 +80,26 @@ describe("the relay", () => {
   });
   after(() => db.close());
 
-  test("delivers every run's events in order, signed, several lanes in flight", async () => {
+  for (const runsPerClaim of [1, 8]) {
+  test(`delivers every run's events in order, signed, several lanes in flight (${runsPerClaim} runs per claim)`, async () => {
     const hooks = await receiver(async (_r, res) => {
       await sleep(100);
       res.end("ok");
     });
     try {
-      await runsWithEvents(client, "ord", 8, 12);
+      // Enough runs that the slots' first claims all find some.
+      const runs = Math.max(8, 3 * runsPerClaim);
+      await runsWithEvents(client, `ord${runsPerClaim}`, runs, 12);
       const relay = new Relay(client, webhookSink(hooks.url, { secret: SECRET }), {
         lanes: ["observability"],
         batchSize: 5,
         concurrency: 8,
+        runsPerClaim,
         logger: quiet,
       });
       await relay.run({ untilIdle: 0.5 });
       const seqs = seqsByRun(hooks.received);
-      assert.equal(seqs.size, 8);
+      assert.equal(seqs.size, runs);
       for (const [run, list] of seqs) {
         assert.deepEqual(list, [...list].sort((a, b) => a - b), `${run} in order`);
         assert.equal(new Set(list).size, 12, `${run}: each event once`);
@@ -115,10 +119,12 @@ describe("the relay", () => {
     }
   });
 
-  test("a failed batch is redelivered whole with the same key; a 4xx blocks the head", async () => {
+  test(`a failed batch is redelivered whole with the same key; a 4xx blocks the head (${runsPerClaim} runs per claim)`, async () => {
     let first = true;
+    const flakyRun = `flaky${runsPerClaim}-0`;
+    const permRun = `perm${runsPerClaim}-0`;
     const hooks = await receiver((r, res) => {
-      if (r.batch.run_id === "perm-0") {
+      if (r.batch.run_id === permRun) {
         res.statusCode = 400;
         return void res.end("no such customer");
       }
@@ -131,24 +137,98 @@ describe("the relay", () => {
       res.end("ok");
     });
     try {
-      await runsWithEvents(client, "flaky", 1, 3);
-      await runsWithEvents(client, "perm", 1, 2);
+      await runsWithEvents(client, `flaky${runsPerClaim}`, 1, 3);
+      await runsWithEvents(client, `perm${runsPerClaim}`, 1, 2);
       const relay = new Relay(client, webhookSink(hooks.url), {
         lanes: ["observability"],
         batchSize: 10,
         concurrency: 1,
         maxSleep: 0.2,
+        runsPerClaim,
         logger: quiet,
       });
       await relay.run({ untilIdle: 2.5 });
-      const flaky = hooks.received.filter((r) => r.batch.run_id === "flaky-0");
+      const flaky = hooks.received.filter((r) => r.batch.run_id === flakyRun);
       assert.equal(flaky.length, 2, "one failure, one redelivery");
       assert.equal(flaky[0]!.headers["idempotency-key"], flaky[1]!.headers["idempotency-key"]);
       assert.deepEqual(flaky[1]!.batch.events.map((e) => e.seq), flaky[0]!.batch.events.map((e) => e.seq));
-      const blocked = await client.listBlockedHeads({ run_id: "perm-0" });
+      const blocked = await client.listBlockedHeads({ run_id: permRun });
       assert.equal(blocked.length, 1, "the permanent failure blocks the lane's head");
     } finally {
       await hooks.close();
+    }
+  });
+  }
+
+  test("several runs per claim: one sink call per run, several runs acknowledged per call", async () => {
+    await runsWithEvents(client, "multi", 20, 3);
+    const calls: { runs: Set<string>; seqs: number[] }[] = [];
+    const relay = new Relay(
+      client,
+      async (_lane, events) => void calls.push({ runs: new Set(events.map((e) => e.run_id)), seqs: events.map((e) => e.seq) }),
+      { lanes: ["observability"], concurrency: 1, runsPerClaim: 8, maxSleep: 0.2, logger: quiet },
+    );
+    await relay.run({ untilIdle: 0.3 });
+    const mine = calls.filter((c) => [...c.runs][0]!.startsWith("multi-"));
+    assert.equal(mine.length, 20, "one sink call per run");
+    for (const c of mine) {
+      assert.equal(c.runs.size, 1, "a sink call holds one run's batch");
+      assert.deepEqual(c.seqs, [2, 3, 4]);
+    }
+    // One run per call would take a claim and an acknowledgement per run.
+    assert.ok(relay.stats.calls <= 10, `calls: ${relay.stats.calls}`);
+    const left = await db.pool.query(
+      "SELECT count(*)::int AS n FROM runrelay.ledger WHERE run_id LIKE 'multi-%' AND lane = 'observability' AND state <> 'delivered'",
+    );
+    assert.equal(left.rows[0].n, 0);
+  });
+
+  test("a delivery that hangs holds only its run: the batches claimed with it are handed back", async () => {
+    await runsWithEvents(client, "hung", 5, 2);
+    let hungRun: string | undefined;
+    const stuck = new Relay(
+      client,
+      async (_lane, events, signal) => {
+        hungRun = events[0]!.run_id;
+        await new Promise((_resolve, reject) => signal.addEventListener("abort", () => reject(new Error("aborted"))));
+      },
+      // Leases of 20 s: what the other relay gets within 10 s was handed back,
+      // not taken over after a lapse.
+      { name: "stuck-relay", lanes: ["observability"], concurrency: 1, runsPerClaim: 8, leaseSeconds: 20, logger: quiet },
+    );
+    const stuckRun = stuck.run();
+    await waitFor("the hung delivery", async () => hungRun !== undefined);
+    const delivered: string[] = [];
+    const other = new Relay(client, async (_lane, events) => void delivered.push(events[0]!.run_id), {
+      lanes: ["observability"],
+      concurrency: 1,
+      runsPerClaim: 8,
+      maxSleep: 0.2,
+      logger: quiet,
+    });
+    const otherRun = other.run();
+    try {
+      // The other four are handed back 2 s after the claim.
+      await waitFor("the handed-back runs", async () => delivered.filter((r) => r.startsWith("hung-")).length >= 4, 10_000);
+      const hung = delivered.filter((r) => r.startsWith("hung-"));
+      assert.equal(new Set(hung).size, 4, "each once");
+      assert.ok(!hung.includes(hungRun!), "the hung run stays with its relay");
+      const leased = await db.pool.query("SELECT DISTINCT lease_owner FROM runrelay.ledger WHERE run_id = $1 AND state = 'leased'", [hungRun]);
+      assert.deepEqual(leased.rows.map((r) => r.lease_owner), ["stuck-relay"]);
+    } finally {
+      stuck.stop();
+      stuck.stop(); // the second ends the grace period: the hung delivery is handed back
+      other.stop();
+      await Promise.all([stuckRun, otherRun]);
+    }
+    const left = await db.pool.query("SELECT count(*)::int AS n FROM runrelay.ledger WHERE run_id = $1 AND state = 'leased'", [hungRun]);
+    assert.equal(left.rows[0].n, 0, "nothing left leased after the stop");
+  });
+
+  test("runsPerClaim outside 1..1000 is refused", () => {
+    const sink = async (): Promise<void> => undefined;
+    for (const runsPerClaim of [0, 1001, 1.5, Number.NaN]) {
+      assert.throws(() => new Relay(client, sink, { runsPerClaim }), RangeError, String(runsPerClaim));
     }
   });
 
@@ -198,7 +278,8 @@ describe("the relay", () => {
     const batches: number[][] = [];
     const relay = new Relay(
       client,
-      async (_lane, events) => void batches.push(events.map((e) => e.seq)),
+      // Other tests' runs may be left in this database: only crash-0 counts.
+      async (_lane, events) => void (events[0]!.run_id === "crash-0" && batches.push(events.map((e) => e.seq))),
       { lanes: ["observability"], leaseSeconds: 5, concurrency: 1, maxSleep: 0.5, logger: quiet },
     );
     const running = relay.run();
