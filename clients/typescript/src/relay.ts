@@ -177,12 +177,9 @@ export class Relay extends Loop {
     );
     let progressed = false;
     for (;;) {
-      const claimed = rows.filter((r) => r.kind === "claimed");
-      const local = rows.filter((r) => r.kind === "local_ack").length;
-      this.stats.localAcks += local;
-      if (local > 0) progressed = true;
+      const claimed = this.#claimed(rows);
+      progressed ||= rows.length > 0;
       if (claimed.length === 0) return progressed;
-      progressed = true;
       if (this.hurry.signal.aborted) {
         await this.#release(claimed);
         return progressed;
@@ -236,12 +233,9 @@ export class Relay extends Loop {
     );
     let progressed = false;
     for (;;) {
-      const claimed = rows.filter((r) => r.kind === "claimed");
-      const local = rows.filter((r) => r.kind === "local_ack").length;
-      this.stats.localAcks += local;
-      if (local > 0) progressed = true;
+      const claimed = this.#claimed(rows);
+      progressed ||= rows.length > 0;
       if (claimed.length === 0) return progressed;
-      progressed = true;
       if (this.stopping) {
         await this.#release(claimed);
         return progressed;
@@ -303,6 +297,12 @@ export class Relay extends Loop {
       );
       rows = out.filter((r) => r.kind !== "delivered");
     }
+  }
+
+  /** The claimed rows of a claim's answer, counting its local acks. */
+  #claimed(rows: LedgerEvent[]): LedgerEvent[] {
+    this.stats.localAcks += rows.filter((r) => r.kind === "local_ack").length;
+    return rows.filter((r) => r.kind === "claimed");
   }
 
   /** Deliver one batch, renewing its leases while the sink takes its time;
