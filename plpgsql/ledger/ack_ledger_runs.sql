@@ -16,7 +16,11 @@
 -- many runs, where ack_ledger with claim_next pays them per run.
 --
 -- Rows: the delivered rows, run by run in the lane lock order, each run's
--- in seq order; then the claim's rows in run_id and seq order.
+-- in seq order; then the claim's rows in run_id and seq order. A delivered
+-- row is ack_ledger's row without its payload (null): the relay sent that
+-- payload, and sending every one back costs the server and, more, the
+-- client that parses it (a relay over lanes of 100 parses 100 payloads a
+-- batch it never reads). A claimed row carries its payload.
 -- Replay: every acknowledgement replays as ack_ledger's does; the claim
 -- replays by call_id (pass one: without it a repeat claims afresh, and the
 -- leases the lost call took lapse after lease_seconds).
@@ -57,9 +61,12 @@ BEGIN
         ORDER BY l.run_id COLLATE "C", l.lane
     LOOP
         RETURN QUERY
-        SELECT * FROM ack_ledger(
+        SELECT
+            a.kind, a.event_id, a.run_id, a.seq, a.type, NULL::jsonb, a.delivery_key, a.created_at, a.frozen,
+            a.lease_expires_at, a.lease_remaining_ms, a.lag_ms
+        FROM ack_ledger(
             ack_ledger_runs.relay, v_group.run_id, v_group.ids, 0, ack_ledger_runs.lease_seconds, TRUE
-        );
+        ) AS a;
     END LOOP;
     IF ack_ledger_runs.claim_runs > 0 THEN
         RETURN QUERY

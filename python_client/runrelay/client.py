@@ -908,7 +908,8 @@ class _Methods:
         conn: Any = None,
     ) -> _Call[list[LedgerEvent]]:
         """Acknowledge delivered events of several runs, then claim the next
-        runs' batches -> list[LedgerEvent]."""
+        runs' batches -> list[LedgerEvent] (delivered rows without their
+        payload)."""
         values = {
             "relay": relay,
             "event_ids": list(event_ids),

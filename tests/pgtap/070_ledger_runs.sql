@@ -1,6 +1,6 @@
 -- claim_ledger_runs and ack_ledger_runs: several runs' lanes per call.
 BEGIN;
-SELECT plan(33);
+SELECT plan(34);
 
 SELECT tests.clear_runs();
 
@@ -86,6 +86,11 @@ SELECT ok(
         WHERE f.kind = 'delivered'
     ),
     'delivered rows carry lag_ms'
+);
+SELECT is(
+    (SELECT array_agg(f.kind || ':' || coalesce(f.payload::text, 'null')) FROM first_ack AS f),
+    ARRAY['delivered:null', 'delivered:null', 'delivered:null', 'delivered:null', 'claimed:{"n": 1}'],
+    'delivered rows leave out the payload the relay sent; claimed rows carry theirs'
 );
 SELECT is(
     tests.ledger_states('lr_a'), ARRAY['run.queued=delivered:fixture', 'a.1=delivered:r1', 'a.2=delivered:r1'],
