@@ -241,7 +241,11 @@ export class Relay extends Loop {
         return progressed;
       }
       const waiting = new Map<string, LedgerEvent[]>();
-      for (const event of claimed) waiting.set(event.run_id, [...(waiting.get(event.run_id) ?? []), event]);
+      for (const event of claimed) {
+        const batch = waiting.get(event.run_id);
+        if (batch === undefined) waiting.set(event.run_id, [event]);
+        else batch.push(event);
+      }
       const sent: LedgerEvent[] = [];
       const released: Promise<void>[] = [];
       const handBack = (): void => {
