@@ -10,6 +10,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
+import pytest
 
 from sqlapi import call, enqueue, fenced, scalar
 
@@ -303,6 +304,42 @@ def test_claim_attempts_starts_runs_set_based_and_seeks(
         assert len(rows) == size
         counts.append(table_statements(plans(), forbidden=("Bitmap Heap Scan on runs",)))
     assert len(set(counts)) == 1, counts
+
+
+@pytest.mark.parametrize("queues", [["q"], None, ["q", "other"]])
+def test_claims_read_the_claim_index_after_statistics_saw_no_queued_run(
+    db: psycopg.Connection, plans: Callable[[], list[str]], queues: list[str] | None
+) -> None:
+    """Statistics taken while nothing was queued (100 000 finished runs), then
+    a backlog of 2 000: the claim's candidates still come from a claim index,
+    best first, without reading and sorting the backlog. (PostgreSQL 18
+    planned them through runs_list_idx and a sort of every queued run.)"""
+    db.execute("ALTER TABLE runrelay.runs SET (autovacuum_enabled = false)")
+    try:
+        db.execute("SET auto_explain.log_min_duration = -1")
+        insert_finished_runs(db, 100_000)
+        db.execute("ANALYZE runrelay.runs")
+        db.execute(
+            "SELECT runrelay.enqueue_run('bulk-' || i, 'q') FROM generate_series(1, 2000) AS i"
+        )
+        db.execute("SET auto_explain.log_min_duration = 0")
+        db.execute("SET auto_explain.log_analyze = on")
+        db.execute("SET auto_explain.log_timing = off")
+        for _ in range(7):  # past plpgsql's switch to the generic plan
+            plans()
+            assert len(call(db, "claim_attempts", worker="w", queues=queues)) == 1
+            [candidates] = [
+                p for p in plans() if "FOR UPDATE SKIP LOCKED" in p and "ORDER BY r.priority" in p
+            ]
+            assert "runs_claim_" in candidates, candidates
+            assert "runs_list_idx" not in candidates, candidates
+            # At most one run read per queue asked, per loop (PostgreSQL 18
+            # prints the average over loops: 1.00, 0.50).
+            for line in candidates.splitlines():
+                if "Scan" in line and " on runs " in line:
+                    assert re.search(r"actual rows=[01](\.\d+)? ", line), candidates
+    finally:
+        db.execute("ALTER TABLE runrelay.runs RESET (autovacuum_enabled)")
 
 
 def test_claims_do_not_pay_for_another_queues_due_waits(
