@@ -456,18 +456,24 @@ def serve(
 
 
 # -- the loops ----------------------------------------------------------------
-def serve_process_metrics(host: str, port: int) -> CollectorRegistry:
+def serve_process_metrics(
+    host: str, port: int, loop: type[WorkerMetrics] | type[RelayMetrics]
+) -> CollectorRegistry:
     """Serve prometheus_client's default registry (this process's CPU,
-    memory and Python metrics, and whatever loops record into it) on
-    http://host:port/ from a daemon thread, and return it for the loops
-    (`runrelay worker|relay --metrics-port`). Raises OSError when the
-    address cannot be bound.
+    memory and Python metrics, and the `loop` metrics the process's loop
+    records into it) on http://host:port/ from a daemon thread, and return
+    it for the loop (`runrelay worker|relay --metrics-port`). Raises
+    OSError when the address cannot be bound.
+
+    The loop's metrics are registered before the port opens, so the first
+    scrape already lists them (the loop itself is built afterwards).
 
     The process is runrelay's own, so it also drops the `*_created` series
     prometheus_client adds for every counter and histogram by default (a
     process-wide switch a library must leave to its application): they
     double the series and Prometheus needs none of them to compute rates."""
     disable_created_metrics()  # type: ignore[no-untyped-call]
+    loop.of(REGISTRY)
     start_http_server(port, addr=host, registry=REGISTRY)
     return REGISTRY
 

@@ -846,6 +846,43 @@ def test_loop_commands_serve_their_metrics_with_metrics_port(
                 proc.kill()
 
 
+# The first scrape of a loop command's port already lists the loop's metrics:
+# they are registered before the port opens, not when the loop is built, so
+# a scrape that lands in between (a loaded machine) is not missing them.
+_SERVE_THEN_WAIT = """
+import argparse, sys, time
+from runrelay.cli.loops import _loop_metrics
+args = argparse.Namespace(metrics_host="127.0.0.1", metrics_port=int(sys.argv[1]))
+_loop_metrics(args, sys.argv[2])
+print("serving", flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize(
+    ("loop", "family"),
+    [("worker", "runrelay_worker_runs_claimed"), ("relay", "runrelay_relay_events_delivered")],
+)
+def test_a_loop_commands_first_scrape_lists_the_loops_metrics(loop: str, family: str) -> None:
+    port = _free_port()
+    # Nothing builds the loop in this process: what the page lists came from
+    # serving the metrics alone.
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SERVE_THEN_WAIT, str(port), loop],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "serving\n", proc.communicate()[1][-3000:]
+        page = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=60).text
+        assert f"# HELP {family}_total " in page
+        assert "process_cpu_seconds_total" in page
+        assert "_created" not in page
+    finally:
+        proc.kill()
+        proc.communicate()
+
+
 # -- the dashboard --------------------------------------------------------------
 def _series_names(registries: Sequence[CollectorRegistry]) -> set[str]:
     """Every series name the families of `registries` can expose."""

@@ -151,7 +151,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         "shutdown_grace": args.shutdown_grace,
         "maintenance": args.maintenance,
         "fused": args.fused,
-        "metrics": _loop_metrics(args),
+        "metrics": _loop_metrics(args, "worker"),
         "timeout": args.timeout,
     }
     if args.use_async or _is_async(handler):
@@ -237,7 +237,7 @@ def cmd_relay(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         lease_seconds=args.lease_seconds,
         listen_dsn=listen,
-        metrics=_loop_metrics(args),
+        metrics=_loop_metrics(args, "relay"),
         concurrency=args.concurrency,
         runs_per_claim=args.runs_per_claim,
     )
@@ -282,15 +282,16 @@ def _metrics_module() -> Any:
     return metrics
 
 
-def _loop_metrics(args: argparse.Namespace) -> Any:
-    """With --metrics-port: serve this process's metrics (the loop's, and
-    prometheus_client's process and Python ones) and return the registry
-    the loop records into; None without it."""
+def _loop_metrics(args: argparse.Namespace, loop: str) -> Any:
+    """With --metrics-port: serve this process's metrics (the `loop`'s,
+    "worker" or "relay", and prometheus_client's process and Python ones)
+    and return the registry the loop records into; None without it."""
     if args.metrics_port is None:
         return None
     metrics = _metrics_module()
+    kind = {"worker": metrics.WorkerMetrics, "relay": metrics.RelayMetrics}[loop]
     try:
-        return metrics.serve_process_metrics(args.metrics_host, args.metrics_port)
+        return metrics.serve_process_metrics(args.metrics_host, args.metrics_port, kind)
     except OSError as exc:
         where = f"{args.metrics_host}:{args.metrics_port}"
         raise CommandError(f"cannot listen on {where}: {exc.strerror or exc}") from None
