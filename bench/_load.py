@@ -15,6 +15,14 @@ Each worker connects, runs `warmup` steps (so psycopg has prepared its
 statements and PL/pgSQL has cached its plans), then waits at a barrier; the
 window starts for all at once and lasts `seconds`, or until a worker finds
 nothing left. Throughput is total jobs / (last stop - first start).
+
+Each worker also reads the CPU time its own server backend and its own
+process used across the window (/proc/<pid>/schedstat for the backend, the
+process clock for the client), so every case reports the server's and the
+client's CPU per job beside its throughput. The backend's CPU covers what
+the session does, its commits' WAL flushes included, not the server's
+background processes; it is None when the server is not a process of this
+machine (`--dsn` naming another host).
 """
 
 from __future__ import annotations
@@ -54,11 +62,14 @@ Factory = Callable[[psycopg.Connection[Any], int], Step]
 
 @dataclass
 class Window:
-    """One repetition: what all workers did together."""
+    """One repetition: what all workers did together, and the CPU seconds
+    their server backends and their own processes used (None: unknown)."""
 
     jobs: int
     seconds: float
     latencies_ms: dict[str, list[float]] = field(default_factory=dict)
+    server_cpu_s: float | None = None
+    client_cpu_s: float | None = None
 
     @property
     def rate(self) -> float:
@@ -67,6 +78,25 @@ class Window:
 
 class WorkerError(RuntimeError):
     """A worker process failed; the message carries its traceback."""
+
+
+def backend_cpu_ns(conn: psycopg.Connection[Any]) -> int | None:
+    """The CPU time the server process behind `conn` has used, in
+    nanoseconds; None when that process is not one of this machine's
+    PostgreSQL processes (a server elsewhere, or in another pid namespace)."""
+    pid = conn.info.backend_pid
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            if not fh.read().startswith(b"postgres"):
+                return None
+        with open(f"/proc/{pid}/schedstat", encoding="ascii") as fh:
+            return int(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _used(before: int | None, after: int | None) -> int | None:
+    return None if before is None or after is None else after - before
 
 
 def warm_up(step: Step, steps: int) -> None:
@@ -111,12 +141,15 @@ def _worker(
             step = factory(conn, index)
             warm_up(step, warmup)
             barrier.wait(timeout=120)
+            server, client = backend_cpu_ns(conn), time.process_time_ns()
             jobs, started, stopped, rec = timed_steps(step, seconds)
-        out.put((index, jobs, started, stopped, rec.samples, None))
+            server = _used(server, backend_cpu_ns(conn))
+            client = time.process_time_ns() - client
+        out.put((index, jobs, started, stopped, rec.samples, None, server, client))
     except BaseException:
         with contextlib.suppress(Exception):
             barrier.abort()
-        out.put((index, 0, 0.0, 0.0, {}, traceback.format_exc()))
+        out.put((index, 0, 0.0, 0.0, {}, traceback.format_exc(), None, None))
 
 
 def run_window(url: str, factory: Factory, workers: int, seconds: float, warmup: int = 8) -> Window:
@@ -142,8 +175,13 @@ def run_window(url: str, factory: Factory, workers: int, seconds: float, warmup:
     for r in results:
         for op, samples in r[4].items():
             latencies.setdefault(op, []).extend(s / 1e6 for s in samples)
+    servers = [r[6] for r in results]
     return Window(
-        jobs=sum(r[1] for r in results), seconds=stopped - started, latencies_ms=latencies
+        jobs=sum(r[1] for r in results),
+        seconds=stopped - started,
+        latencies_ms=latencies,
+        server_cpu_s=None if None in servers else sum(servers) / 1e9,
+        client_cpu_s=sum(r[7] for r in results) / 1e9,
     )
 
 
@@ -152,9 +190,18 @@ def run_serial(url: str, factory: Factory, samples: int, warmup: int = 8) -> Win
     with psycopg.connect(url, autocommit=True) as conn:
         step = factory(conn, 0)
         warm_up(step, warmup)
+        server, client = backend_cpu_ns(conn), time.process_time_ns()
         jobs, started, stopped, rec = timed_steps(step, steps=samples)
+        server = _used(server, backend_cpu_ns(conn))
+        client = time.process_time_ns() - client
     latencies = {op: [s / 1e6 for s in v] for op, v in rec.samples.items()}
-    return Window(jobs=jobs, seconds=stopped - started, latencies_ms=latencies)
+    return Window(
+        jobs=jobs,
+        seconds=stopped - started,
+        latencies_ms=latencies,
+        server_cpu_s=None if server is None else server / 1e9,
+        client_cpu_s=client / 1e9,
+    )
 
 
 @dataclass

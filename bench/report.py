@@ -306,15 +306,29 @@ def _latency_cell(case: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
+def _cpu_cell(case: dict[str, Any]) -> str:
+    """Server / client CPU ms per unit (job, event, call), medians; a dash
+    where a run did not measure it (results from before it was measured, a
+    server on another machine)."""
+    if "server_cpu_ms" not in case or "client_cpu_ms" not in case:
+        return "—"
+    return f"{case['server_cpu_ms']['median']:.3f} / {case['client_cpu_ms']['median']:.3f}"
+
+
+CPU_HEADER = "server / client CPU per unit (ms)"
+
+
 def print_table(doc: Doc, console: Console) -> None:
     table = Table(title="runrelay bench — median [min–max] of repetitions; latency p50/p99 ms")
-    for col in ("case", "throughput", "unit", "latency p50/p99 (ms)"):
+    for col in ("case", "throughput", "unit", CPU_HEADER, "latency p50/p99 (ms)"):
         table.add_column(col, overflow="fold")
     for key, case in doc.get("cases", {}).items():
         if "throughput" not in case:
-            table.add_row(key, "failed", "", case.get("error", ""))
+            table.add_row(key, "failed", "", "", case.get("error", ""))
             continue
-        table.add_row(key, _spread(case["throughput"]), case["unit"], _latency_cell(case))
+        table.add_row(
+            key, _spread(case["throughput"]), case["unit"], _cpu_cell(case), _latency_cell(case)
+        )
     console.print(table)
     ratio_table = Table(title="ratios (per repetition, median [min–max])")
     ratio_table.add_column("comparison")
@@ -505,19 +519,30 @@ def markdown(doc: Doc, results_path: str, images: list[str]) -> str:
     rows = []
     for key, case in doc["cases"].items():
         if "throughput" not in case:
-            rows.append([f"`{key}`", "failed", "", case.get("error", "")])
+            rows.append([f"`{key}`", "failed", "", "", case.get("error", "")])
             continue
-        rows.append([f"`{key}`", _spread(case["throughput"]), case["unit"], _latency_cell(case)])
-    out.append(
-        _md_table(["case", "throughput", "unit", "latency p50/p99 per call (ms)"], rows) + "\n"
-    )
+        rows.append(
+            [
+                f"`{key}`",
+                _spread(case["throughput"]),
+                case["unit"],
+                _cpu_cell(case),
+                _latency_cell(case),
+            ]
+        )
+    headers = ["case", "throughput", "unit", CPU_HEADER, "latency p50/p99 per call (ms)"]
+    out.append(_md_table(headers, rows) + "\n")
     out.append(
         "\nKeys: `floor.*` the floor; `*.w4` 4 workers, `*.c16` 16 connections, `*.r4` 4 relays. "
         "`single` = one job per claim; `batch10` = 10 jobs per claim and one ack of 10; "
         "`fused` / `fused_batch10` = the Worker's default path, one `settle_and_claim` per "
         "step that completes the runs held and claims the next 1 / 10; "
         "`ledger.head` = head-only delivery (ack + claim-next of 1), `ledger.batch100` = frozen "
-        "batches of 100; `hot_*` = one run with all the events.\n"
+        "batches of 100; `hot_*` = one run with all the events. "
+        "Server CPU is what the workers' own backends used in the window (their "
+        "commits' WAL flushes included, the server's background processes not), "
+        "client CPU what the worker processes used, each divided by the jobs, "
+        "events or calls done.\n"
     )
 
     out.append("\n## Ratios\n")

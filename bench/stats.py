@@ -54,13 +54,22 @@ def summarize(windows: Sequence[Window], unit: str = "jobs/s") -> dict[str, Any]
         }
         for op in ops
     }
-    return {
+    out = {
         "unit": unit,
         "throughput": spread([w.rate for w in windows]),
         "jobs": [w.jobs for w in windows],
         "seconds": [round(w.seconds, 3) for w in windows],
         "latency_ms": latency,
     }
+    # CPU milliseconds per unit of throughput (job, event or call), where
+    # every repetition knows it and did some work.
+    for side in ("server", "client"):
+        used = [getattr(w, f"{side}_cpu_s") for w in windows]
+        if windows and None not in used and all(w.jobs for w in windows):
+            out[f"{side}_cpu_ms"] = spread(
+                [u * 1000 / w.jobs for u, w in zip(used, windows, strict=True)]
+            )
+    return out
 
 
 def write(doc: dict[str, Any], path: Path) -> None:
