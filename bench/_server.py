@@ -12,8 +12,9 @@ gigabyte) is held in memory, as a server sized for it holds it: this
 machine's kernel keeps almost no page cache (a virtual machine whose free
 memory is reclaimed), so with 256 MB the million-run windows read pages
 from the disk: claims at a million runs took 1.5-1.7x those at a thousand
-in one check, with the same buffers per call, and 0.9-1.0x with 1 GB. Every system under test gets its own database on
-this one server, so they share the machine, the WAL device and the settings.
+in one check, with the same buffers per call, and 0.9-1.0x with 1 GB.
+Every system under test gets its own database on this one server, so they
+share the machine, the WAL device and the settings.
 """
 
 from __future__ import annotations
