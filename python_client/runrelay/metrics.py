@@ -457,7 +457,7 @@ def serve(
 
 # -- the loops ----------------------------------------------------------------
 def serve_process_metrics(
-    host: str, port: int, loop: type[WorkerMetrics] | type[RelayMetrics]
+    host: str, port: int, loop: type[WorkerMetrics] | type[RelayMetrics] | None = None
 ) -> CollectorRegistry:
     """Serve prometheus_client's default registry (this process's CPU,
     memory and Python metrics, and the `loop` metrics the process's loop
@@ -465,7 +465,7 @@ def serve_process_metrics(
     it for the loop (`runrelay worker|relay --metrics-port`). Raises
     OSError when the address cannot be bound.
 
-    The loop's metrics are registered before the port opens, so the first
+    The `loop` metrics are registered before the port opens, so the first
     scrape already lists them (the loop itself is built afterwards).
 
     The process is runrelay's own, so it also drops the `*_created` series
@@ -473,7 +473,8 @@ def serve_process_metrics(
     process-wide switch a library must leave to its application): they
     double the series and Prometheus needs none of them to compute rates."""
     disable_created_metrics()  # type: ignore[no-untyped-call]
-    loop.of(REGISTRY)
+    if loop is not None:
+        loop.of(REGISTRY)
     start_http_server(port, addr=host, registry=REGISTRY)
     return REGISTRY
 
