@@ -84,9 +84,10 @@ def test_a_loops_metrics_listen_on_this_host_unless_told_otherwise(command: str)
 
 
 def test_the_license_file_is_the_declared_license() -> None:
-    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["license"]
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     text = (REPO / "LICENSE").read_text()
-    assert declared == {"text": "Apache-2.0"}
+    assert project["license"] == "Apache-2.0"  # an SPDX expression
+    assert project["license-files"] == ["LICENSE"]
     assert "Apache License" in text and "Version 2.0, January 2004" in text
 
 
