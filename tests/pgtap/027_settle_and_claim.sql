@@ -14,7 +14,7 @@
 -- tokens and the moments of this transaction normalised away (the fixtures
 -- are in helpers_settle.sql).
 BEGIN;
-SELECT plan(102);
+SELECT plan(157);
 
 -- plain: one completion; the claim takes the next run of the queue.
 SELECT tests.start_run(p || 'a') FROM tests.sc_both('plain') AS p;
@@ -169,6 +169,104 @@ SELECT tests.start_run(p || 'a') FROM tests.sc_both('waited') AS p;
 SELECT runrelay.suspend_attempt(p || 'a', 1, tests.token(p || 'a'), '{"kind": "sleep", "until": "2100-01-01T00:00:00Z"}')
 FROM tests.sc_both('waited') AS p;
 SELECT tests.sc_case('waited', '[{"run": "a"}]', ARRAY['a'], '[["settled", "a", 1, "fence_lost"]]');
+
+-- The call a worker makes after each job (one plain completion, a claim of
+-- at most one run) has a path of its own (_settle_one). These cases take it
+-- through each of its branches; the reference side takes the general steps.
+
+-- one_empty: nothing left to claim.
+SELECT tests.start_run(p || 'a') FROM tests.sc_both('one_empty') AS p;
+SELECT tests.sc_case('one_empty', '[{"run": "a", "result": {"n": 1}}]', ARRAY['a'], '[["settled", "a", 1, "completed"]]');
+
+-- one_only: max_runs 0 settles and leaves the next run queued.
+SELECT tests.start_run(p || 'a') FROM tests.sc_both('one_only') AS p;
+SELECT runrelay.enqueue_run(run_id => p || 'next', queue => p || 'a') FROM tests.sc_both('one_only') AS p;
+SELECT tests.sc_case('one_only', '[{"run": "a"}]', ARRAY['a'], '[["settled", "a", 1, "completed"]]', 0);
+
+-- one_no_result: op given, no result: the result is {}.
+SELECT tests.start_run(p || 'a') FROM tests.sc_both('one_no_result') AS p;
+SELECT runrelay.enqueue_run(run_id => p || 'next', queue => p || 'a', payload => '{"x": 2}')
+FROM tests.sc_both('one_no_result') AS p;
+SELECT tests.sc_case(
+    'one_no_result', '[{"run": "a", "op": "complete"}]', ARRAY['a'],
+    '[["settled", "a", 1, "completed"], ["claimed", "next", 1, null]]'
+);
+
+-- one_wrong_attempt: an attempt the run never had is fence_lost; the claim
+-- still runs.
+SELECT tests.start_run(p || 'a') FROM tests.sc_both('one_wrong_attempt') AS p;
+SELECT runrelay.enqueue_run(run_id => p || 'next', queue => p || 'a') FROM tests.sc_both('one_wrong_attempt') AS p;
+SELECT tests.sc_case(
+    'one_wrong_attempt', '[{"run": "a", "attempt": 2}]', ARRAY['a'],
+    '[["settled", "a", 2, "fence_lost"], ["claimed", "next", 1, null]]'
+);
+
+-- one_unknown: a run that does not exist is fence_lost.
+SELECT runrelay.enqueue_run(run_id => p || 'next', queue => p || 'a') FROM tests.sc_both('one_unknown') AS p;
+SELECT tests.sc_case(
+    'one_unknown', '[{"run": "ghost", "attempt": 1, "lease_token": "5b3cf6a4-5cc8-4f4c-9d5e-0e0f7b4a9c11"}]', ARRAY['a'],
+    '[["settled", "ghost", 1, "fence_lost"], ["claimed", "next", 1, null]]'
+);
+
+-- one_marked_next: the run the claim finds has a cancel marker: it is
+-- cancelled instead of started, and nothing is claimed.
+SELECT tests.start_run(p || 'a') FROM tests.sc_both('one_marked_next') AS p;
+SELECT runrelay.enqueue_run(run_id => p || 'next', queue => p || 'a') FROM tests.sc_both('one_marked_next') AS p;
+SELECT tests.mark_cancel(p || 'next') FROM tests.sc_both('one_marked_next') AS p;
+SELECT tests.sc_case('one_marked_next', '[{"run": "a"}]', ARRAY['a'], '[["settled", "a", 1, "completed"]]');
+
+-- one_caught_up: a relay has delivered every event of both runs, so each
+-- event written starts its lane again (_lanes_on_write).
+SELECT tests.start_run(p || 'a') FROM tests.sc_both('one_caught_up') AS p;
+SELECT runrelay.enqueue_run(run_id => p || 'next', queue => p || 'a') FROM tests.sc_both('one_caught_up') AS p;
+SELECT tests.sc_deliver(p || r) FROM tests.sc_both('one_caught_up') AS p CROSS JOIN unnest(ARRAY['a', 'next']) AS r;
+SELECT tests.sc_case(
+    'one_caught_up', '[{"run": "a"}]', ARRAY['a'], '[["settled", "a", 1, "completed"], ["claimed", "next", 1, null]]'
+);
+
+-- one_steps: the claimed run recorded a step in an attempt it handed back;
+-- the claim returns it.
+SELECT tests.start_run(p || 'a') FROM tests.sc_both('one_steps') AS p;
+SELECT runrelay.enqueue_run(run_id => p || 'next', queue => p || 'a') FROM tests.sc_both('one_steps') AS p;
+SELECT tests.claim_run(p || 'next') FROM tests.sc_both('one_steps') AS p;
+SELECT runrelay.record_step(p || 'next', 1, tests.token(p || 'next'), 'charge', '{"id": 7}') FROM tests.sc_both('one_steps') AS p;
+SELECT runrelay.release_attempt(p || 'next', 1, tests.token(p || 'next')) FROM tests.sc_both('one_steps') AS p;
+SELECT tests.sc_case(
+    'one_steps', '[{"run": "a"}]', ARRAY['a'], '[["settled", "a", 1, "completed"], ["claimed", "next", 2, null]]'
+);
+
+-- one_tasks: a claim for one task passes over a better run of another.
+SELECT tests.start_run(p || 'a') FROM tests.sc_both('one_tasks') AS p;
+SELECT runrelay.enqueue_run(run_id => p || 'next', queue => p || 'a', task => 'sc_send') FROM tests.sc_both('one_tasks') AS p;
+SELECT runrelay.enqueue_run(run_id => p || 'other', queue => p || 'a', task => 'sc_other', priority => 9)
+FROM tests.sc_both('one_tasks') AS p;
+SELECT tests.sc_case(
+    'one_tasks', '[{"run": "a"}]', ARRAY['a'], '[["settled", "a", 1, "completed"], ["claimed", "next", 1, null]]', 1,
+    ARRAY['sc_send']
+);
+
+-- one_due: a sleep on the queue is due, so the claim is _claim's: it wakes
+-- the sleeper and takes it.
+SELECT tests.start_run(p || 'a') FROM tests.sc_both('one_due') AS p;
+SELECT runrelay.enqueue_run(run_id => p || 's', queue => p || 'a') FROM tests.sc_both('one_due') AS p;
+SELECT tests.claim_run(p || 's') FROM tests.sc_both('one_due') AS p;
+SELECT runrelay.suspend_attempt(p || 's', 1, tests.token(p || 's'), jsonb_build_object('kind', 'sleep', 'until', now() + interval '1 hour'))
+FROM tests.sc_both('one_due') AS p;
+UPDATE runrelay.runs SET wake_at = now() - interval '1 minute'
+WHERE run_id IN (SELECT p || 's' FROM tests.sc_both('one_due') AS p);
+SELECT tests.sc_case(
+    'one_due', '[{"run": "a"}]', ARRAY['a'], '[["settled", "a", 1, "completed"], ["claimed", "s", 2, null]]'
+);
+
+-- one_paused: while any queue is paused the claim is _claim's; this queue
+-- is not paused, so it claims as ever.
+SELECT tests.start_run(p || 'a') FROM tests.sc_both('one_paused') AS p;
+SELECT runrelay.enqueue_run(run_id => p || 'next', queue => p || 'a') FROM tests.sc_both('one_paused') AS p;
+SELECT runrelay.pause_queue(p || 'other') FROM tests.sc_both('one_paused') AS p;
+SELECT tests.sc_case(
+    'one_paused', '[{"run": "a"}]', ARRAY['a'], '[["settled", "a", 1, "completed"], ["claimed", "next", 1, null]]'
+);
+SELECT runrelay.resume_queue(p || 'other') FROM tests.sc_both('one_paused') AS p;
 
 -- replay: the same call again (a lost reply) answers the same, settlements
 -- through their fences and the claim through call_id, and writes nothing.

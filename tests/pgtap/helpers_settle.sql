@@ -85,6 +85,17 @@ AS $$
             ) ORDER BY l.run_id, l.lane, l.seq)
             FROM runrelay.ledger AS l WHERE l.run_id LIKE p_prefix || '%'
         ),
+        'lanes', (
+            SELECT jsonb_agg(jsonb_build_object(
+                'run_id', replace(t.run_id, p_prefix, ''),
+                'lane', t.lane,
+                'head_seq', t.head_seq,
+                'available_at', tests.sc_time(t.available_at),
+                'delivered_below', t.delivered_below,
+                'lease_owner', t.lease_owner
+            ) ORDER BY t.run_id, t.lane)
+            FROM runrelay.ledger_lanes AS t WHERE t.run_id LIKE p_prefix || '%'
+        ),
         'markers', (SELECT count(*) FROM runrelay.cancellations AS c WHERE c.run_id LIKE p_prefix || '%'),
         'signals', (SELECT count(*) FROM runrelay.signals AS s WHERE s.run_id LIKE p_prefix || '%')
     );
@@ -112,7 +123,8 @@ $$;
 -- A row of either side's answer, normalised.
 CREATE FUNCTION tests.sc_row(
     p_prefix text, p_kind text, p_run_id text, p_attempt integer, p_outcome text,
-    p_lease_token uuid, p_queue text, p_payload jsonb, p_resume jsonb, p_lease_expires_at timestamptz
+    p_lease_token uuid, p_queue text, p_payload jsonb, p_resume jsonb, p_lease_expires_at timestamptz,
+    p_task text, p_steps jsonb
 )
 RETURNS jsonb
 LANGUAGE sql
@@ -126,7 +138,9 @@ AS $$
         'queue', replace(p_queue, p_prefix, ''),
         'payload', p_payload,
         'resume', p_resume,
-        'lease', tests.sc_time(p_lease_expires_at)
+        'lease', tests.sc_time(p_lease_expires_at),
+        'task', p_task,
+        'steps', p_steps
     );
 $$;
 
@@ -139,27 +153,30 @@ $$;
 
 -- The fused side: one settle_and_claim call.
 CREATE FUNCTION tests.sc_fused(
-    p_prefix text, p_spec jsonb, p_queues text[], p_max_runs integer DEFAULT 1, p_call_id uuid DEFAULT NULL
+    p_prefix text, p_spec jsonb, p_queues text[], p_max_runs integer DEFAULT 1, p_call_id uuid DEFAULT NULL,
+    p_tasks text[] DEFAULT NULL
 )
 RETURNS jsonb
 LANGUAGE sql
 AS $$
     SELECT coalesce(jsonb_agg(
         tests.sc_row(p_prefix, c.kind, c.run_id, c.attempt, c.outcome, c.lease_token, c.queue,
-            c.payload, c.resume, c.lease_expires_at)
+            c.payload, c.resume, c.lease_expires_at, c.task, c.steps)
         ORDER BY c.ord
     ), '[]'::jsonb)
     FROM runrelay.settle_and_claim(
-        tests.sc_items(p_prefix, p_spec), 'w1', tests.sc_queues(p_prefix, p_queues), p_max_runs, 30, p_call_id
+        tests.sc_items(p_prefix, p_spec), 'w1', tests.sc_queues(p_prefix, p_queues), p_max_runs, 30, p_call_id,
+        p_tasks
     ) WITH ORDINALITY AS c (
-        kind, run_id, attempt, outcome, lease_token, queue, payload, resume, lease_expires_at, ord
+        kind, run_id, attempt, outcome, lease_token, queue, payload, resume, lease_expires_at, task, steps, ord
     );
 $$;
 
 -- The split side: each item by its own function, in item order, then a
 -- claim, each a statement of its own as a worker's separate calls are.
 CREATE FUNCTION tests.sc_split(
-    p_prefix text, p_spec jsonb, p_queues text[], p_max_runs integer DEFAULT 1, p_call_id uuid DEFAULT NULL
+    p_prefix text, p_spec jsonb, p_queues text[], p_max_runs integer DEFAULT 1, p_call_id uuid DEFAULT NULL,
+    p_tasks text[] DEFAULT NULL
 )
 RETURNS jsonb
 LANGUAGE plpgsql
@@ -207,15 +224,17 @@ BEGIN
                 );
         END CASE;
         v_out := v_out || tests.sc_row(p_prefix, 'settled', v_item ->> 'run_id', (v_item ->> 'attempt')::integer,
-            v_outcome, NULL, NULL, NULL, NULL, NULL);
+            v_outcome, NULL, NULL, NULL, NULL, NULL, NULL, NULL);
     END LOOP;
     IF p_max_runs > 0 THEN
         FOR v_claim IN
-            SELECT * FROM runrelay.claim_attempts('w1', tests.sc_queues(p_prefix, p_queues), p_max_runs, 30, p_call_id)
-            WITH ORDINALITY AS c
+            SELECT * FROM runrelay.claim_attempts(
+                'w1', tests.sc_queues(p_prefix, p_queues), p_max_runs, 30, p_call_id, p_tasks
+            ) WITH ORDINALITY AS c
         LOOP
             v_out := v_out || tests.sc_row(p_prefix, 'claimed', v_claim.run_id, v_claim.attempt, NULL,
-                v_claim.lease_token, v_claim.queue, v_claim.payload, v_claim.resume, v_claim.lease_expires_at);
+                v_claim.lease_token, v_claim.queue, v_claim.payload, v_claim.resume, v_claim.lease_expires_at,
+                v_claim.task, v_claim.steps);
         END LOOP;
     END IF;
     RETURN v_out;
@@ -226,7 +245,8 @@ $$;
 -- that settle_and_claim and _complete take their general steps only, never
 -- a fused fast path (_internal/reference_paths.sql).
 CREATE FUNCTION tests.sc_reference(
-    p_prefix text, p_spec jsonb, p_queues text[], p_max_runs integer DEFAULT 1, p_call_id uuid DEFAULT NULL
+    p_prefix text, p_spec jsonb, p_queues text[], p_max_runs integer DEFAULT 1, p_call_id uuid DEFAULT NULL,
+    p_tasks text[] DEFAULT NULL
 )
 RETURNS jsonb
 LANGUAGE plpgsql
@@ -235,7 +255,7 @@ DECLARE
     v_out jsonb;
 BEGIN
     PERFORM set_config('runrelay.reference_paths', 'on', TRUE);
-    v_out := tests.sc_fused(p_prefix, p_spec, p_queues, p_max_runs, p_call_id);
+    v_out := tests.sc_fused(p_prefix, p_spec, p_queues, p_max_runs, p_call_id, p_tasks);
     PERFORM set_config('runrelay.reference_paths', '', TRUE);
     RETURN v_out;
 END;
@@ -244,15 +264,16 @@ $$;
 -- The three sides of one case: the same answer (and the one expected), and
 -- the same rows afterwards.
 CREATE FUNCTION tests.sc_case(
-    p_case text, p_spec jsonb, p_queues text[], p_expected jsonb, p_max_runs integer DEFAULT 1
+    p_case text, p_spec jsonb, p_queues text[], p_expected jsonb, p_max_runs integer DEFAULT 1,
+    p_tasks text[] DEFAULT NULL
 )
 RETURNS SETOF text
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    v_fused jsonb := tests.sc_fused('fused_' || p_case || '_', p_spec, p_queues, p_max_runs);
-    v_split jsonb := tests.sc_split('split_' || p_case || '_', p_spec, p_queues, p_max_runs);
-    v_reference jsonb := tests.sc_reference('ref_' || p_case || '_', p_spec, p_queues, p_max_runs);
+    v_fused jsonb := tests.sc_fused('fused_' || p_case || '_', p_spec, p_queues, p_max_runs, NULL, p_tasks);
+    v_split jsonb := tests.sc_split('split_' || p_case || '_', p_spec, p_queues, p_max_runs, NULL, p_tasks);
+    v_reference jsonb := tests.sc_reference('ref_' || p_case || '_', p_spec, p_queues, p_max_runs, NULL, p_tasks);
 BEGIN
     RETURN NEXT is(v_fused, v_split, p_case || ': the fused call answers as the separate calls');
     RETURN NEXT is(v_fused, v_reference, p_case || ': the fused paths answer as the general steps');
@@ -281,4 +302,27 @@ AS $$
     SELECT 'fused_' || p_case || '_'
     UNION ALL SELECT 'split_' || p_case || '_'
     UNION ALL SELECT 'ref_' || p_case || '_';
+$$;
+
+-- Deliver every pending lifecycle event of a run (relay 'fixture'), so that
+-- its lane has nothing pending and the next event written to it starts the
+-- lane again. Raises unless something was delivered.
+CREATE FUNCTION tests.sc_deliver(p_run_id text)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_ids bigint[];
+    v_acked bigint;
+BEGIN
+    SELECT array_agg(c.event_id ORDER BY c.seq) INTO v_ids
+    FROM runrelay.claim_ledger(relay => 'fixture', run_id => p_run_id, max_events => 100) AS c
+    WHERE c.kind = 'claimed';
+    SELECT count(*) INTO v_acked
+    FROM runrelay.ack_ledger(relay => 'fixture', run_id => p_run_id, event_ids => v_ids) AS a
+    WHERE a.kind = 'delivered';
+    IF v_acked IS DISTINCT FROM cardinality(v_ids)::bigint OR v_acked = 0 THEN
+        RAISE EXCEPTION 'tests.sc_deliver: % of % events of % delivered', v_acked, cardinality(v_ids), p_run_id;
+    END IF;
+END;
 $$;
