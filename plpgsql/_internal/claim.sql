@@ -49,6 +49,8 @@ DECLARE
     v_marked text[];
     v_woken text[];
     v_seqs bigint[];
+    v_seq bigint;
+    v_head bigint;
 BEGIN
     -- One statement asks three things. Was this call_id's claim made
     -- already (a replay)? The look-up is ordered by call_id, not an EXISTS:
@@ -120,6 +122,67 @@ BEGIN
     -- a lease counted from statement time would be short by that wait (or
     -- already expired). v_now still decides what is due and runnable.
     v_granted := _clock_now();
+
+    -- One candidate (a claim of one run: a worker's call after each job)
+    -- starts by a statement of its own, scalar, with what the statement
+    -- below does for it: in a snapshot taken after its lock, unless it has a
+    -- cancel marker, the run, its attempt, run.started, its recorded steps
+    -- and the lane's head. A candidate it does not start (a marker) goes to
+    -- the statement below, which sets it aside as it sets aside every marked
+    -- candidate. runrelay.reference_paths turns this off
+    -- (tests/pgtap/027_settle_and_claim.sql holds the two to the same rows).
+    IF cardinality(v_run_ids) = 1 AND _fast_paths() THEN
+        WITH started AS (
+            UPDATE runs AS r
+            SET status = 'running', attempt_count = r.attempt_count + 1, updated_at = v_now,
+                ledger_seq = r.ledger_seq + 1
+            WHERE
+                r.run_id = v_run_ids[1]
+                AND _runnable(r.status, r.key_held, r.run_at, v_now)
+                AND (SELECT TRUE FROM cancellations AS m WHERE m.run_id = v_run_ids[1]) IS NULL
+            RETURNING
+                r.run_id, r.attempt_count AS attempt, r.ledger_seq AS seq, r.queue, r.payload, r.resume, r.task
+        ),
+        opened AS (
+            INSERT INTO attempts AS a (
+                run_id, attempt, worker, lease_token, status, claimed_at, heartbeat_at,
+                lease_expires_at, call_id, claim_position
+            )
+            SELECT
+                s.run_id, s.attempt, p_worker, gen_random_uuid(), 'running', v_granted, v_granted,
+                v_granted + p_lease, p_call_id, 1
+            FROM started AS s
+            RETURNING a.lease_token
+        ),
+        announced AS (
+            INSERT INTO ledger_events AS l (
+                run_id, lane, seq, type, payload, delivery_key, transport_only,
+                created_at, next_attempt_at
+            )
+            SELECT
+                s.run_id, 'lifecycle', s.seq, 'run.started', jsonb_build_object('attempt', s.attempt, 'worker', p_worker),
+                s.run_id || ':' || s.seq, FALSE, v_now, v_now
+            FROM started AS s
+            RETURNING l.seq
+        )
+        SELECT
+            ARRAY[(
+                s.run_id, s.attempt, o.lease_token, s.queue, s.payload, s.resume, v_granted + p_lease, s.task,
+                (SELECT jsonb_object_agg(st.step, st.result) FROM steps AS st WHERE st.run_id = s.run_id)
+            )::claim_attempts_result],
+            e.seq,
+            (SELECT t.head_seq FROM ledger_lanes AS t WHERE t.run_id = s.run_id AND t.lane = 'lifecycle')
+        INTO v_claimed, v_seq, v_head
+        FROM started AS s
+        CROSS JOIN opened AS o
+        CROSS JOIN announced AS e;
+        IF FOUND THEN
+            IF v_head IS NULL THEN
+                PERFORM _lanes_on_write(v_run_ids, ARRAY['lifecycle'], ARRAY[v_seq]);
+            END IF;
+            RETURN v_claimed;
+        END IF;
+    END IF;
 
     -- The candidates start together, in claim order, in one statement: it
     -- re-reads each locked row (the candidate scan's snapshot may predate a

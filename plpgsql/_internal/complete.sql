@@ -7,7 +7,12 @@
 -- (final_events normalised, results not null) and given in the lock order,
 -- run_id COLLATE "C". Arrays, not a jsonb list or a set-returning function:
 -- a single completion pays for neither parsing nor a tuplestore.
--- Precondition: the caller holds the key locks of the items (custody step 1).
+-- Precondition: the caller holds the key locks of the items (custody step 1),
+-- unless it passes p_keys_locked false for a lone item whose run's key it has
+-- not read: then _complete completes the item by the one-item statements
+-- below if its run has no key, and otherwise returns NULL having locked and
+-- written nothing, so that the caller takes the key lock and calls again
+-- (settle_and_claim and complete_attempt save the key's look that way).
 --
 -- Steps, each one statement for the whole batch:
 --   1. lock the run rows, in the given order, waiting (the caller bounds the
@@ -25,7 +30,12 @@
 --      then the end-of-run bookkeeping (_ended).
 -- The common batch (no final_events, no run with a concurrency key) takes
 -- steps 2 to 4 in one statement that writes all its items or none; a batch
--- it cannot complete whole goes through the steps one by one (below).
+-- it cannot complete whole goes through the steps one by one (below). A
+-- single such item (a worker's completion of the job it ran: every
+-- complete_attempt, and settle_and_claim's call after each job) has
+-- statements of its own, scalar ones: no item list, no aggregate to build.
+-- The same steps, the same rows; runrelay.reference_paths turns both short
+-- cuts off (tests/pgtap/027_settle_and_claim.sql holds them to the steps).
 -- Each row is found once, by a primary-key probe (LATERAL ... LIMIT 1, so
 -- the plan is a probe whatever the statistics say: joined by key against the
 -- item list, a young install's plan could read the whole table), and updated
@@ -47,7 +57,8 @@ CREATE FUNCTION _complete(
     p_attempts integer[],
     p_tokens uuid[],
     p_results jsonb[],
-    p_events jsonb[]
+    p_events jsonb[],
+    p_keys_locked boolean DEFAULT TRUE
 )
 RETURNS text[]
 LANGUAGE plpgsql
@@ -76,7 +87,100 @@ DECLARE
     v_done bigint;
     v_woken text[];
     v_woken_seqs bigint[];
+    v_count integer;
+    v_seq bigint;
+    v_head bigint;
 BEGIN
+    -- Without the key locks, only a lone item may come, and only to the
+    -- one-item statements below.
+    IF NOT p_keys_locked AND NOT (
+        cardinality(p_run_ids) = 1 AND p_events[1] = '[]'::jsonb AND _fast_paths()
+    ) THEN
+        RETURN NULL;
+    END IF;
+    -- One item of a run without a key, no final_events. Step 1 for it (the
+    -- filter on the key is what a keyed run needs: its _ended promotes the
+    -- key's next run, so it goes through the steps below), then steps 2 to
+    -- 4 in one statement, all or nothing, as for the common batch below. An
+    -- item that does not pass writes nothing here and goes through the
+    -- steps, which find its run already locked.
+    IF cardinality(p_run_ids) = 1 AND p_events[1] = '[]'::jsonb AND _fast_paths() THEN
+        SELECT r.attempt_count, r.ctid INTO v_count, v_tid
+        FROM runs AS r
+        WHERE r.run_id = p_run_ids[1] AND r.concurrency_key IS NULL
+        FOR NO KEY UPDATE;
+        IF NOT FOUND AND NOT p_keys_locked THEN
+            RETURN NULL;
+        END IF;
+        IF FOUND THEN
+            v_now := _now();
+            WITH decided AS (
+                SELECT a.ctid AS tid
+                FROM attempts AS a
+                WHERE
+                    a.run_id = p_run_ids[1] AND a.attempt = p_attempts[1]
+                    AND _fence_of(
+                        p_run_ids[1], v_count, a.attempt, a.lease_token, a.status, a.outcome_op, a.outcome,
+                        p_tokens[1], 'complete'
+                    ) IS NULL
+                    AND (SELECT TRUE FROM cancellations AS c WHERE c.run_id = p_run_ids[1]) IS NULL
+                LIMIT 1
+            ),
+            attempt_done AS (
+                UPDATE attempts AS a
+                SET status = 'completed', finished_at = v_now, outcome = 'completed', outcome_op = 'complete'
+                FROM decided AS d
+                WHERE a.ctid = d.tid
+            ),
+            run_done AS (
+                UPDATE runs AS r
+                SET status = 'completed',
+                    result = p_results[1],
+                    wait = NULL,
+                    wake_at = NULL,
+                    finished_at = v_now,
+                    updated_at = v_now,
+                    ledger_seq = r.ledger_seq + 1
+                FROM decided AS d
+                WHERE r.ctid = v_tid
+                RETURNING r.ledger_seq AS seq
+            ),
+            announced AS (
+                INSERT INTO ledger_events AS l (
+                    run_id, lane, seq, type, payload, delivery_key, transport_only,
+                    created_at, next_attempt_at
+                )
+                SELECT
+                    p_run_ids[1], 'lifecycle', d.seq, 'run.completed',
+                    jsonb_build_object('attempt', p_attempts[1], 'result', p_results[1]),
+                    p_run_ids[1] || ':' || d.seq, FALSE, v_now, v_now
+                FROM run_done AS d
+                RETURNING l.seq
+            ),
+            -- A CTE with a volatile call is computed whole, sent included.
+            notified AS (
+                SELECT
+                    e.seq,
+                    (
+                        SELECT count(pg_notify(n.channel, json_build_object('run_id', p_run_ids[1], 'status', 'completed')::text))
+                        FROM _notifying('terminal') AS n (channel)
+                    ) AS sent
+                FROM announced AS e
+            )
+            SELECT
+                e.seq,
+                (SELECT t.head_seq FROM ledger_lanes AS t WHERE t.run_id = p_run_ids[1] AND t.lane = 'lifecycle')
+            INTO v_seq, v_head
+            FROM notified AS e;
+            IF FOUND THEN
+                IF v_head IS NULL THEN
+                    PERFORM _lanes_on_write(p_run_ids, ARRAY['lifecycle'], ARRAY[v_seq]);
+                END IF;
+                RETURN ARRAY['completed'];
+            END IF;
+        END IF;
+    END IF;
+
     -- 1. The run rows, locked in the given order; what the fence reads of
     -- them (a locked row is its latest version), and where each is.
     SELECT
@@ -269,5 +373,5 @@ BEGIN
 END;
 $$;
 
-COMMENT ON FUNCTION _complete(text[], integer[], uuid[], jsonb[], jsonb[]) IS
+COMMENT ON FUNCTION _complete(text[], integer[], uuid[], jsonb[], jsonb[], boolean) IS
 'Fences and completes attempts, one item per run in lock order: completed, cancelled (a marker won), fence_lost or a replay''s outcome.';

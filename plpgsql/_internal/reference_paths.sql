@@ -1,6 +1,7 @@
 -- _fast_paths(): whether a call may take a fused path or short cut where
--- one exists: settle_and_claim's check of a worker's usual call in one
--- statement, _complete's completion of a whole batch in one statement,
+-- one exists: settle_and_claim's check of a worker's usual call (one
+-- expression for one item, one statement for several), _complete's completion of one item or of a whole batch in one
+-- statement, _claim's start of one run in one statement,
 -- enqueue_run's check and write of a new run in one statement, and the
 -- ledger's two short cuts (a claim that leased does not recompute its lane;
 -- ack_ledger's claim_next on a lane with nothing left only recomputes it).

@@ -33,12 +33,15 @@
 -- attempts the first call opened, opens nothing). If the first call rolled
 -- back, the repeat does the work afresh.
 --
--- Cost: the call a worker makes for each job (completions without
--- final_events of runs without a concurrency key, then a claim) is checked
--- by one statement and settled by two (_complete: lock, then decide and
--- write), and the claim takes three (_claim: replay, due waits and pauses;
--- candidates; start); the result is one more. tests/python/test_statements.py
--- pins that count.
+-- Cost: the call a worker makes after each job (one completion without
+-- final_events, then a claim of at most one run) is checked by one
+-- expression, no statement; its completion takes two (_complete's for one
+-- item of a run without a key: lock, then decide and write; the key is read
+-- and locked first only for a run that has one) and its claim three (_claim:
+-- replay, due waits and pauses; the candidate; the start). Other calls whose items are all such
+-- completions are checked by one statement and completed by _complete's
+-- batch statements. The answer's rows are returned one by one, by no
+-- statement. tests/python/test_statements.py pins the counts.
 --
 -- Locks (custody.sql). Every blocking acquisition comes first and follows
 -- the custody order: with more than one item, every key lock of the items
@@ -119,10 +122,55 @@ DECLARE
     v_message text;
     v_column text;
     v_detail_hint text;
+    v_one boolean;
+    v_row settle_and_claim_result;
+    v_claim claim_attempts_result;
 BEGIN
-    -- The call a worker makes for every job: each item a completion with no
-    -- final_events (run_id, attempt, lease_token, result?, op 'complete'?) of
-    -- a run without a concurrency key. One statement checks everything the
+    -- The call a worker makes after each job: one item, a completion without
+    -- final_events (run_id, attempt, lease_token, result?, op 'complete'?),
+    -- max_runs 0 or 1, the items' text under 1024 bytes (so within the
+    -- smallest payload cap, and too short to nest too deep). One expression
+    -- checks what the statement below checks of such a call, so it needs no
+    -- statement; a call it does not pass goes to that statement. CASE, not
+    -- AND: the item's fields are read only once it is an object with them.
+    v_one := coalesce(
+        CASE
+            WHEN
+                jsonb_typeof(settle_and_claim.items) = 'array'
+                AND jsonb_array_length(settle_and_claim.items) = 1
+                AND jsonb_typeof(settle_and_claim.items -> 0) = 'object'
+                AND jsonb_typeof(settle_and_claim.items -> 0 -> 'run_id') = 'string'
+                AND jsonb_typeof(settle_and_claim.items -> 0 -> 'attempt') = 'number'
+                AND jsonb_typeof(settle_and_claim.items -> 0 -> 'lease_token') = 'string'
+                THEN
+                    _fast_paths()
+                    AND current_setting('transaction_isolation') = 'read committed'
+                    AND _id_valid(settle_and_claim.worker)
+                    AND settle_and_claim.max_runs IN (0, 1)
+                    AND octet_length(settle_and_claim.items::text) < 1024
+                    AND ((settle_and_claim.items -> 0) - ARRAY['run_id', 'attempt', 'lease_token', 'op', 'result'])
+                    = '{}'::jsonb
+                    AND coalesce(settle_and_claim.items -> 0 -> 'op', '"complete"'::jsonb) = '"complete"'::jsonb
+                    AND jsonb_typeof(settle_and_claim.items -> 0 -> 'result') IS DISTINCT FROM 'null'
+                    AND _id_valid(settle_and_claim.items -> 0 ->> 'run_id')
+                    AND (settle_and_claim.items -> 0 ->> 'attempt') ~ '^[0-9]{1,9}$'
+                    AND (settle_and_claim.items -> 0 ->> 'attempt') ~ '[1-9]'
+                    AND (settle_and_claim.items -> 0 ->> 'lease_token')
+                    ~* '^[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$'
+        END,
+        FALSE
+    );
+    IF v_one THEN
+        v_plain := TRUE;
+        v_run_ids := ARRAY[settle_and_claim.items -> 0 ->> 'run_id'];
+        v_attempts := ARRAY[(settle_and_claim.items -> 0 ->> 'attempt')::integer];
+        v_tokens := ARRAY[(settle_and_claim.items -> 0 ->> 'lease_token')::uuid];
+        v_results := ARRAY[coalesce(settle_and_claim.items -> 0 -> 'result', '{}'::jsonb)];
+    END IF;
+
+    -- Any other call whose items are all completions with no final_events
+    -- (run_id, attempt, lease_token, result?, op 'complete'?) of runs
+    -- without a concurrency key. One statement checks everything the
     -- checks below would check of such a call (isolation, worker, max_runs,
     -- the items' size, nesting and fields, no repeated run) and reads the
     -- items into arrays, in item order and in the lock order; a key is read
@@ -131,69 +179,71 @@ BEGIN
     -- custody order below takes neither for keyless completions), so it goes
     -- straight to _complete. Any other call, valid or not, takes the path
     -- below, whose checks name what is wrong.
-    SELECT
-        coalesce(
-            _fast_paths()
-            AND current_setting('transaction_isolation') = 'read committed'
-            AND _id_valid(settle_and_claim.worker)
-            AND settle_and_claim.max_runs BETWEEN 0 AND 1000
-            AND jsonb_typeof(settle_and_claim.items) = 'array'
-            AND count(*) <= 1000
-            AND bool_and(e.plain AND e.attempt >= 1) IS NOT FALSE
-            AND (
-                SELECT octet_length(settle_and_claim.items::text) <= s.max_payload_bytes
-                FROM settings AS s
-            )
-            AND (
-                octet_length(settle_and_claim.items::text) < 1024
-                OR NOT jsonb_path_exists(settle_and_claim.items, 'strict $.**{512}')
-            ),
-            FALSE
-        ),
-        -- In item order: the rows come in it (no aggregate sorts its own).
-        coalesce(array_agg(e.run_id), '{}'::text[]),
-        coalesce(array_agg(e.attempt), '{}'::integer[]),
-        array_agg(e.token),
-        array_agg(e.result)
-    INTO v_plain, v_run_ids, v_attempts, v_tokens, v_results
-    FROM (
+    IF NOT v_one THEN
         SELECT
-            x.i, x.item ->> 'run_id' AS run_id, x.plain,
-            CASE WHEN x.plain THEN (x.item ->> 'attempt')::integer END AS attempt,
-            CASE WHEN x.plain THEN (x.item ->> 'lease_token')::uuid END AS token,
-            coalesce(x.item -> 'result', '{}'::jsonb) AS result
+            coalesce(
+                _fast_paths()
+                AND current_setting('transaction_isolation') = 'read committed'
+                AND _id_valid(settle_and_claim.worker)
+                AND settle_and_claim.max_runs BETWEEN 0 AND 1000
+                AND jsonb_typeof(settle_and_claim.items) = 'array'
+                AND count(*) <= 1000
+                AND bool_and(e.plain AND e.attempt >= 1) IS NOT FALSE
+                AND (
+                    SELECT octet_length(settle_and_claim.items::text) <= s.max_payload_bytes
+                    FROM settings AS s
+                )
+                AND (
+                    octet_length(settle_and_claim.items::text) < 1024
+                    OR NOT jsonb_path_exists(settle_and_claim.items, 'strict $.**{512}')
+                ),
+                FALSE
+            ),
+            -- In item order: the rows come in it (no aggregate sorts its own).
+            coalesce(array_agg(e.run_id), '{}'::text[]),
+            coalesce(array_agg(e.attempt), '{}'::integer[]),
+            array_agg(e.token),
+            array_agg(e.result)
+        INTO v_plain, v_run_ids, v_attempts, v_tokens, v_results
         FROM (
             SELECT
-                e.i, e.item,
-                -- CASE, not AND: the later tests may be evaluated only on an
-                -- object with string fields.
-                CASE
-                    WHEN
-                        jsonb_typeof(e.item) = 'object'
-                        AND jsonb_typeof(e.item -> 'run_id') = 'string'
-                        AND jsonb_typeof(e.item -> 'attempt') = 'number'
-                        AND jsonb_typeof(e.item -> 'lease_token') = 'string'
-                        THEN
-                            (e.item - ARRAY['run_id', 'attempt', 'lease_token', 'op', 'result']) = '{}'::jsonb
-                            AND coalesce(e.item -> 'op', '"complete"'::jsonb) = '"complete"'::jsonb
-                            AND jsonb_typeof(e.item -> 'result') IS DISTINCT FROM 'null'
-                            AND _id_valid(e.item ->> 'run_id')
-                            AND (e.item ->> 'attempt') ~ '^[0-9]{1,9}$'
-                            AND (e.item ->> 'lease_token')
-                            ~* '^[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$'
-                            AND (
-                                SELECT r.concurrency_key FROM runs AS r
-                                WHERE r.run_id = e.item ->> 'run_id'
-                                LIMIT 1
-                            ) IS NULL
-                    ELSE FALSE
-                END AS plain
-            FROM jsonb_array_elements(
-                CASE WHEN jsonb_typeof(settle_and_claim.items) = 'array' THEN settle_and_claim.items END
-            ) WITH ORDINALITY AS e (item, i)
-        ) AS x
-        ORDER BY x.i  -- the order of the function's rows: no sort
-    ) AS e;
+                x.i, x.item ->> 'run_id' AS run_id, x.plain,
+                CASE WHEN x.plain THEN (x.item ->> 'attempt')::integer END AS attempt,
+                CASE WHEN x.plain THEN (x.item ->> 'lease_token')::uuid END AS token,
+                coalesce(x.item -> 'result', '{}'::jsonb) AS result
+            FROM (
+                SELECT
+                    e.i, e.item,
+                    -- CASE, not AND: the later tests may be evaluated only on an
+                    -- object with string fields.
+                    CASE
+                        WHEN
+                            jsonb_typeof(e.item) = 'object'
+                            AND jsonb_typeof(e.item -> 'run_id') = 'string'
+                            AND jsonb_typeof(e.item -> 'attempt') = 'number'
+                            AND jsonb_typeof(e.item -> 'lease_token') = 'string'
+                            THEN
+                                (e.item - ARRAY['run_id', 'attempt', 'lease_token', 'op', 'result']) = '{}'::jsonb
+                                AND coalesce(e.item -> 'op', '"complete"'::jsonb) = '"complete"'::jsonb
+                                AND jsonb_typeof(e.item -> 'result') IS DISTINCT FROM 'null'
+                                AND _id_valid(e.item ->> 'run_id')
+                                AND (e.item ->> 'attempt') ~ '^[0-9]{1,9}$'
+                                AND (e.item ->> 'lease_token')
+                                ~* '^[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$'
+                                AND (
+                                    SELECT r.concurrency_key FROM runs AS r
+                                    WHERE r.run_id = e.item ->> 'run_id'
+                                    LIMIT 1
+                                ) IS NULL
+                        ELSE FALSE
+                    END AS plain
+                FROM jsonb_array_elements(
+                    CASE WHEN jsonb_typeof(settle_and_claim.items) = 'array' THEN settle_and_claim.items END
+                ) WITH ORDINALITY AS e (item, i)
+            ) AS x
+            ORDER BY x.i  -- the order of the function's rows: no sort
+        ) AS e;
+    END IF;
 
     -- Several items: no run repeated, and the lock order (one item is in it).
     IF v_plain AND cardinality(v_run_ids) > 1 THEN
@@ -220,10 +270,22 @@ BEGIN
                 v_tokens_sorted := v_tokens_sorted || v_tokens[v_i];
                 v_results_sorted := v_results_sorted || v_results[v_i];
             END LOOP;
-            v_settled := _complete(
-                v_ids, v_numbers, v_tokens_sorted, v_results_sorted,
-                array_fill('[]'::jsonb, ARRAY[cardinality(v_ids)])
-            );
+            -- The one item's key was not read: _complete completes it if its
+            -- run has no key; otherwise it locked and wrote nothing, and the
+            -- key lock comes first (custody step 1), as for any lone
+            -- completion.
+            IF v_one THEN
+                v_settled := _complete(v_ids, v_numbers, v_tokens_sorted, v_results_sorted, ARRAY['[]'::jsonb], FALSE);
+                IF v_settled IS NULL THEN
+                    PERFORM _lock_key_of(v_ids[1]);
+                END IF;
+            END IF;
+            IF v_settled IS NULL THEN
+                v_settled := _complete(
+                    v_ids, v_numbers, v_tokens_sorted, v_results_sorted,
+                    array_fill('[]'::jsonb, ARRAY[cardinality(v_ids)])
+                );
+            END IF;
             FOR v_i IN 1 .. cardinality(v_positions) LOOP
                 v_outcomes[v_positions[v_i]] := v_settled[v_i];
             END LOOP;
@@ -399,34 +461,24 @@ BEGIN
         END LOOP;
     END IF;
 
-    -- The settled rows, then the claim's, in one statement: the claim runs
-    -- here, after every settlement.
-    RETURN QUERY
-    SELECT
-        o.kind, o.run_id, o.attempt, o.outcome, o.lease_token, o.queue, o.payload, o.resume,
-        o.lease_expires_at, o.task, o.steps
-    FROM (
-        SELECT
-            1 AS part, s.i::bigint AS ord,
-            'settled'::text AS kind, v_run_ids[s.i] AS run_id, v_attempts[s.i] AS attempt, v_outcomes[s.i] AS outcome,
-            NULL::uuid AS lease_token, NULL::text AS queue, NULL::jsonb AS payload, NULL::jsonb AS resume,
-            NULL::timestamptz AS lease_expires_at, NULL::text AS task, NULL::jsonb AS steps
-        FROM generate_subscripts(v_run_ids, 1) AS s (i)
-        UNION ALL
-        SELECT
-            2, c.ord,
-            'claimed'::text, c.run_id, c.attempt, NULL::text,
-            c.lease_token, c.queue, c.payload, c.resume, c.lease_expires_at, c.task, c.steps
-        FROM unnest(
-            CASE WHEN settle_and_claim.max_runs > 0 THEN _claim(
-                settle_and_claim.worker, v_queues, v_tasks, settle_and_claim.max_runs,
-                _lease(settle_and_claim.lease_seconds), settle_and_claim.call_id
-            ) END
-        ) WITH ORDINALITY AS c (
-            run_id, attempt, lease_token, queue, payload, resume, lease_expires_at, task, steps, ord
-        )
-    ) AS o
-    ORDER BY o.part, o.ord;
+    -- The settled rows, in item order, then the claim's, in claim order: the
+    -- claim runs here, after every settlement. Row by row, by no statement.
+    FOR v_i IN 1 .. cardinality(v_run_ids) LOOP
+        v_row := ('settled', v_run_ids[v_i], v_attempts[v_i], v_outcomes[v_i], NULL, NULL, NULL, NULL, NULL, NULL, NULL);
+        RETURN NEXT v_row;
+    END LOOP;
+    IF settle_and_claim.max_runs > 0 THEN
+        FOREACH v_claim IN ARRAY _claim(
+            settle_and_claim.worker, v_queues, v_tasks, settle_and_claim.max_runs,
+            _lease(settle_and_claim.lease_seconds), settle_and_claim.call_id
+        ) LOOP
+            v_row := (
+                'claimed', v_claim.run_id, v_claim.attempt, NULL, v_claim.lease_token, v_claim.queue, v_claim.payload,
+                v_claim.resume, v_claim.lease_expires_at, v_claim.task, v_claim.steps
+            );
+            RETURN NEXT v_row;
+        END LOOP;
+    END IF;
     PERFORM _restore_lock_wait(v_caller_lock_timeout);
 END;
 $$;
