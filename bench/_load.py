@@ -127,6 +127,18 @@ def timed_steps(
     return jobs, started, time.perf_counter(), rec
 
 
+def metered_steps(
+    conn: psycopg.Connection[Any], step: Step, seconds: float = math.inf, steps: int | None = None
+) -> tuple[int, float, float, Recorder, int | None, int]:
+    """timed_steps on `conn`, with the CPU used across them: by the server
+    process behind `conn` (None when it cannot be read, see backend_cpu_ns)
+    and by this process, in nanoseconds."""
+    server, client = backend_cpu_ns(conn), time.process_time_ns()
+    jobs, started, stopped, rec = timed_steps(step, seconds, steps)
+    server = _used(server, backend_cpu_ns(conn))
+    return jobs, started, stopped, rec, server, time.process_time_ns() - client
+
+
 def _worker(
     url: str,
     factory: Factory,
@@ -141,10 +153,7 @@ def _worker(
             step = factory(conn, index)
             warm_up(step, warmup)
             barrier.wait(timeout=120)
-            server, client = backend_cpu_ns(conn), time.process_time_ns()
-            jobs, started, stopped, rec = timed_steps(step, seconds)
-            server = _used(server, backend_cpu_ns(conn))
-            client = time.process_time_ns() - client
+            jobs, started, stopped, rec, server, client = metered_steps(conn, step, seconds)
         out.put((index, jobs, started, stopped, rec.samples, None, server, client))
     except BaseException:
         with contextlib.suppress(Exception):
@@ -190,10 +199,7 @@ def run_serial(url: str, factory: Factory, samples: int, warmup: int = 8) -> Win
     with psycopg.connect(url, autocommit=True) as conn:
         step = factory(conn, 0)
         warm_up(step, warmup)
-        server, client = backend_cpu_ns(conn), time.process_time_ns()
-        jobs, started, stopped, rec = timed_steps(step, steps=samples)
-        server = _used(server, backend_cpu_ns(conn))
-        client = time.process_time_ns() - client
+        jobs, started, stopped, rec, server, client = metered_steps(conn, step, steps=samples)
     latencies = {op: [s / 1e6 for s in v] for op, v in rec.samples.items()}
     return Window(
         jobs=jobs,
