@@ -37,11 +37,12 @@
 -- final_events, then a claim of at most one run) is checked by one
 -- expression, no statement; its completion takes two (_complete's for one
 -- item of a run without a key: lock, then decide and write; the key is read
--- and locked first only for a run that has one) and its claim three (_claim:
--- replay, due waits and pauses; the candidate; the start). Other calls whose items are all such
--- completions are checked by one statement and completed by _complete's
--- batch statements. The answer's rows are returned one by one, by no
--- statement. tests/python/test_statements.py pins the counts.
+-- and locked first only for a run that has one) and its claim three
+-- (_claim: replay, due waits and pauses; the candidate; the start). Other
+-- calls whose items are all such completions are checked by one statement
+-- and completed by _complete's batch statements. The answer's rows are
+-- returned one by one, by no statement. tests/python/test_statements.py
+-- pins the counts.
 --
 -- Locks (custody.sql). Every blocking acquisition comes first and follows
 -- the custody order: with more than one item, every key lock of the items
