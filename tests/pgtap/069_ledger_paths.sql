@@ -91,23 +91,7 @@ AS $$
             SELECT jsonb_agg(coalesce(l.lease_owner, l.delivered_by) ORDER BY l.run_id, l.lane, l.seq)
             FROM runrelay.ledger AS l WHERE l.run_id LIKE p_prefix || '%'
         ),
-        'lanes', (
-            SELECT jsonb_agg(jsonb_build_object(
-                'run_id', replace(ll.run_id, p_prefix, ''),
-                'lane', ll.lane,
-                'head_seq', ll.head_seq,
-                'available_at', tests.sc_time(ll.available_at),
-                'blocked', ll.blocked,
-                'delivered_below', ll.delivered_below,
-                'lease_owner', ll.lease_owner,
-                'lease_expires_at', tests.sc_time(ll.lease_expires_at),
-                'leased_through', ll.leased_through,
-                'lease_call', ll.lease_call_id IS NOT NULL,
-                'batch', ll.batch_id IS NOT NULL,
-                'batch_through', ll.batch_through
-            ) ORDER BY ll.run_id, ll.lane)
-            FROM runrelay.ledger_lanes AS ll WHERE ll.run_id LIKE p_prefix || '%'
-        ),
+        'lanes', tests.sc_lanes(p_prefix),
         'wakeups', (SELECT count(*) FROM runrelay.ledger_wakeups AS w WHERE w.run_id LIKE p_prefix || '%')
     );
 $$;

@@ -29,6 +29,30 @@ AS $$
     FROM (SELECT replace(p_value::text, p_prefix, '')::jsonb AS value) AS v;
 $$;
 
+-- The ledger lanes of the runs of a prefix: where each lane's head and
+-- delivered prefix are, whether it is available, blocked or leased, and to
+-- whom (027 and 069 compare them).
+CREATE FUNCTION tests.sc_lanes(p_prefix text)
+RETURNS jsonb
+LANGUAGE sql
+AS $$
+    SELECT jsonb_agg(jsonb_build_object(
+        'run_id', replace(ll.run_id, p_prefix, ''),
+        'lane', ll.lane,
+        'head_seq', ll.head_seq,
+        'available_at', tests.sc_time(ll.available_at),
+        'blocked', ll.blocked,
+        'delivered_below', ll.delivered_below,
+        'lease_owner', ll.lease_owner,
+        'lease_expires_at', tests.sc_time(ll.lease_expires_at),
+        'leased_through', ll.leased_through,
+        'lease_call', ll.lease_call_id IS NOT NULL,
+        'batch', ll.batch_id IS NOT NULL,
+        'batch_through', ll.batch_through
+    ) ORDER BY ll.run_id, ll.lane)
+    FROM runrelay.ledger_lanes AS ll WHERE ll.run_id LIKE p_prefix || '%';
+$$;
+
 -- Everything the calls may have written for the runs of a prefix.
 CREATE FUNCTION tests.sc_snapshot(p_prefix text)
 RETURNS jsonb
@@ -85,17 +109,7 @@ AS $$
             ) ORDER BY l.run_id, l.lane, l.seq)
             FROM runrelay.ledger AS l WHERE l.run_id LIKE p_prefix || '%'
         ),
-        'lanes', (
-            SELECT jsonb_agg(jsonb_build_object(
-                'run_id', replace(t.run_id, p_prefix, ''),
-                'lane', t.lane,
-                'head_seq', t.head_seq,
-                'available_at', tests.sc_time(t.available_at),
-                'delivered_below', t.delivered_below,
-                'lease_owner', t.lease_owner
-            ) ORDER BY t.run_id, t.lane)
-            FROM runrelay.ledger_lanes AS t WHERE t.run_id LIKE p_prefix || '%'
-        ),
+        'lanes', tests.sc_lanes(p_prefix),
         'markers', (SELECT count(*) FROM runrelay.cancellations AS c WHERE c.run_id LIKE p_prefix || '%'),
         'signals', (SELECT count(*) FROM runrelay.signals AS s WHERE s.run_id LIKE p_prefix || '%')
     );
