@@ -58,6 +58,10 @@ is only the loop's own: it fills free slots at the start and polls (or waits
 for a NOTIFY) once a call claimed nothing. Handlers that finish together
 share a call: at most SETTLE_CALLS calls are in flight, and outcomes that
 finish meanwhile go out together in the next (see _shared_settle_steps).
+Jobs claimed together are settled together: a call waits, at most
+GATHER_SECONDS, for the handlers of runs claimed less than that ago that
+are still running, so short jobs that started at once share one commit
+(see Gather); a handler that runs longer is not waited for.
 A stopping worker settles with max_runs 0; runs a call claimed as the
 worker stopped are handed back at once. A Suspend with on_waiting is
 written on its own (see fusable). With fused=False every write and every
@@ -189,6 +193,16 @@ SETTLE_WAIT = 20.0
 # its turn, while the other keeps the rest moving.
 SETTLE_CALLS = 2
 SETTLE_BATCH = 100
+# Gathering: before a shared call goes out, it waits at most this long for
+# the handlers of runs claimed less than this long ago that still run. The
+# runs one call claimed start at once; when their handlers are short, the
+# first to finish would otherwise make a call of its own and the rest would
+# queue behind it, so a worker's calls alternated between one outcome and
+# the rest. Waiting for them puts all in one call (one commit, one claim of
+# as many runs): with no-op handlers and concurrency 10, ten outcomes a call
+# instead of six, and 1.5x the jobs per second. A handler that runs longer
+# than this is not waited for, so it delays no one's outcome by more.
+GATHER_SECONDS = 0.002
 
 
 class Suspend(Exception):
@@ -765,6 +779,15 @@ class _Settlement:
 
 
 @dataclass(frozen=True, slots=True)
+class Gather:
+    """A leading call's wait, at most `seconds`, for the outcomes of the runs
+    claimed less than `seconds` ago that are still being handled (see
+    GATHER_SECONDS)."""
+
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
 class AwaitTurn:
     """Wait until `settlement` is answered or its body is to make the next
     shared call."""
@@ -791,7 +814,7 @@ class _Loop(_Signals, _Recorder):
         handler: Callable[[Job], Any],
         *,
         queues: Sequence[str] | None = None,
-        concurrency: int = 4,
+        concurrency: int = 10,
         name: str | None = None,
         lease_seconds: int = LEASE_SECONDS_DEFAULT,
         heartbeat_every: float | None = None,
@@ -846,6 +869,12 @@ class _Loop(_Signals, _Recorder):
         self._changed = threading.Condition(self._lock)
         # Notified when no settlement is in flight any more (shutdown waits).
         self._settled = threading.Condition(self._lock)
+        # Runs claimed by this worker whose outcome is not queued yet, with
+        # when they were claimed (time.monotonic()): what a leading call
+        # gathers (Gather); notified when one is queued or leaves.
+        self._fresh: dict[tuple[str, int], float] = {}
+        self._gather = threading.Condition(self._lock)
+        self.gather_seconds = GATHER_SECONDS
         self._inflight: dict[tuple[str, int], Job] = {}
         self._reserved = 0
         # Jobs whose outcome a settle_and_claim call in flight is writing:
@@ -916,10 +945,38 @@ class _Loop(_Signals, _Recorder):
                 self._inflight[(job.run_id, job.attempt.attempt)] = job
             for job in done:
                 self._inflight.pop((job.run_id, job.attempt.attempt), None)
+            self._unfresh([(job.run_id, job.attempt.attempt) for job in done])
             self._reserved -= reserved
             if len(self._inflight) + self._reserved < held:
                 self._changed.notify_all()
         left(done)
+
+    def _claimed_fresh(self, claimed: Sequence[ClaimedAttempt]) -> None:
+        """These runs were just claimed: a leading call gathers their
+        outcomes while they are young (Gather)."""
+        if claimed and self.gather_seconds > 0:
+            now = time.monotonic()
+            with self._lock:
+                for a in claimed:
+                    self._fresh[(a.run_id, a.attempt)] = now
+
+    def _unfresh(self, keys: Sequence[tuple[str, int]]) -> None:
+        """The outcomes of `keys` are queued, or their jobs left: nothing
+        to gather of them. The caller holds the lock."""
+        if self._fresh and any(self._fresh.pop(k, None) is not None for k in list(keys)):
+            self._gathered()
+
+    def _gathered(self) -> None:
+        """Wake a leading call that gathers (the caller holds the lock)."""
+        self._gather.notify_all()
+
+    def _gathering(self, seconds: float) -> float:
+        """How much longer a leading call gathers: until no run claimed less
+        than `seconds` ago still has its outcome to queue (0: go now)."""
+        now = time.monotonic()
+        for key in [k for k, t in self._fresh.items() if now - t >= seconds]:
+            del self._fresh[key]  # too old to wait for; it never will be
+        return max(self._fresh.values()) + seconds - now if self._fresh else 0.0
 
     def _settling_ended(self, keys: Sequence[tuple[str, int]]) -> None:
         with self._lock:
@@ -998,6 +1055,7 @@ class _Loop(_Signals, _Recorder):
             jobs = [claimed_job(a, self.lease_seconds) for a in claimed]
             self._claimed(claimed)
             self._swap([], jobs, reserved=n)
+            self._claimed_fresh(claimed)
             return jobs
 
     def _dispatch(self, jobs: list[Job]) -> list[Steps[None]]:
@@ -1049,6 +1107,7 @@ class _Loop(_Signals, _Recorder):
         keys = [(j.run_id, j.attempt.attempt) for j in jobs]
         with self._lock:
             self._settling.update(keys)
+            self._unfresh(keys)
         try:
             try:
                 settled, claimed = yield from self._shared_settle_steps(
@@ -1093,8 +1152,11 @@ class _Loop(_Signals, _Recorder):
         its own, up to its want."""
         mine = _Settlement(items, want, self._event())
         with self._lock:
+            # A call slot is free and no leader is about to go (one that
+            # gathers takes this settlement along): this body leads.
+            lead = self._settle_calls < self.settle_calls_in_flight and self._leader() is None
             self._queued.append(mine)
-            if self._settle_calls < self.settle_calls_in_flight:
+            if lead:
                 self._settle_calls += 1
                 mine.state = "leading"
         if mine.state == "queued":
@@ -1104,19 +1166,43 @@ class _Loop(_Signals, _Recorder):
                 self._leave_queue(mine)  # cancelled while waiting (shutdown)
                 raise
         if mine.state == "leading":
-            yield from self._settle_round_steps()
+            try:
+                yield Gather(self.gather_seconds)
+            except BaseException:
+                self._leave_queue(mine)  # cancelled while gathering (shutdown)
+                raise
+            yield from self._settle_round_steps(mine)
         if mine.error is not None:
             raise mine.error
         return mine.settled, mine.claimed
 
-    def _settle_round_steps(self) -> Steps[None]:
-        """One shared call, made by a leading body: the queued settlements
-        (up to SETTLE_BATCH items), answered whatever happens; then the call's
-        turn passes to the settlement now at the head of the queue."""
+    def _leader(self) -> _Settlement | None:
+        """The queued settlement that leads a call not sent yet (there is at
+        most one), if any. The caller holds the lock."""
+        return next((s for s in self._queued if s.state == "leading"), None)
+
+    def _pass_turn(self) -> _Settlement | None:
+        """A call slot came free: the settlement at the head of the queue
+        leads the next call, unless a leader not sent yet will carry it
+        (then the slot is given up, as when nothing is queued). Returns the
+        new leader, whose turn the caller sets once it let go of the lock."""
+        after = self._queued[0] if self._queued and self._leader() is None else None
+        if after is None:
+            self._settle_calls -= 1
+        else:
+            after.state = "leading"
+        return after
+
+    def _settle_round_steps(self, mine: _Settlement) -> Steps[None]:
+        """One shared call, made by the body of `mine`, the leading
+        settlement: it and the other queued settlements in their order (up to
+        SETTLE_BATCH items), answered whatever happens; then the call's turn
+        passes on (_pass_turn)."""
         with self._lock:
-            batch: list[_Settlement] = []
-            size = 0
-            while self._queued and (not batch or size + len(self._queued[0].items) <= SETTLE_BATCH):
+            self._queued.remove(mine)
+            batch: list[_Settlement] = [mine]
+            size = len(mine.items)
+            while self._queued and size + len(self._queued[0].items) <= SETTLE_BATCH:
                 size += len(self._queued[0].items)
                 batch.append(self._queued.pop(0))
         try:
@@ -1127,11 +1213,7 @@ class _Loop(_Signals, _Recorder):
                     if s.state != "answered" and s.error is None:
                         s.error = RuntimeError("the shared settle_and_claim call was abandoned")
                     s.state = "answered"
-                after = self._queued[0] if self._queued else None
-                if after is None:
-                    self._settle_calls -= 1
-                else:
-                    after.state = "leading"
+                after = self._pass_turn()
             for s in batch:
                 s.turn.set()
             if after is not None:
@@ -1146,11 +1228,7 @@ class _Loop(_Signals, _Recorder):
             self._queued.remove(mine)
             if mine.state != "leading":
                 return
-            after = self._queued[0] if self._queued else None
-            if after is None:
-                self._settle_calls -= 1
-            else:
-                after.state = "leading"
+            after = self._pass_turn()
         if after is not None:
             after.turn.set()
 
@@ -1178,6 +1256,9 @@ class _Loop(_Signals, _Recorder):
                     s.error = alone
                 s.state = "answered"
             return
+        # Young from now, before any body wakes to run them: a leading call
+        # made as they start gathers them all.
+        self._claimed_fresh(claimed)
         for s in batch:
             s.settled = settled
             s.claimed, claimed = claimed[: s.want], claimed[s.want :]
@@ -1526,6 +1607,11 @@ class Worker(_Loop):
         if isinstance(step, AwaitTurn):
             step.settlement.turn.wait()
             return None
+        if isinstance(step, Gather):
+            with self._gather:
+                while (left := self._gathering(step.seconds)) > 0:
+                    self._gather.wait(left)
+            return None
         if isinstance(step, Invoke):
             return step.fn()
         raise TypeError(f"not a worker step: {step!r}")
@@ -1610,6 +1696,10 @@ class AsyncWorker(_Loop):
         self._tasks: set[asyncio.Task[None]] = set()
         self._watch_done = asyncio.Event()
         self._cancels: AsyncListener | AsyncMultiListener | None = None
+        self._gather_changed = asyncio.Event()
+
+    def _gathered(self) -> None:
+        self._gather_changed.set()
 
     def _check_tasks(self, tasks: Tasks) -> None:
         for task in tasks:
@@ -1698,6 +1788,12 @@ class AsyncWorker(_Loop):
             return None
         if isinstance(step, AwaitTurn):
             await step.settlement.turn.wait()
+            return None
+        if isinstance(step, Gather):
+            while (left := self._gathering(step.seconds)) > 0:
+                self._gather_changed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._gather_changed.wait(), left)
             return None
         if isinstance(step, Invoke):
             result = step.fn()

@@ -455,3 +455,105 @@ def test_an_outcome_the_server_refuses_does_not_sink_those_sent_with_it(
     assert {"b1"} in calls[shared + 1 :] and {"b2"} in calls[shared + 1 :], calls
     statuses = dict(db.execute("SELECT run_id, status FROM runrelay.runs").fetchall())
     assert statuses == {"a1": "completed", "a2": "completed", "b1": "completed", "b2": "running"}
+
+
+def _run_handlers(flavor: str, url: str, sync_handler: Callable[[Job], Any],
+                  async_handler: Callable[[Job], Coroutine[Any, Any, Any]], setup: Any,
+                  **options: Any) -> Recorder:  # fmt: skip
+    """_run with a handler of each flavor (one that blocks a thread, one
+    that awaits), for handlers that wait for each other."""
+    options = {"poll_interval": 0.05, "maintenance": False, **options}
+    if flavor == "sync":
+        with Recording(url, prepare_threshold=None) as client:
+            worker = Worker(client, sync_handler, **options)
+            setup(client, worker)
+            worker.run(until_idle=0.3)
+            return client
+
+    async def main() -> Recorder:
+        async with AsyncRecording(url, prepare_threshold=None) as client:
+            worker = AsyncWorker(client, async_handler, **options)
+            setup(client, worker)
+            await worker.run(until_idle=0.3)
+            return client
+
+    return asyncio.run(main())
+
+
+async def _until(ready: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 30
+    while not ready():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.005)
+
+
+@pytest.mark.parametrize("flavor", ["sync", "async"])
+def test_runs_claimed_together_are_settled_in_one_call(
+    db: psycopg.Connection, db_url: str, flavor: str
+) -> None:
+    """Gathering: four runs start, and their handlers end at once. The first
+    outcome does not go out alone with the rest queued behind it: the call
+    waits for the handlers of the runs claimed within the gathering window
+    (a long one here, so that the test does not depend on the machine's
+    speed), and one call writes all four."""
+    runs = [f"g{i}" for i in range(4)]
+    for run_id in runs:
+        db.execute("SELECT runrelay.enqueue_run(%s)", (run_id,))
+    started: list[str] = []
+    barrier = threading.Barrier(len(runs), timeout=30)
+
+    def handler(job: Job) -> Any:
+        barrier.wait()
+        return {"ok": job.run_id}
+
+    async def ahandler(job: Job) -> Any:
+        started.append(job.run_id)
+        await _until(lambda: len(started) == len(runs), "every handler started")
+        return {"ok": job.run_id}
+
+    def setup(_client: Recorder, worker: Worker | AsyncWorker) -> None:
+        worker.gather_seconds = 30.0
+
+    client = _run_handlers(flavor, db_url, handler, ahandler, setup, concurrency=len(runs))
+    assert _settled_runs(client) == [set(runs)]
+    statuses = dict(db.execute("SELECT run_id, status FROM runrelay.runs").fetchall())
+    assert statuses == dict.fromkeys(runs, "completed")
+
+
+@pytest.mark.parametrize("flavor", ["sync", "async"])
+def test_a_call_does_not_wait_for_a_handler_longer_than_the_gathering_window(
+    db: psycopg.Connection, db_url: str, flavor: str
+) -> None:
+    """`slow` and `quick` start together; quick ends at once, slow only once
+    a settle_and_claim call is on its way. Quick's call gathers for the
+    window (0.2 s) and then goes without slow: gathering bounds the wait, it
+    never ties an outcome to a long handler."""
+    for run_id in ("slow", "quick"):
+        db.execute("SELECT runrelay.enqueue_run(%s)", (run_id,))
+    started: list[str] = []
+    barrier = threading.Barrier(2, timeout=30)
+    sent = threading.Event()
+
+    def handler(job: Job) -> Any:
+        barrier.wait()
+        if job.run_id == "slow":
+            assert sent.wait(30), "no call went out while slow ran"
+        return {"ok": job.run_id}
+
+    async def ahandler(job: Job) -> Any:
+        started.append(job.run_id)
+        await _until(lambda: len(started) == 2, "both handlers started")
+        if job.run_id == "slow":
+            await _until(sent.is_set, "a call while slow ran")
+        return {"ok": job.run_id}
+
+    def setup(client: Recorder, worker: Worker | AsyncWorker) -> None:
+        worker.gather_seconds = 0.2
+        client.before_settle = sent.set
+
+    client = _run_handlers(flavor, db_url, handler, ahandler, setup, concurrency=2)
+    calls = _settled_runs(client)
+    assert calls[0] == {"quick"}, calls
+    assert {"slow"} in calls[1:], calls
+    statuses = dict(db.execute("SELECT run_id, status FROM runrelay.runs").fetchall())
+    assert statuses == {"slow": "completed", "quick": "completed"}

@@ -35,7 +35,7 @@ import { type Handler, Tasks, UnknownTask } from "./tasks.js";
 export interface WorkerOptions {
   /** Queues to claim from (default: the tasks' queues, or every queue). */
   readonly queues?: readonly string[];
-  /** Handlers running at once (default 4). */
+  /** Handlers running at once (default 10). */
   readonly concurrency?: number;
   /** Runs one claim may take (default 1). */
   readonly batchSize?: number;
@@ -210,7 +210,7 @@ export class Worker extends Loop {
       this.#handler = handler;
     }
     this.queues = options.queues ?? this.tasks?.queues;
-    this.concurrency = Math.max(1, options.concurrency ?? 4);
+    this.concurrency = Math.max(1, options.concurrency ?? 10);
     this.batchSize = Math.max(1, options.batchSize ?? 1);
     this.leaseSeconds = options.leaseSeconds ?? 30;
     this.heartbeatEvery = options.heartbeatEvery ?? Math.max(1, this.leaseSeconds / 3);

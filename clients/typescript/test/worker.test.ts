@@ -222,7 +222,7 @@ describe("the worker", () => {
         (error: unknown) => error instanceof TypeError && /listen: true needs a pg\.Pool/.test(error.message),
       );
       // Without listen (the default) the same client makes a worker.
-      assert.equal(new Worker(new Client(conn), () => undefined, { logger: quiet }).concurrency, 4);
+      assert.equal(new Worker(new Client(conn), () => undefined, { logger: quiet }).concurrency, 10);
     } finally {
       await conn.end();
     }

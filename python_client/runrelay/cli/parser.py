@@ -229,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
         "tasks' queues), or a function taking a runrelay.worker.Job (claims every run)",
     )
     p.add_argument("--queues", help="comma-separated queues to claim from (default: every queue)")
-    p.add_argument("--concurrency", type=_positive_int, default=4, help="handlers at once")
+    p.add_argument("--concurrency", type=_positive_int, default=10, help="handlers at once")
     p.add_argument("--batch-size", type=_positive_int, default=1, help="runs claimed per call")
     p.add_argument(
         "--lease-seconds",
