@@ -200,9 +200,13 @@ SETTLE_BATCH = 100
 # queue behind it, so a worker's calls alternated between one outcome and
 # the rest. Waiting for them puts all in one call (one commit, one claim of
 # as many runs): with no-op handlers and concurrency 10, ten outcomes a call
-# instead of six, and 1.5x the jobs per second. A handler that runs longer
-# than this is not waited for, so it delays no one's outcome by more.
-GATHER_SECONDS = 0.002
+# instead of six. A handler that runs longer than this is not waited for,
+# so it delays no one's outcome by more. Two of the interpreter's thread
+# switch intervals (5 ms each): on a busy host a sibling thread may wait
+# one interval for its turn to return. With 2 ms, four worker processes on
+# two cores often sent a call before the siblings got theirs, and did 0.8x
+# the jobs per second of 10 ms.
+GATHER_SECONDS = 0.010
 
 
 class Suspend(Exception):
