@@ -10,6 +10,9 @@
 // Round trips: a job's write and the claim of the run that takes its slot
 // are one settle_and_claim call while there is work; writes that finish
 // while a call is in flight share the next (at most SETTLE_CALLS in flight).
+// Runs claimed together are settled together: a call waits, at most
+// GATHER_MS, for the handlers of runs claimed less than that ago that are
+// still running, as the Python Worker's does (GATHER_SECONDS there).
 // claim_attempts only fills free slots at the start and after an idle wait,
 // which a NOTIFY on <schema>_runs ends early. Every claim carries a call_id,
 // so one repeated after a lost connection answers exactly what the lost one
@@ -67,6 +70,11 @@ export interface WorkerOptions {
 }
 
 const SETTLE_CALLS = 2;
+// Gathering: a call waits at most this long for the handlers of runs
+// claimed less than this long ago that still run, so that short jobs claimed
+// together settle in one call, not the first alone and the rest behind it.
+// A handler that runs longer is not waited for.
+const GATHER_MS = 10;
 const MESSAGE_CHARS = 2000;
 const TRACEBACK_CHARS = 8000;
 const REASON_CHARS = 2000;
@@ -80,6 +88,9 @@ interface Write {
 
 interface Held {
   readonly job: Job;
+  // When the run was claimed (performance.now()): a call gathers the
+  // outcomes of runs claimed less than gatherMs ago.
+  readonly claimedAt: number;
   settling: boolean;
   handedBack: boolean;
   beating: boolean;
@@ -190,6 +201,10 @@ export class Worker extends Loop {
   readonly #held = new Map<string, Held>();
   readonly #queued: Settlement[] = [];
   #settleCalls = 0;
+  // Set while the next call waits for young handlers (#gathering).
+  #gatherTimer: ReturnType<typeof setTimeout> | undefined;
+  /** How long a call gathers, in ms (GATHER_MS; 0: not at all). */
+  gatherMs = GATHER_MS;
   // Aborted once the loop ended: ends the maintenance loop's sleep.
   #ended = new AbortController();
   #waitingForSlot = false;
@@ -314,9 +329,10 @@ export class Worker extends Loop {
 
   #start(claimed: readonly ClaimedAttempt[]): void {
     this.stats.claimed += claimed.length;
+    const claimedAt = performance.now();
     for (const attempt of claimed) {
       const job = new Job(attempt, this.client, this.leaseSeconds);
-      const held: Held = { job, settling: false, handedBack: false, beating: false };
+      const held: Held = { job, claimedAt, settling: false, handedBack: false, beating: false };
       this.#held.set(`${attempt.run_id}:${attempt.attempt}`, held);
       if (this.stopping) {
         // Claimed by a call in flight as the worker stopped: hand it back.
@@ -384,6 +400,14 @@ export class Worker extends Loop {
 
   #pump(): void {
     while (this.#queued.length > 0 && this.#settleCalls < SETTLE_CALLS) {
+      const wait = this.#gathering();
+      if (wait > 0) {
+        this.#gatherTimer ??= setTimeout(() => {
+          this.#gatherTimer = undefined;
+          this.#pump();
+        }, wait);
+        return;
+      }
       const batch = this.#queued.splice(0, Math.max(this.batchSize, this.concurrency));
       this.#settleCalls += 1;
       void this.#settleCall(batch).finally(() => {
@@ -391,6 +415,17 @@ export class Worker extends Loop {
         this.#pump();
       });
     }
+  }
+
+  /** How much longer, in ms, the next call gathers: until no run claimed
+   * less than gatherMs ago is still being handled (0: go now). */
+  #gathering(): number {
+    const now = performance.now();
+    let left = 0;
+    for (const held of this.#held.values()) {
+      if (!held.settling && !held.handedBack) left = Math.max(left, held.claimedAt + this.gatherMs - now);
+    }
+    return left;
   }
 
   async #settleCall(batch: Settlement[]): Promise<void> {

@@ -353,6 +353,56 @@ describe("the worker", () => {
     for (const row of rows as { run_id: string; ok: string }[]) assert.equal(row.ok, row.run_id);
   });
 
+  test("runs claimed together are settled in one call", async () => {
+    // Four runs start and their handlers end at once: the first outcome does
+    // not go out alone, the call gathers the others (a long window here, so
+    // that the test does not depend on the machine's speed).
+    const ids = ["g0", "g1", "g2", "g3"].map((id) => `gather-${id}`);
+    await client.enqueueRuns({ items: ids.map((run_id) => ({ run_id, queue: "gather" })) });
+    const recording = new Recording(db.pool);
+    let started = 0;
+    const worker = new Worker(
+      recording,
+      async (job) => {
+        started += 1;
+        await waitFor("every handler started", async () => started === ids.length, 30_000);
+        return { ok: job.runId };
+      },
+      { queues: ["gather"], concurrency: ids.length, pollInterval: 0.05, maintenance: false, logger: quiet },
+    );
+    worker.gatherMs = 30_000;
+    await worker.run({ untilIdle: 0.3 });
+    assert.deepEqual(recording.settled(), [ids]);
+    assert.deepEqual(await statuses("gather"), { g0: "completed", g1: "completed", g2: "completed", g3: "completed" });
+  });
+
+  test("a call does not wait for a handler longer than the gathering window", async () => {
+    // slow and quick start together; quick ends at once, slow only once a
+    // settle_and_claim call is on its way. Quick's call gathers for the
+    // window (200 ms), then goes without slow.
+    await client.enqueueRuns({ items: ["slow", "quick"].map((id) => ({ run_id: `window-${id}`, queue: "window" })) });
+    const recording = new Recording(db.pool);
+    let started = 0;
+    const worker = new Worker(
+      recording,
+      async (job) => {
+        started += 1;
+        await waitFor("both handlers started", async () => started === 2, 30_000);
+        if (job.runId.endsWith("-slow")) {
+          await waitFor("a call while slow ran", async () => recording.settled().length > 0, 30_000);
+        }
+        return { ok: job.runId };
+      },
+      { queues: ["window"], concurrency: 2, pollInterval: 0.05, maintenance: false, logger: quiet },
+    );
+    worker.gatherMs = 200;
+    await worker.run({ untilIdle: 0.3 });
+    const calls = recording.settled();
+    assert.deepEqual(calls[0], ["window-quick"], JSON.stringify(calls));
+    assert.ok(calls.slice(1).some((c) => c.join() === "window-slow"), JSON.stringify(calls));
+    assert.deepEqual(await statuses("window"), { quick: "completed", slow: "completed" });
+  });
+
   test("an outcome the server refuses does not sink those sent with it", async () => {
     // b2's result is over the payload cap: the shared call of b1 and b2 is
     // refused whole (54000, nothing written), then each is written alone:
