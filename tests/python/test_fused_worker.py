@@ -341,7 +341,9 @@ def _busy_calls(flavor: str, db: psycopg.Connection, db_url: str, b2_result: Any
     """a1 and a2 finish first, and their settle_and_claim calls (as many as
     a worker makes at once) wait on their runs' rows, which a session holds;
     b1 and b2 finish while both calls wait, b2 with `b2_result`. Then the
-    session lets go. Returns the recording client once the worker is idle."""
+    session lets go. Returns the recording client once the worker is idle.
+    a2 finishes only once a1's call is on its way: finished together, the
+    two would share one call (gathering), and only one call would wait."""
     for run_id in ("a1", "a2", "b1", "b2"):
         db.execute("SELECT runrelay.enqueue_run(%s)", (run_id,))
     locked = threading.Event()
@@ -349,6 +351,11 @@ def _busy_calls(flavor: str, db: psycopg.Connection, db_url: str, b2_result: Any
 
     def busy(worker: Worker | AsyncWorker) -> bool:
         return worker._settle_calls == worker.settle_calls_in_flight == 2
+
+    def a1_sent(worker: Worker | AsyncWorker) -> bool:
+        # One call on its way and nothing queued: a1's (b1 and b2 wait for
+        # both calls to be busy before they finish).
+        return worker._settle_calls == 1 and not worker._queued
 
     def result_of(job: Job) -> Any:
         return b2_result if job.run_id == "b2" else {"ok": job.run_id}
@@ -382,6 +389,8 @@ def _busy_calls(flavor: str, db: psycopg.Connection, db_url: str, b2_result: Any
             def handler(job: Job) -> Any:
                 if job.run_id.startswith("a"):
                     locked.wait(30)
+                    if job.run_id == "a2":
+                        wait_for(lambda: a1_sent(holder["worker"]), what="a1's call on its way")
                 else:
                     wait_for(lambda: busy(holder["worker"]), what="both calls busy")
                 return result_of(job)
@@ -396,7 +405,12 @@ def _busy_calls(flavor: str, db: psycopg.Connection, db_url: str, b2_result: Any
         async def ahandler(job: Job) -> Any:
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
-                ready = locked.is_set() if job.run_id.startswith("a") else busy(holder["worker"])
+                if job.run_id == "a1":
+                    ready = locked.is_set()
+                elif job.run_id == "a2":
+                    ready = locked.is_set() and a1_sent(holder["worker"])
+                else:
+                    ready = busy(holder["worker"])
                 if ready:
                     break
                 await asyncio.sleep(0.01)
