@@ -353,12 +353,18 @@ describe("the worker", () => {
     for (const row of rows as { run_id: string; ok: string }[]) assert.equal(row.ok, row.run_id);
   });
 
-  test("runs claimed together are settled in one call", async () => {
-    // Four runs start and their handlers end at once: the first outcome does
-    // not go out alone, the call gathers the others (a long window here, so
-    // that the test does not depend on the machine's speed).
-    const ids = ["g0", "g1", "g2", "g3"].map((id) => `gather-${id}`);
-    await client.enqueueRuns({ items: ids.map((run_id) => ({ run_id, queue: "gather" })) });
+  /** Runs `names` (run ids `<queue>-<name>`) on a recording worker with a
+   * slot each and a gathering window of `gatherMs`: every handler waits
+   * until all have started, then for `hold` if given. Resolves with the
+   * recording client once the worker is idle. */
+  async function startedTogether(
+    queue: string,
+    names: string[],
+    gatherMs: number,
+    hold?: (job: Job, recording: Recording) => Promise<unknown>,
+  ): Promise<Recording> {
+    const ids = names.map((name) => `${queue}-${name}`);
+    await client.enqueueRuns({ items: ids.map((run_id) => ({ run_id, queue })) });
     const recording = new Recording(db.pool);
     let started = 0;
     const worker = new Worker(
@@ -366,13 +372,22 @@ describe("the worker", () => {
       async (job) => {
         started += 1;
         await waitFor("every handler started", async () => started === ids.length, 30_000);
+        await hold?.(job, recording);
         return { ok: job.runId };
       },
-      { queues: ["gather"], concurrency: ids.length, pollInterval: 0.05, maintenance: false, logger: quiet },
+      { queues: [queue], concurrency: ids.length, pollInterval: 0.05, maintenance: false, logger: quiet },
     );
-    worker.gatherMs = 30_000;
+    worker.gatherMs = gatherMs;
     await worker.run({ untilIdle: 0.3 });
-    assert.deepEqual(recording.settled(), [ids]);
+    return recording;
+  }
+
+  test("runs claimed together are settled in one call", async () => {
+    // Four runs start and their handlers end at once: the first outcome does
+    // not go out alone, the call gathers the others (a long window here, so
+    // that the test does not depend on the machine's speed).
+    const recording = await startedTogether("gather", ["g0", "g1", "g2", "g3"], 30_000);
+    assert.deepEqual(recording.settled(), [["gather-g0", "gather-g1", "gather-g2", "gather-g3"]]);
     assert.deepEqual(await statuses("gather"), { g0: "completed", g1: "completed", g2: "completed", g3: "completed" });
   });
 
@@ -380,23 +395,11 @@ describe("the worker", () => {
     // slow and quick start together; quick ends at once, slow only once a
     // settle_and_claim call is on its way. Quick's call gathers for the
     // window (200 ms), then goes without slow.
-    await client.enqueueRuns({ items: ["slow", "quick"].map((id) => ({ run_id: `window-${id}`, queue: "window" })) });
-    const recording = new Recording(db.pool);
-    let started = 0;
-    const worker = new Worker(
-      recording,
-      async (job) => {
-        started += 1;
-        await waitFor("both handlers started", async () => started === 2, 30_000);
-        if (job.runId.endsWith("-slow")) {
-          await waitFor("a call while slow ran", async () => recording.settled().length > 0, 30_000);
-        }
-        return { ok: job.runId };
-      },
-      { queues: ["window"], concurrency: 2, pollInterval: 0.05, maintenance: false, logger: quiet },
-    );
-    worker.gatherMs = 200;
-    await worker.run({ untilIdle: 0.3 });
+    const recording = await startedTogether("window", ["slow", "quick"], 200, async (job, rec) => {
+      if (job.runId.endsWith("-slow")) {
+        await waitFor("a call while slow ran", async () => rec.settled().length > 0, 30_000);
+      }
+    });
     const calls = recording.settled();
     assert.deepEqual(calls[0], ["window-quick"], JSON.stringify(calls));
     assert.ok(calls.slice(1).some((c) => c.join() === "window-slow"), JSON.stringify(calls));
