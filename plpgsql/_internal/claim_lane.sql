@@ -134,11 +134,7 @@ BEGIN
                 v_from := v_event.seq + 1;
                 EXIT WHEN v_event.event_id = p_expected_head;
             END LOOP;
-            RETURN QUERY
-            SELECT x.*
-            FROM _acknowledge(p_run_id, v_members, p_relay, v_now, TRUE, p_call_id) AS a
-            CROSS JOIN LATERAL _ledger_row('local_ack', a, NULL, NULL, v_now) AS x
-            ORDER BY a.seq;
+            RETURN QUERY SELECT * FROM _acknowledge(p_run_id, v_members, p_relay, v_now, TRUE, p_call_id);
             v_local_acks := v_local_acks + cardinality(v_members);
             EXIT WHEN v_members[cardinality(v_members)] = p_expected_head OR v_local_acks >= 1000;
             CONTINUE;

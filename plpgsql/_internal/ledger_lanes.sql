@@ -258,8 +258,8 @@ BEGIN
         WHERE
             e.event_id = ANY(p_event_ids)
             AND ll.lease_owner = p_relay
+            AND e.seq >= ll.head_seq AND e.seq <= ll.leased_through
             AND e.delivered_at IS NULL AND e.failed_at IS NULL
-            AND e.seq <= ll.leased_through
     ),
     -- Runs to completion though nothing reads it (a data-modifying CTE).
     cut AS (

@@ -6,7 +6,9 @@
 -- the lane (schema/06_ledger.sql), so the caller passes it:
 -- p_lease_expires_at for a leased event (NULL otherwise), and p_batch_id,
 -- the lane's frozen batch the event belongs to (an acknowledged event
--- carries the batch it was delivered in itself). The row type is
+-- carries the batch it was delivered in itself, or the caller passes it
+-- from its delivery), and p_delivered_at, the delivery of an event whose
+-- own columns do not carry it (read from the `ledger` view). The row type is
 -- ack_ledger_result; claim_ledger returns its first eleven columns
 -- (00_types.sql).
 -- Called as CROSS JOIN LATERAL _ledger_row(...) for every row a claim or an
@@ -22,7 +24,8 @@ CREATE FUNCTION _ledger_row(
     p_event ledger_events,
     p_batch_id uuid,
     p_lease_expires_at timestamptz,
-    p_now timestamptz
+    p_now timestamptz,
+    p_delivered_at timestamptz DEFAULT NULL
 )
 RETURNS SETOF ack_ledger_result
 LANGUAGE sql
@@ -43,11 +46,10 @@ BEGIN ATOMIC
             WHEN p_lease_expires_at IS NOT NULL
                 THEN floor(extract(EPOCH FROM p_lease_expires_at - p_now) * 1000)::bigint
         END AS lease_remaining_ms,
-        CASE
-            WHEN (p_event).delivered_at IS NOT NULL
-                THEN floor(extract(EPOCH FROM (p_event).delivered_at - (p_event).created_at) * 1000)::bigint
-        END AS lag_ms;
+        floor(
+            extract(EPOCH FROM coalesce((p_event).delivered_at, p_delivered_at) - (p_event).created_at) * 1000
+        )::bigint AS lag_ms;
 END;
 
-COMMENT ON FUNCTION _ledger_row(text, ledger_events, uuid, timestamptz, timestamptz) IS
+COMMENT ON FUNCTION _ledger_row(text, ledger_events, uuid, timestamptz, timestamptz, timestamptz) IS
 'Formats one ledger event as a claim/ack row (inlined); lease_remaining_ms measured at p_now, lag_ms for acknowledged events.';

@@ -4,8 +4,8 @@
 --   worker  its running attempts (held: how many; last seen: their latest
 --           claim or heartbeat) and the attempts it ended in the last hour
 --           (their finished_at; not a lost one, which the reaper ended);
---   relay   the lanes whose lease it holds (held: how many) and the events
---           it acknowledged among those created in the last hour (their
+--   relay   the lanes whose lease it holds (held: how many) and its
+--           acknowledgements of the last hour (ledger_deliveries, their
 --           delivered_at). A lease says the relay was seen at its batch's
 --           first claim and no earlier than its expiry minus the longest
 --           lease (300 s): that bound counts when no acknowledgement is
@@ -17,8 +17,12 @@
 --
 -- Reads only, no lock: the running attempts (attempts_lease_expiry_idx), the
 -- hour of ended attempts (attempts_finished_idx), the leased lanes
--- (ledger_lanes_lease_owner_idx) and the hour of events (ledger_created_idx):
--- what is held now and the last hour's activity, never the history.
+-- (ledger_lanes_lease_owner_idx) and the hour of acknowledgements
+-- (ledger_deliveries_delivered_idx): what is held now and the last hour's
+-- activity, never the history. A claim's local acknowledgement of
+-- transport-only events is not counted: it is written on the events, which
+-- only the whole hour's events would find, and a relay that makes one also
+-- leases or delivers what follows.
 -- A worker that claims nothing for an hour, holding nothing, drops out.
 CREATE TYPE process AS (
     name text,
@@ -67,10 +71,9 @@ BEGIN
         FROM ledger_lanes AS ll
         WHERE ll.lease_owner IS NOT NULL
         UNION ALL
-        SELECT e.delivered_by, 'relay', e.delivered_at, 0, FALSE
-        FROM ledger_events AS e
-        -- A skipped event names the operator's role, not a relay.
-        WHERE e.created_at >= v_since AND e.delivered_by IS NOT NULL AND e.skipped_at IS NULL
+        SELECT d.delivered_by, 'relay', d.delivered_at, 0, FALSE
+        FROM ledger_deliveries AS d
+        WHERE d.delivered_at >= v_since
     )
     SELECT s.name, s.kind, max(s.seen_at), sum(s.held)::integer, bool_or(s.expired)
     FROM seen AS s

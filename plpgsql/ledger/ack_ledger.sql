@@ -21,11 +21,12 @@
 -- call's local acks and the leases it took that this relay still holds — and
 -- writes nothing (no lease is extended, no claim-next runs).
 -- The events of event_ids this relay delivered (not acknowledged locally),
--- as ack_ledger reports them, in seq order: a replay's delivered rows come
--- from here, and a fresh call's when some of event_ids were delivered
--- before it (a fresh call that acknowledges all of event_ids reports the
--- rows it wrote, which are the same rows). PL/pgSQL, so the plan is cached
--- (a SQL function with a SET clause is planned again on every call).
+-- as ack_ledger reports them, in seq order, read from the ledger view (so
+-- only while their lane is current: before this call acknowledges
+-- anything): a replay's delivered rows come from here, and a fresh call's
+-- earlier ones when some of event_ids were delivered before it (the rows it
+-- acknowledges itself come from _acknowledge). PL/pgSQL, so the plan is
+-- cached (a SQL function with a SET clause is planned again on every call).
 CREATE FUNCTION _ack_ledger_delivered(p_relay text, p_run_id text, p_event_ids bigint[])
 RETURNS SETOF ack_ledger_result
 LANGUAGE plpgsql
@@ -35,15 +36,15 @@ AS $$
 BEGIN
     RETURN QUERY
     SELECT x.*
-    FROM ledger_events AS l
-    CROSS JOIN LATERAL _ledger_row('delivered', l, NULL, NULL, NULL) AS x
+    FROM ledger AS d
+    INNER JOIN ledger_events AS l ON l.event_id = d.event_id
+    CROSS JOIN LATERAL _ledger_row('delivered', l, d.batch_id, NULL, NULL, d.delivered_at) AS x
     WHERE
-        l.event_id = ANY(p_event_ids)
-        AND l.run_id = p_run_id
-        AND l.delivered_at IS NOT NULL
-        AND l.delivered_by = p_relay
-        AND NOT l.acked_locally
-    ORDER BY l.seq;
+        d.event_id = ANY(p_event_ids)
+        AND d.run_id = p_run_id
+        AND d.delivered_by = p_relay
+        AND NOT d.acked_locally
+    ORDER BY d.seq;
 END;
 $$;
 
@@ -166,15 +167,14 @@ BEGIN
         -- Nothing left to acknowledge. If this relay delivered some of
         -- event_ids, this repeats the call that did (the last of them names
         -- it): answer what it answered, and write nothing.
-        SELECT l.call_id, l.seq INTO v_call, v_last_seq
-        FROM ledger_events AS l
+        SELECT d.call_id, d.seq INTO v_call, v_last_seq
+        FROM ledger AS d
         WHERE
-            l.event_id = ANY(ack_ledger.event_ids)
-            AND l.run_id = ack_ledger.run_id
-            AND l.delivered_at IS NOT NULL
-            AND l.delivered_by = ack_ledger.relay
-            AND NOT l.acked_locally
-        ORDER BY l.seq DESC
+            d.event_id = ANY(ack_ledger.event_ids)
+            AND d.run_id = ack_ledger.run_id
+            AND d.delivered_by = ack_ledger.relay
+            AND NOT d.acked_locally
+        ORDER BY d.seq DESC
         LIMIT 1;
         IF FOUND THEN
             RETURN QUERY SELECT * FROM _ack_ledger_delivered(ack_ledger.relay, ack_ledger.run_id, ack_ledger.event_ids);
@@ -211,17 +211,13 @@ BEGIN
     END IF;
 
     v_call := gen_random_uuid();
-    IF v_all THEN
-        RETURN QUERY
-        SELECT x.*
-        FROM _acknowledge(ack_ledger.run_id, v_ack, ack_ledger.relay, v_now, FALSE, v_call) AS a
-        CROSS JOIN LATERAL _ledger_row('delivered', a, NULL, NULL, NULL) AS x
-        ORDER BY a.seq;
-    ELSE
-        PERFORM _acknowledge(ack_ledger.run_id, v_ack, ack_ledger.relay, v_now, FALSE, v_call);
-        -- Also those of event_ids this relay delivered in an earlier call.
+    IF NOT v_all THEN
+        -- First those of event_ids this relay delivered in an earlier call:
+        -- they lie below the head, so before the prefix acknowledged now,
+        -- and the ledger view reads them while the lane is current.
         RETURN QUERY SELECT * FROM _ack_ledger_delivered(ack_ledger.relay, ack_ledger.run_id, ack_ledger.event_ids);
     END IF;
+    RETURN QUERY SELECT * FROM _acknowledge(ack_ledger.run_id, v_ack, ack_ledger.relay, v_now, FALSE, v_call);
     IF cardinality(v_ack) > 0 THEN
         -- The acknowledged events were an unbroken prefix: nothing before them remains.
         v_from := v_last_seq + 1;

@@ -1,7 +1,8 @@
 -- The run ledger's events: per-run, per-lane ordered events awaiting delivery.
 -- Readers see them through the `ledger` view (views/ledger.sql), which adds
--- each event's state and lease from its lane; the table itself holds only
--- what a relay's lease does not change.
+-- each event's state and lease from its lane and its delivery from
+-- ledger_deliveries; the table itself holds what neither a relay's lease nor
+-- its acknowledgement changes.
 --
 -- seq comes from runs.ledger_seq, advanced under the run's row lock, so per
 -- run it follows commit order. Within one run event_id order equals seq order
@@ -9,28 +10,29 @@
 --
 -- A lease is not written here: the lease of a lane's claimed events lives on
 -- the lane row (ledger_lanes.lease_owner .. leased_through), so leasing a
--- batch is one update of one lane row. Delivery (delivered_at, delivered_by,
--- call_id, the batch it was delivered in, a dropped payload) and a failure
--- (delivery_attempts, last_error, failed_at, next_attempt_at) change no
--- indexed column and no column of an index predicate, so those updates are
--- HOT: no index gets a new entry. Which events are undelivered is known from
--- the lane (its head, or delivered_below), never from an index predicate:
--- acknowledgement is always of an unbroken prefix, so a lane's delivered
+-- batch is one update of one lane row. Nor is a relay's delivery: an
+-- acknowledgement is always of an unbroken prefix of the lane's pending
+-- tail, so it is recorded once for the whole prefix, as one row of
+-- ledger_deliveries (below) naming its seq range, and the lane's head moves
+-- past it. Which events are undelivered is known from the lane (its head,
+-- or delivered_below), never from an index predicate: a lane's delivered
 -- events are exactly those below its head.
 --
--- batch_id, batch_started_at: the frozen batch an event was delivered in
--- (written when it is acknowledged); while undelivered, the frozen batch it
--- belongs to is the lane's (ledger_lanes.batch_id .. batch_through).
--- call_id: the call that acknowledged the event (an ack_ledger, or the
--- claim that acknowledged it locally); local_ack_call_id: the same, only for
--- a local acknowledgement, indexed for claim_ledger's replays (only
--- transport-only events ever write it, so a delivery stays HOT).
+-- The delivery columns here (delivered_at, delivered_by, call_id, batch_id,
+-- batch_started_at) are written only for an event delivered on its own:
+-- a transport-only event a claim acknowledges locally, an event an operator
+-- skipped, or one delivered before relay deliveries were recorded by range.
+-- A reader takes an event's delivery from the `ledger` view, which looks in
+-- both places.
 --
--- HOT needs room on the row's page for the new version, and a relay
--- acknowledges a whole batch at once: at fillfactor 90 about one delivery
--- in ten of a batch of 100 found room, at 50 nearly all do (measured in
--- bench/notes.md), for a heap about twice as large while events are
--- pending. prune() reclaims it.
+-- call_id: the call that acknowledged the event locally; local_ack_call_id:
+-- the same, indexed for claim_ledger's replays.
+--
+-- Rows are written once and rarely updated after: a failed delivery (the
+-- head's delivery_attempts, last_error, failed_at, next_attempt_at), a local
+-- acknowledgement, a skip, a drop_on_delivery run's payloads. So the heap is
+-- packed full (the default fillfactor): relays read batches of events from
+-- as few pages as they can.
 --
 -- run_id has no foreign key, here or on the other ledger tables: every
 -- event is written by a call that holds its run's row lock or has just
@@ -145,12 +147,11 @@ CREATE TABLE ledger_events (
 ) WITH (
     autovacuum_vacuum_scale_factor = 0.01,
     autovacuum_vacuum_insert_scale_factor = 0.01,
-    autovacuum_analyze_scale_factor = 0.02,
-    fillfactor = 50
+    autovacuum_analyze_scale_factor = 0.02
 );
 
--- Each run lane's events in order. Not partial: a predicate on the delivery
--- state would make every delivery a non-HOT update. Scans of the pending
+-- Each run lane's events in order. Not partial: delivery writes nothing
+-- here (ledger_deliveries below). Scans of the pending
 -- tail start at the lane's head (ledger_lanes.head_seq, or delivered_below
 -- for an empty lane), so heads and prefixes are seeks, O(batch), whatever
 -- the delivered history.
@@ -168,13 +169,57 @@ CREATE INDEX ledger_lane_seq_idx ON ledger_events (run_id, lane, seq);
 CREATE UNIQUE INDEX ledger_delivery_key_unique ON ledger_events (delivery_key)
 WHERE delivery_key <> run_id || ':' || seq::text;
 
--- prune(): events by age. Not delivered_at (a delivery would then be a
--- non-HOT update): an event delivered before a cut-off was created before it.
+-- prune(): events by age. An event delivered before a cut-off was created
+-- before it.
 CREATE INDEX ledger_created_idx ON ledger_events (created_at, event_id);
 
 -- Claim replays: the transport-only events a claim call acknowledged locally.
 CREATE INDEX ledger_local_ack_call_idx ON ledger_events (local_ack_call_id)
 WHERE local_ack_call_id IS NOT NULL;
+
+-- A relay's acknowledgement: one row for the unbroken prefix of a lane's
+-- pending tail it delivered (first_seq .. last_seq), however many events it
+-- holds. Writing one row here instead of updating each event row is what
+-- makes an acknowledgement of 100 events cost about what one costs, and
+-- leaves the event rows as they were written.
+--
+-- delivered_at, delivered_by: when and by which relay; call_id: the
+-- ack_ledger call (what its replay looks up). batch_id, batch_started_at:
+-- the frozen batch the events up to batch_through were members of (the
+-- lane's, when the acknowledgement covered some of it).
+--
+-- Ranges of one lane never overlap (each acknowledges what lay at the head,
+-- and the head moves past it), so the delivery of an event is the first row
+-- of its lane whose last_seq is at least the event's seq, when that row's
+-- first_seq is at most it: a primary-key seek (the `ledger` view).
+-- Rows go with their run (08_run_history.sql) and with their events
+-- (prune).
+CREATE TABLE ledger_deliveries (
+    run_id text NOT NULL,
+    lane text NOT NULL,
+    first_seq bigint NOT NULL,
+    last_seq bigint NOT NULL,
+    delivered_at timestamptz NOT NULL,
+    delivered_by text NOT NULL,
+    call_id uuid NOT NULL,
+    batch_id uuid,
+    batch_started_at timestamptz,
+    batch_through bigint,
+    PRIMARY KEY (run_id, lane, last_seq),
+    CONSTRAINT ledger_deliveries_range CHECK (first_seq >= 1 AND first_seq <= last_seq),
+    CONSTRAINT ledger_deliveries_batch CHECK (
+        (batch_id IS NULL) = (batch_started_at IS NULL)
+        AND (batch_id IS NULL) = (batch_through IS NULL)
+    ),
+    CONSTRAINT ledger_deliveries_lane CHECK (lane IN ('lifecycle', 'observability'))
+) WITH (
+    autovacuum_vacuum_scale_factor = 0.02,
+    autovacuum_analyze_scale_factor = 0.02
+);
+
+-- list_processes() (the relays seen in the last hour) and prune() (the
+-- deliveries whose events are gone) read deliveries by time.
+CREATE INDEX ledger_deliveries_delivered_idx ON ledger_deliveries (delivered_at);
 
 -- _ledger_lanes_rules(): the row rules of a lane, called by the
 -- ledger_lanes_rules CHECK below. Built as _runs_rules (02_runs.sql) is, for

@@ -1,14 +1,14 @@
 -- A run's ledger rows go with the run. The ledger tables keep no foreign key
 -- to runs (06_ledger.sql says why), so these triggers do what their
 -- ON DELETE CASCADE did: a statement that deletes runs deletes their events,
--- lanes and wake-ups, and TRUNCATE runs empties those tables too. attempts
+-- deliveries, lanes and wake-ups, and TRUNCATE runs empties those tables too. attempts
 -- and signals keep their foreign keys and cascade as before. The engine
 -- never deletes runs; these are for purge_runs and for an operator who
 -- deletes runs by hand.
 --
--- Statement-level, so deleting many runs costs three set-based deletes,
--- each an index seek per run (ledger_lane_seq_idx and the lanes' and
--- wake-ups' primary keys). No role of the install may delete or truncate
+-- Statement-level, so deleting many runs costs four set-based deletes,
+-- each an index seek per run (ledger_lane_seq_idx and the deliveries',
+-- lanes' and wake-ups' primary keys). No role of the install may delete or truncate
 -- runs (grants.sql), so only the tables' owner does, and the triggers run
 -- as that owner. Part of the schema, not of the code each revision
 -- reinstalls (migrations/support.py keeps the functions a trigger calls).
@@ -49,6 +49,11 @@ BEGIN
     DELETE FROM ledger_events AS l WHERE l.ctid = ANY(v_tids);
     v_tids := ARRAY(
         SELECT t.tid FROM deleted_runs AS d
+        CROSS JOIN LATERAL (SELECT x.ctid AS tid FROM ledger_deliveries AS x WHERE x.run_id = d.run_id OFFSET 0) AS t
+    );
+    DELETE FROM ledger_deliveries AS l WHERE l.ctid = ANY(v_tids);
+    v_tids := ARRAY(
+        SELECT t.tid FROM deleted_runs AS d
         CROSS JOIN LATERAL (SELECT x.ctid AS tid FROM ledger_lanes AS x WHERE x.run_id = d.run_id OFFSET 0) AS t
     );
     DELETE FROM ledger_lanes AS ll WHERE ll.ctid = ANY(v_tids);
@@ -62,7 +67,7 @@ END;
 $$;
 
 COMMENT ON FUNCTION _runs_deleted() IS
-'Trigger: deletes the ledger events, lanes and wake-ups of deleted runs (the cascade of the ledger tables).';
+'Trigger: deletes the ledger events, deliveries, lanes and wake-ups of deleted runs (the cascade of the ledger tables).';
 
 CREATE TRIGGER runs_deleted
 AFTER DELETE ON runs
@@ -81,6 +86,9 @@ BEGIN
     -- truncating it again would fail (55006), so only a non-empty one is.
     IF EXISTS (SELECT FROM ledger_events) THEN
         TRUNCATE ledger_events;
+    END IF;
+    IF EXISTS (SELECT FROM ledger_deliveries) THEN
+        TRUNCATE ledger_deliveries;
     END IF;
     IF EXISTS (SELECT FROM ledger_lanes) THEN
         TRUNCATE ledger_lanes;

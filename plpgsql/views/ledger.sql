@@ -1,5 +1,9 @@
 -- ledger: every ledger event as SPEC §2 describes it, one row per event of
--- ledger_events with its state and lease read from its lane.
+-- ledger_events with its state and lease read from its lane, and its
+-- delivery from the ledger_deliveries row that covers it (a relay's
+-- acknowledgement is one row for its whole prefix, schema/06_ledger.sql).
+-- The functions read an acknowledged event's delivery here too: this is
+-- the one place that knows where a delivery is written.
 --
 -- The lease of a lane's claimed events lives on the lane row (the lease
 -- watermark: ledger_lanes.lease_owner, lease_expires_at and leased_through,
@@ -8,7 +12,7 @@
 --   skipped    once an operator ended it, failed, without delivery
 --              (skip_ledger_events: skipped_at, with skip_reason and
 --              skipped_by),
---   delivered  once acknowledged (delivered_at),
+--   delivered  once acknowledged (a delivery covers it),
 --   failed     when blocked until requeued (failed_at),
 --   leased     while it lies inside its lane's lease (seq <= leased_through:
 --              every undelivered event lies at or after the head), with that
@@ -18,7 +22,7 @@
 -- batch it belongs to (seq <= batch_through). A lapsed lease nobody took over
 -- still reads as leased, as the lease does for the functions.
 -- Reading it costs what reading ledger_events costs, plus one primary-key
--- probe of the lane per event (or one join).
+-- probe of the lane per event (or one join) and one of ledger_deliveries.
 CREATE VIEW ledger AS
 SELECT
     e.event_id,
@@ -32,43 +36,75 @@ SELECT
     e.created_at,
     CASE
         WHEN e.skipped_at IS NOT NULL THEN 'skipped'
-        WHEN e.delivered_at IS NOT NULL THEN 'delivered'
+        WHEN d.delivered_at IS NOT NULL THEN 'delivered'
         WHEN e.failed_at IS NOT NULL THEN 'failed'
         WHEN e.seq <= ll.leased_through THEN 'leased'
         ELSE 'pending'
     END AS state,
     CASE
-        WHEN e.delivered_at IS NULL AND e.failed_at IS NULL AND e.seq <= ll.leased_through
+        WHEN d.delivered_at IS NULL AND e.failed_at IS NULL AND e.seq <= ll.leased_through
             THEN ll.lease_owner
     END AS lease_owner,
     CASE
-        WHEN e.delivered_at IS NULL AND e.failed_at IS NULL AND e.seq <= ll.leased_through
+        WHEN d.delivered_at IS NULL AND e.failed_at IS NULL AND e.seq <= ll.leased_through
             THEN ll.lease_expires_at
     END AS lease_expires_at,
     CASE
-        WHEN e.delivered_at IS NOT NULL THEN e.batch_id
+        WHEN d.delivered_at IS NOT NULL THEN d.batch_id
         WHEN e.seq <= ll.batch_through THEN ll.batch_id
     END AS batch_id,
     CASE
-        WHEN e.delivered_at IS NOT NULL THEN e.batch_started_at
+        WHEN d.delivered_at IS NOT NULL THEN d.batch_started_at
         WHEN e.seq <= ll.batch_through THEN ll.batch_started_at
     END AS batch_started_at,
     e.delivery_attempts,
     e.next_attempt_at,
     e.failed_at,
     e.last_error,
-    e.delivered_at,
-    e.delivered_by,
+    d.delivered_at,
+    d.delivered_by,
     CASE
-        WHEN e.delivered_at IS NULL AND e.failed_at IS NULL AND e.seq <= ll.leased_through
+        WHEN d.delivered_at IS NULL AND e.failed_at IS NULL AND e.seq <= ll.leased_through
             THEN ll.lease_call_id
-        ELSE e.call_id
+        ELSE d.call_id
     END AS call_id,
     e.acked_locally,
     e.skip_reason,
     e.skipped_by
 FROM ledger_events AS e
-LEFT JOIN ledger_lanes AS ll ON e.run_id = ll.run_id AND e.lane = ll.lane;
+LEFT JOIN ledger_lanes AS ll ON e.run_id = ll.run_id AND e.lane = ll.lane
+-- The event's delivery: its own columns when it was delivered on its own
+-- (acknowledged locally, skipped, or delivered before relay deliveries were
+-- recorded by range), otherwise, for an event below its lane's head (the
+-- delivered ones), the first delivery row of its lane ending at or after
+-- its seq, if that row starts at or before it (ranges of a lane never
+-- overlap): one seek of the primary key, and none for an undelivered event.
+LEFT JOIN LATERAL (
+    SELECT
+        e.delivered_at,
+        e.delivered_by,
+        e.call_id,
+        e.batch_id,
+        e.batch_started_at
+    WHERE e.delivered_at IS NOT NULL
+    UNION ALL
+    SELECT
+        x.delivered_at,
+        x.delivered_by,
+        x.call_id,
+        CASE WHEN e.seq <= x.batch_through THEN x.batch_id END AS batch_id,
+        CASE WHEN e.seq <= x.batch_through THEN x.batch_started_at END AS batch_started_at
+    FROM (
+        SELECT y.*
+        FROM ledger_deliveries AS y
+        WHERE
+            y.run_id = e.run_id AND y.lane = e.lane AND y.last_seq >= e.seq
+            AND e.delivered_at IS NULL AND e.seq < coalesce(ll.head_seq, ll.delivered_below)
+        ORDER BY y.last_seq
+        LIMIT 1
+    ) AS x
+    WHERE x.first_seq <= e.seq
+) AS d ON TRUE;
 
 COMMENT ON VIEW ledger IS
-'Every ledger event with its state and lease (read from its lane): the ledger of SPEC section 2.';
+'Every ledger event with its state and lease (read from its lane) and its delivery: the ledger of SPEC section 2.';

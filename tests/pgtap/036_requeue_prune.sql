@@ -1,8 +1,9 @@
 -- requeue_ledger_event and prune (SPEC §3.3): an operator unblocks a failed
 -- event (true) or gets false for anything else; prune deletes only delivered
--- events older than the cut-off, oldest first, at most max_rows.
+-- events older than the cut-off, oldest first, at most max_rows, and the
+-- delivery records (one per acknowledgement) left without events.
 BEGIN;
-SELECT plan(20);
+SELECT plan(22);
 
 -- prune() is installation-wide: start from an empty ledger.
 SELECT tests.clear_runs();
@@ -64,6 +65,13 @@ SELECT is(
 SELECT is(runrelay.prune(now() - interval '4 hours'), 0, 'nothing was delivered before the cut-off');
 SELECT is(runrelay.prune(now() - interval '90 minutes', max_rows => 1), 1, 'max_rows bounds the deletion');
 SELECT is((tests.ledger_states('p1'))[2:3], ARRAY['d2=delivered:x', 'd1=delivered:x'], 'the oldest delivered event went first');
+SELECT results_eq(
+    $$SELECT t.type FROM runrelay.ledger_deliveries AS d
+      INNER JOIN runrelay.ledger_events AS t ON d.run_id = t.run_id AND d.lane = t.lane AND d.last_seq = t.seq
+      WHERE d.run_id = 'p1' AND d.lane = 'observability' ORDER BY d.last_seq$$,
+    $$VALUES ('d2'), ('d1')$$,
+    '... and its acknowledgement, left without events, with it'
+);
 SELECT is(runrelay.prune(now() - interval '90 minutes'), 1, 'the next call deletes the rest before the cut-off');
 SELECT is(
     tests.ledger_states('p1'),
@@ -80,6 +88,7 @@ SELECT is(
 );
 SELECT is(tests.ledger_states('p2'), ARRAY['failed=failed'], 'a failed event is never pruned, however old');
 SELECT is(runrelay.prune(now() + interval '1 hour'), 0, 'nothing left to prune');
+SELECT is((SELECT count(*) FROM runrelay.ledger_deliveries), 0::bigint, '... and no acknowledgement is left');
 
 SELECT * FROM finish();
 ROLLBACK;

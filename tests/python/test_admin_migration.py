@@ -9,6 +9,7 @@ import os
 import uuid
 
 import psycopg
+from psycopg.types.json import Jsonb
 
 from conftest import alembic, create_database, drop_database
 from runrelay import migrations
@@ -69,5 +70,83 @@ def test_0009_upgrades_with_data_and_a_retried_run_keeps_its_budget_down_to_0008
             assert c.execute("SELECT runrelay.retry_run('spent')").fetchone() == ("retried",)
             head = c.execute("SELECT runrelay.get_schema_version()").fetchone()
             assert head == (migrations.head(),)
+    finally:
+        drop_database(name)
+
+
+def _deliver(c: psycopg.Connection, run_id: str, lane: str) -> list[tuple[str, int | None]]:
+    """Claim a run lane's pending events as relay r and acknowledge them:
+    the kinds and lags ack_ledger answers."""
+    claimed = c.execute(
+        "SELECT array_agg(event_id ORDER BY seq) FROM runrelay.claim_ledger("
+        " relay => 'r', lane => %s, run_id => %s, max_events => 10, batch => true)",
+        [lane, run_id],
+    ).fetchone()
+    assert claimed is not None and claimed[0], claimed
+    return c.execute(
+        "SELECT kind, lag_ms FROM runrelay.ack_ledger('r', %s, %s)", [run_id, claimed[0]]
+    ).fetchall()
+
+
+def _ledger(c: psycopg.Connection) -> list[tuple[str, str, str, str | None, bool]]:
+    return c.execute(
+        "SELECT run_id, type, state, delivered_by, batch_id IS NOT NULL"
+        " FROM runrelay.ledger ORDER BY run_id, lane, seq"
+    ).fetchall()
+
+
+def test_0009_records_deliveries_by_range_and_0008_gets_them_back_on_its_events() -> None:
+    """Events delivered under 0008 carry their delivery on their rows and
+    still read as delivered after the upgrade (and a repeated ack of them
+    answers as the first did); 0009 records an acknowledgement as one
+    ledger_deliveries row; the downgrade writes each such delivery back on
+    its events, as 0008 reads them."""
+    name = f"rr_delivery_migration_{os.getpid()}"
+    url = create_database(name)
+    try:
+        alembic(url, "upgrade", "0008")
+        with psycopg.connect(url, autocommit=True) as c:
+            c.execute("SELECT runrelay.enqueue_run('old', 'q')")
+            old_ack = _deliver(c, "old", "lifecycle")
+            assert [kind for kind, _ in old_ack] == ["delivered"]
+            old_ids = c.execute(
+                "SELECT array_agg(event_id) FROM runrelay.ledger WHERE run_id = 'old'"
+            ).fetchone()
+        alembic(url, "upgrade", "head")
+        with psycopg.connect(url, autocommit=True) as c:
+            assert _ledger(c) == [("old", "run.queued", "delivered", "r", True)]
+            assert old_ids is not None
+            again = c.execute(
+                "SELECT kind, lag_ms FROM runrelay.ack_ledger('r', 'old', %s)", [old_ids[0]]
+            ).fetchall()
+            assert again == old_ack
+            c.execute("SELECT runrelay.enqueue_run('new', 'q')")
+            c.execute(
+                "SELECT runrelay.append_events('new', %s)",
+                [Jsonb([{"type": t, "lane": "observability"} for t in ("a", "b")])],
+            )
+            assert [kind for kind, _ in _deliver(c, "new", "observability")] == ["delivered"] * 2
+            assert c.execute(
+                "SELECT run_id, lane, last_seq - first_seq + 1, delivered_by"
+                " FROM runrelay.ledger_deliveries"
+            ).fetchall() == [("new", "observability", 2, "r")]
+            upgraded = _ledger(c)
+            assert upgraded == [
+                ("new", "run.queued", "pending", None, False),
+                ("new", "a", "delivered", "r", True),
+                ("new", "b", "delivered", "r", True),
+                ("old", "run.queued", "delivered", "r", True),
+            ]
+        alembic(url, "downgrade", "0008")
+        with psycopg.connect(url, autocommit=True) as c:
+            assert _ledger(c) == upgraded
+            assert c.execute(
+                "SELECT to_regclass('runrelay.ledger_deliveries') IS NULL,"
+                " 'fillfactor=50' = ANY(reloptions)"
+                " FROM pg_class WHERE oid = 'runrelay.ledger_events'::regclass"
+            ).fetchone() == (True, True)
+        alembic(url, "upgrade", "head")
+        with psycopg.connect(url, autocommit=True) as c:
+            assert _ledger(c) == upgraded
     finally:
         drop_database(name)

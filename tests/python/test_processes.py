@@ -34,8 +34,9 @@ def _buffers(plan: str) -> int:
 
 def _load_history(db: psycopg.Connection) -> None:
     """200 000 runs ended two days ago, each with a completed attempt by one
-    of fifty workers and a delivered event acknowledged by one of five
-    relays, and its lane: the history list_processes must not read."""
+    of fifty workers and an event acknowledged by one of five relays (its
+    delivery record), and its lane: the history list_processes must not
+    read."""
     db.execute(
         """
         INSERT INTO runrelay.runs (run_id, queue, status, payload, run_at, max_attempts,
@@ -59,10 +60,19 @@ def _load_history(db: psycopg.Connection) -> None:
     db.execute(
         """
         INSERT INTO runrelay.ledger_events (run_id, lane, seq, type, payload, delivery_key,
-                                            created_at, next_attempt_at, delivered_at, delivered_by)
+                                            created_at, next_attempt_at)
         SELECT 'old-' || i, 'lifecycle', 1, 'run.completed', '{}', 'old-' || i || ':1',
-               now() - interval '2 days', now() - interval '2 days', now() - interval '2 days',
-               'old-relay-' || (i %% 5)
+               now() - interval '2 days', now() - interval '2 days'
+        FROM generate_series(1, %(n)s) AS i
+        """,
+        {"n": OLD},
+    )
+    db.execute(
+        """
+        INSERT INTO runrelay.ledger_deliveries (run_id, lane, first_seq, last_seq, delivered_at,
+                                                delivered_by, call_id)
+        SELECT 'old-' || i, 'lifecycle', 1, 1, now() - interval '2 days',
+               'old-relay-' || (i %% 5), gen_random_uuid()
         FROM generate_series(1, %(n)s) AS i
         """,
         {"n": OLD},
@@ -91,7 +101,10 @@ def test_list_processes_reads_the_hour_never_the_history(db: psycopg.Connection)
     take = capture_plans(db, analyze=True)
     for analysed in (False, True):
         if analysed:
-            db.execute("ANALYZE runrelay.attempts, runrelay.ledger_events, runrelay.ledger_lanes")
+            db.execute(
+                "ANALYZE runrelay.attempts, runrelay.ledger_events, runrelay.ledger_deliveries,"
+                " runrelay.ledger_lanes"
+            )
         for _ in range(7):  # past PL/pgSQL's switch to a generic plan
             take()
             rows = call(db, "list_processes")
@@ -103,7 +116,7 @@ def test_list_processes_reads_the_hour_never_the_history(db: psycopg.Connection)
             inner = [p for p in captured if "WITH seen AS" in p]
             assert inner, captured
             text = "\n".join(inner)
-            for table in ("attempts", "ledger_events", "ledger_lanes", "runs"):
+            for table in ("attempts", "ledger_events", "ledger_deliveries", "ledger_lanes", "runs"):
                 assert f"Seq Scan on {table}" not in text, text
             assert max(_buffers(p) for p in inner) < 100, text
 

@@ -2,6 +2,55 @@
 -- delimited by a header and an end line, so that sections written
 -- separately merge side by side.
 
+-- ==== delivery records =====================================================
+-- The deliveries go back onto their events, where revision 0008 reads them,
+-- and the truncation trigger no longer knows the table (the "purging runs"
+-- section puts back 0008's _runs_deleted).
+UPDATE ledger_events AS e
+SET
+    delivered_at = d.delivered_at,
+    delivered_by = d.delivered_by,
+    call_id = d.call_id,
+    batch_id = CASE WHEN e.seq <= d.batch_through THEN d.batch_id END,
+    batch_started_at = CASE WHEN e.seq <= d.batch_through THEN d.batch_started_at END
+FROM ledger_deliveries AS d
+WHERE
+    e.run_id = d.run_id AND e.lane = d.lane AND e.seq >= d.first_seq AND e.seq <= d.last_seq
+    AND e.delivered_at IS NULL;
+
+COMMENT ON FUNCTION _runs_deleted() IS
+'Trigger: deletes the ledger events, lanes and wake-ups of deleted runs (the cascade of the ledger tables).';
+
+CREATE OR REPLACE FUNCTION _runs_truncated()
+RETURNS trigger
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    -- A table truncated by the same statement is empty, and still open:
+    -- truncating it again would fail (55006), so only a non-empty one is.
+    IF EXISTS (SELECT FROM ledger_events) THEN
+        TRUNCATE ledger_events;
+    END IF;
+    IF EXISTS (SELECT FROM ledger_lanes) THEN
+        TRUNCATE ledger_lanes;
+    END IF;
+    IF EXISTS (SELECT FROM ledger_wakeups) THEN
+        TRUNCATE ledger_wakeups;
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+COMMENT ON FUNCTION _runs_truncated() IS
+'Trigger: empties the ledger tables when runs is truncated (the cascade of the ledger tables).';
+
+DROP TABLE ledger_deliveries;
+
+ALTER TABLE ledger_events SET (fillfactor = 50);
+-- ==== end: delivery records ================================================
+
 -- ==== explicit delivery keys ===============================================
 -- 0008 indexes every delivery key: the default keys join the unique index
 -- (they are unique, so the build cannot fail on them).

@@ -304,8 +304,10 @@ CREATE TABLE shard_ownership (
 -- ==== purge lock order =====================================================
 -- Deleting runs locks their lanes before deleting their ledger events, in
 -- the lane order relays follow (plpgsql/schema/08_run_history.sql): the
--- trigger keeps its function, whose body changes again. The downgrade's
--- "purging runs" section puts back 0008's body.
+-- trigger keeps its function, whose body changes again, with the deletion of
+-- the run's delivery records (the table is created by the "delivery
+-- records" section below; a PL/pgSQL body names it before it exists). The
+-- downgrade's "purging runs" section puts back 0008's body.
 CREATE OR REPLACE FUNCTION _runs_deleted()
 RETURNS trigger
 LANGUAGE plpgsql
@@ -337,6 +339,11 @@ BEGIN
         CROSS JOIN LATERAL (SELECT x.ctid AS tid FROM ledger_events AS x WHERE x.run_id = d.run_id OFFSET 0) AS t
     );
     DELETE FROM ledger_events AS l WHERE l.ctid = ANY(v_tids);
+    v_tids := ARRAY(
+        SELECT t.tid FROM deleted_runs AS d
+        CROSS JOIN LATERAL (SELECT x.ctid AS tid FROM ledger_deliveries AS x WHERE x.run_id = d.run_id OFFSET 0) AS t
+    );
+    DELETE FROM ledger_deliveries AS l WHERE l.ctid = ANY(v_tids);
     v_tids := ARRAY(
         SELECT t.tid FROM deleted_runs AS d
         CROSS JOIN LATERAL (SELECT x.ctid AS tid FROM ledger_lanes AS x WHERE x.run_id = d.run_id OFFSET 0) AS t
@@ -545,3 +552,90 @@ ALTER TABLE ledger_events DROP CONSTRAINT ledger_delivery_key_unique;
 CREATE UNIQUE INDEX ledger_delivery_key_unique ON ledger_events (delivery_key)
 WHERE delivery_key <> run_id || ':' || seq::text;
 -- ==== end: explicit delivery keys ==========================================
+
+-- ==== delivery records =====================================================
+-- A relay's acknowledgement is recorded once for the prefix it delivered, as
+-- a row of ledger_deliveries, instead of on each event row
+-- (plpgsql/schema/06_ledger.sql). Events delivered before this revision
+-- keep their delivery in their own columns, which readers take first
+-- (_delivery): nothing is rewritten. The event heap no longer keeps room for
+-- the updates deliveries made (fillfactor 50): pages written from now on are
+-- packed full. The triggers that take a run's ledger rows with it take its
+-- deliveries too (_runs_deleted's body is the "purge lock order" section's).
+-- A relay's acknowledgement: one row for the unbroken prefix of a lane's
+-- pending tail it delivered (first_seq .. last_seq), however many events it
+-- holds. Writing one row here instead of updating each event row is what
+-- makes an acknowledgement of 100 events cost about what one costs, and
+-- leaves the event rows as they were written.
+--
+-- delivered_at, delivered_by: when and by which relay; call_id: the
+-- ack_ledger call (what its replay looks up). batch_id, batch_started_at:
+-- the frozen batch the events up to batch_through were members of (the
+-- lane's, when the acknowledgement covered some of it).
+--
+-- Ranges of one lane never overlap (each acknowledges what lay at the head,
+-- and the head moves past it), so the delivery of an event is the first row
+-- of its lane whose last_seq is at least the event's seq, when that row's
+-- first_seq is at most it: a primary-key seek (_delivery, delivery.sql).
+-- Rows go with their run (08_run_history.sql) and with their events
+-- (prune).
+CREATE TABLE ledger_deliveries (
+    run_id text NOT NULL,
+    lane text NOT NULL,
+    first_seq bigint NOT NULL,
+    last_seq bigint NOT NULL,
+    delivered_at timestamptz NOT NULL,
+    delivered_by text NOT NULL,
+    call_id uuid NOT NULL,
+    batch_id uuid,
+    batch_started_at timestamptz,
+    batch_through bigint,
+    PRIMARY KEY (run_id, lane, last_seq),
+    CONSTRAINT ledger_deliveries_range CHECK (first_seq >= 1 AND first_seq <= last_seq),
+    CONSTRAINT ledger_deliveries_batch CHECK (
+        (batch_id IS NULL) = (batch_started_at IS NULL)
+        AND (batch_id IS NULL) = (batch_through IS NULL)
+    ),
+    CONSTRAINT ledger_deliveries_lane CHECK (lane IN ('lifecycle', 'observability'))
+) WITH (
+    autovacuum_vacuum_scale_factor = 0.02,
+    autovacuum_analyze_scale_factor = 0.02
+);
+
+-- list_processes() (the relays seen in the last hour) and prune() (the
+-- deliveries whose events are gone) read deliveries by time.
+CREATE INDEX ledger_deliveries_delivered_idx ON ledger_deliveries (delivered_at);
+
+ALTER TABLE ledger_events RESET (fillfactor);
+
+COMMENT ON FUNCTION _runs_deleted() IS
+'Trigger: deletes the ledger events, deliveries, lanes and wake-ups of deleted runs (the cascade of the ledger tables).';
+
+CREATE OR REPLACE FUNCTION _runs_truncated()
+RETURNS trigger
+LANGUAGE plpgsql
+VOLATILE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    -- A table truncated by the same statement is empty, and still open:
+    -- truncating it again would fail (55006), so only a non-empty one is.
+    IF EXISTS (SELECT FROM ledger_events) THEN
+        TRUNCATE ledger_events;
+    END IF;
+    IF EXISTS (SELECT FROM ledger_deliveries) THEN
+        TRUNCATE ledger_deliveries;
+    END IF;
+    IF EXISTS (SELECT FROM ledger_lanes) THEN
+        TRUNCATE ledger_lanes;
+    END IF;
+    IF EXISTS (SELECT FROM ledger_wakeups) THEN
+        TRUNCATE ledger_wakeups;
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+COMMENT ON FUNCTION _runs_truncated() IS
+'Trigger: empties the ledger tables when runs is truncated (the cascade of the ledger tables).';
+-- ==== end: delivery records ================================================
