@@ -334,7 +334,7 @@ def relays(
             RELAY,
             url,
             rr.ledger_loader(url, max(1, events // 100), 100),
-            "SELECT count(*) FROM runrelay.ledger_events WHERE delivered_at IS NOT NULL",
+            "SELECT count(*) FROM runrelay.ledger WHERE delivered_at IS NOT NULL",
             processes=1,
             unit="events/s",
         )
@@ -350,7 +350,7 @@ def relays(
         RELAY,
         url,
         rr.ledger_loader(url, SHORT_RUNS, 3),
-        "SELECT count(*) FROM runrelay.ledger_events WHERE delivered_at IS NOT NULL",
+        "SELECT count(*) FROM runrelay.ledger WHERE delivered_at IS NOT NULL",
         processes=1,
         unit="events/s",
         loaded=SHORT_RUNS * 3,

@@ -925,15 +925,19 @@ class Checker:
 
     # I3 ---------------------------------------------------------------------
     def i3_ledger_rows_have_runs(self) -> None:
-        """Every ledger event, lane and wake-up belongs to a run. The ledger
-        tables have no foreign key to runs (schema/06_ledger.sql): that every
-        writer holds its run's row lock, or has just inserted the run, is
-        what keeps this true, so the checker asserts it."""
+        """Every ledger event, delivery, lane and wake-up belongs to a run.
+        The ledger tables have no foreign key to runs (schema/06_ledger.sql):
+        that every writer holds its run's row lock, or has just inserted the
+        run, is what keeps this true, so the checker asserts it. And the
+        deliveries of a lane never overlap (the ledger view reads an event's
+        delivery as the first one ending at or after it)."""
         orphans = self.conn.execute(
             """
             SELECT t.name, count(*), min(t.run_id)
             FROM (
                 SELECT 'ledger_events' AS name, l.run_id FROM runrelay.ledger_events AS l
+                UNION ALL
+                SELECT 'ledger_deliveries', d.run_id FROM runrelay.ledger_deliveries AS d
                 UNION ALL
                 SELECT 'ledger_lanes', ll.run_id FROM runrelay.ledger_lanes AS ll
                 UNION ALL
@@ -945,6 +949,19 @@ class Checker:
         ).fetchall()
         for name, count, run_id in orphans:
             self.bad("I3", f"{count} {name} rows of no run (e.g. {run_id})")
+        overlapping = self.conn.execute(
+            """
+            SELECT d.run_id, d.lane, d.first_seq, d.last_seq
+            FROM runrelay.ledger_deliveries AS d
+            WHERE EXISTS (
+                SELECT FROM runrelay.ledger_deliveries AS o
+                WHERE o.run_id = d.run_id AND o.lane = d.lane AND o.last_seq < d.last_seq
+                  AND o.last_seq >= d.first_seq
+            )
+            """
+        ).fetchall()
+        for run_id, lane, first, last in overlapping:
+            self.bad("I3", f"{run_id} {lane}: delivery {first}..{last} overlaps an earlier one")
 
     def i3_ledger_order(self) -> None:
         rows = self.conn.execute(

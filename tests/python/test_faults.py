@@ -116,18 +116,33 @@ def test_checker_i9_allows_a_requeue_replay_after_the_event_failed_again() -> No
 
 def test_checker_i3_finds_ledger_rows_of_no_run(db: psycopg.Connection) -> None:
     """The checker itself: the ledger tables have no foreign key to runs, so
-    an event, lane or wake-up of a run that does not exist is reported (and
-    nothing is reported while every row has its run)."""
+    an event, delivery, lane or wake-up of a run that does not exist is
+    reported (and nothing is reported while every row has its run), and so
+    is a delivery that overlaps an earlier one of its lane."""
     db.execute("SELECT runrelay.enqueue_run(run_id => 'kept')")
+    db.execute("SELECT runrelay.append_events('kept', '[{\"type\": \"a\"}]')")
+    db.execute(
+        "SELECT runrelay.ack_ledger('r', 'kept', ARRAY(SELECT c.event_id"
+        " FROM runrelay.claim_ledger('r', run_id => 'kept') AS c))"
+    )
     checker = Checker([], db)
     checker.i3_ledger_rows_have_runs()
     assert checker.violations == []
+    db.execute(
+        "INSERT INTO runrelay.ledger_deliveries (run_id, lane, first_seq, last_seq, delivered_at,"
+        " delivered_by, call_id) VALUES ('kept', 'lifecycle', 1, 2, now(), 'r', gen_random_uuid())"
+    )
+    checker.i3_ledger_rows_have_runs()
+    assert checker.violations == ["I3: kept lifecycle: delivery 1..2 overlaps an earlier one"]
+    db.execute("DELETE FROM runrelay.ledger_deliveries WHERE last_seq = 2")
+    checker.violations.clear()
     db.execute("SET session_replication_role = replica")  # no triggers: a run vanishes alone
     db.execute("DELETE FROM runrelay.runs WHERE run_id = 'kept'")
     db.execute("RESET session_replication_role")
     checker.i3_ledger_rows_have_runs()
     assert checker.violations == [
-        "I3: 1 ledger_events rows of no run (e.g. kept)",
+        "I3: 1 ledger_deliveries rows of no run (e.g. kept)",
+        "I3: 2 ledger_events rows of no run (e.g. kept)",
         "I3: 1 ledger_lanes rows of no run (e.g. kept)",
     ]
 
