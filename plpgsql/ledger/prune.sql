@@ -5,9 +5,9 @@
 -- An event is delivered after it is created, so the events delivered before
 -- the cut-off are among those created before it: prune walks
 -- ledger_created_idx up to the cut-off, taking each event's delivery from
--- the `ledger` view (a primary-key seek) and skipping the events in that range that
--- are undelivered or were delivered later (in a ledger pruned regularly, the
--- old undelivered ones: a blocked lane's, a backlog's). Then the
+-- the `ledger` view (a primary-key seek) and skipping the events in that
+-- range that are undelivered or were delivered later (in a ledger pruned
+-- regularly, the old undelivered ones: a blocked lane's, a backlog's). Then the
 -- acknowledgements made before the cut-off whose events are all gone go too
 -- (ledger_deliveries_delivered_idx; at most max_rows of them): an
 -- acknowledgement's events were all created before it, so once prune has
