@@ -109,6 +109,17 @@ LOAD_KEY_ROWS = """
 INSERT INTO runrelay.concurrency_keys (key) SELECT 'k-' || i FROM generate_series(1, %(runs)s) AS i
 """
 
+# The events delivered so far, counted from the tables: a relay's
+# acknowledgement is one ledger_deliveries row for its prefix, and an event
+# acknowledged on its own (locally) carries its delivery. Counting through
+# the ledger view would format every event, and take long enough to blur a
+# measurement window's end.
+DELIVERED_EVENTS = (
+    "SELECT (SELECT coalesce(sum(d.last_seq - d.first_seq + 1), 0)"
+    " FROM runrelay.ledger_deliveries AS d)"
+    " + (SELECT count(*) FROM runrelay.ledger_events AS e WHERE e.delivered_at IS NOT NULL)"
+)
+
 ANALYZE = "ANALYZE runrelay.runs, runrelay.attempts, runrelay.ledger_events, runrelay.ledger_lanes"
 
 

@@ -342,7 +342,7 @@ def empty_claim(conn: psycopg.Connection[Any], index: int) -> Callable[[Recorder
 
 DONE_RUNS = "SELECT count(*) FROM runrelay.runs"
 DONE_JOBS = "SELECT count(*) FROM runrelay.runs WHERE status = 'completed'"
-DONE_EVENTS = "SELECT count(*) FROM runrelay.ledger WHERE delivered_at IS NOT NULL"
+DONE_EVENTS = rr.DELIVERED_EVENTS
 
 
 @dataclass

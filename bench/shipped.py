@@ -334,7 +334,7 @@ def relays(
             RELAY,
             url,
             rr.ledger_loader(url, max(1, events // 100), 100),
-            "SELECT count(*) FROM runrelay.ledger WHERE delivered_at IS NOT NULL",
+            rr.DELIVERED_EVENTS,
             processes=1,
             unit="events/s",
         )
@@ -350,7 +350,7 @@ def relays(
         RELAY,
         url,
         rr.ledger_loader(url, SHORT_RUNS, 3),
-        "SELECT count(*) FROM runrelay.ledger WHERE delivered_at IS NOT NULL",
+        rr.DELIVERED_EVENTS,
         processes=1,
         unit="events/s",
         loaded=SHORT_RUNS * 3,
@@ -423,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=float, default=6.0, help="seconds per measurement")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--backlog", type=int, default=150_000)
-    parser.add_argument("--events", type=int, default=400_000, help="events for the relays")
+    parser.add_argument("--events", type=int, default=800_000, help="events for the relays")
     parser.add_argument("--quick", action="store_true", help="one short repetition, no install")
     parser.add_argument("--dsn", help="use this server instead of a fresh durable cluster")
     args = parser.parse_args(argv)
