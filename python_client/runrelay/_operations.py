@@ -22,7 +22,8 @@ from typing import Any, cast
 import psycopg
 from psycopg import sql
 from psycopg.adapt import Dumper
-from psycopg.types.json import Jsonb
+from psycopg.pq import Format
+from psycopg.types.json import Jsonb, JsonbLoader
 
 from . import types as t
 
@@ -111,6 +112,39 @@ class _IdsDumper(Dumper):
 
 
 psycopg.adapters.register_dumper(_Ids, _IdsDumper)
+
+
+_JSONB_OID = psycopg.postgres.types["jsonb"].oid
+_raw_decode = json.JSONDecoder().raw_decode
+
+
+class _JsonbLoader(JsonbLoader):
+    """jsonb read as psycopg's default loader reads it, at a quarter of the
+    cost. psycopg calls `json.loads` on the value's bytes, which first
+    guesses their encoding and then checks for whitespace around the
+    document: 4.9 µs for a small payload, against 1.2 µs for decoding the
+    UTF-8 text and parsing it. The server's jsonb text is one document with
+    nothing around it, so the result is the same. A relay reads a payload
+    per event it claims and one per event it acknowledges (ack_ledger), so
+    this was a seventh of its client's CPU per event."""
+
+    def load(self, data: Any) -> Any:
+        return _raw_decode(str(data, "utf-8"))[0]
+
+
+def fast_jsonb(cur: Any) -> None:
+    """Read the cursor's jsonb with _JsonbLoader, when the connection would
+    read it with psycopg's default (the cursor's own adapters, so the
+    caller's connection is left as it was). A caller who chose how JSON is
+    read (`set_json_loads`, globally or on the connection, for example
+    Decimal for floats) or a client encoding other than UTF-8 keeps
+    psycopg's loader."""
+    if (
+        cur.connection.info.encoding == "utf-8"
+        and cur.connection.adapters.get_loader(_JSONB_OID, Format.TEXT) is JsonbLoader
+        and JsonbLoader._loads is json.loads
+    ):
+        cur.adapters.register_loader(_JSONB_OID, _JsonbLoader)
 
 
 def aware(name: str, value: Any) -> None:

@@ -278,6 +278,7 @@ def _one_flight(
     `after` (a tracing client's setting of the trace context) ride the same
     flight and, up to the one Sync, the same transaction."""
     cur = conn.cursor(row_factory=tuple_row)
+    _operations.fast_jsonb(cur)
     key = None if before or after else _PREPARED.key(conn, query, params)
     if key is not None and _PREPARED.plain(conn, key):
         cur.execute(query, params)
@@ -303,6 +304,7 @@ async def _one_flight_async(
     after: Sequence[_operations.Statement] = (),
 ) -> Fetched:
     cur = conn.cursor(row_factory=tuple_row)
+    _operations.fast_jsonb(cur)
     key = None if before or after else _PREPARED.key(conn, query, params)
     if key is not None and _PREPARED.plain(conn, key):
         await cur.execute(query, params)

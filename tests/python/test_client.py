@@ -16,12 +16,14 @@ import contextlib
 import dataclasses
 import functools
 import inspect
+import json
 import types
 import typing
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,7 @@ from alembic.config import Config
 from alembic.script import ScriptDirectory
 from devtools.round_trips import CALLS_PER_METHOD, frontend_round_trips, traced
 from devtools.round_trips import calls as round_trip_calls
+from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from runrelay import (
@@ -432,6 +435,105 @@ def test_append_events_returns_typed_rows_in_seq_order(
         ("order.paid", "lifecycle", False),
         ("log", "observability", False),
     ]
+
+
+# JSON values at the edges of what a reader could get wrong: non-ASCII text
+# (two- and four-byte UTF-8), escapes, integers beyond 64 bits, exponents,
+# nesting, empty containers, and every scalar at the top of an event's payload.
+AWKWARD_JSON: list[Any] = [
+    {
+        "text": 'é 😀 \u2028 "quoted" back\\slash\nnew\ttab \u0001',
+        "big": 123456789012345678901234567890,
+        "negative": -(2**63),
+        "float": 1.5,
+        "exponent": 1e300,
+        "tiny": -2.5e-300,
+        "nested": {"list": [1, [2, {"deep": None}], True, False], "empty": {}},
+        "empty_list": [],
+    },
+    [1, "two", 3.0, None],
+    "a bare string",
+    42,
+    0.1,
+    True,
+    None,
+]
+
+
+def test_payloads_read_back_as_json_loads_reads_them(
+    drive: Callable[..., None], db: psycopg.Connection
+) -> None:
+    """The client reads jsonb with its own loader (psycopg's, minus the
+    encoding guess); every value comes back equal, and of the same types,
+    as json.loads reads the server's text of it."""
+    as_text = [
+        json.loads(text)
+        for (text,) in db.execute(
+            "SELECT v::jsonb::text FROM jsonb_array_elements(%s::jsonb) AS v",
+            [json.dumps(AWKWARD_JSON)],
+        ).fetchall()
+    ]
+
+    async def scenario(api: Api) -> None:
+        await api.enqueue_run("j1", payload=AWKWARD_JSON[0])
+        await api.append_events(
+            "j1", [{"type": "value", "payload": value} for value in AWKWARD_JSON]
+        )
+        (claimed,) = await api.claim_attempts("worker-1")
+        assert_same_json(claimed.payload, as_text[0])
+        ledger = await api.claim_ledger("relay-1", max_events=100, batch=True)
+        assert [e.type for e in ledger] == ["run.queued", *["value"] * 7, "run.started"]
+        assert_same_json([e.payload for e in ledger[1:-1]], as_text)
+        acked = await api.ack_ledger("relay-1", "j1", [e.event_id for e in ledger])
+        assert [e.kind for e in acked] == [LedgerKind.DELIVERED] * 9
+        assert_same_json([e.payload for e in acked[1:-1]], as_text)
+
+    drive(scenario)
+
+
+def assert_same_json(got: Any, expected: Any) -> None:
+    """Equal, and every value of the same type (1.5 == Decimal("1.5"),
+    1 == 1.0 and True == 1 would pass a plain comparison)."""
+    assert got == expected
+    assert type(got) is type(expected)
+    if isinstance(got, dict):
+        for key in got:
+            assert_same_json(got[key], expected[key])
+    elif isinstance(got, list):
+        for mine, theirs in zip(got, expected, strict=True):
+            assert_same_json(mine, theirs)
+
+
+def test_a_callers_json_reading_is_kept(db_url: str) -> None:
+    """A caller who chose how psycopg reads JSON (here Decimal for floats,
+    as money needs) gets payloads read that way, whether the choice is
+    global or the connection's; and the client leaves the adapters of a
+    connection it is given as they were."""
+    money = functools.partial(json.loads, parse_float=Decimal)
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        client = Client(conn)
+        client.enqueue_run("m1", payload={"amount": 10.25})
+        client.append_events("m1", [{"type": "paid", "payload": {"amount": 10.25}}])
+        jsonb = psycopg.postgres.types["jsonb"].oid
+        loader = conn.adapters.get_loader(jsonb, psycopg.pq.Format.TEXT)
+        (claimed,) = client.claim_attempts("worker-1")
+        assert claimed.payload == {"amount": 10.25}
+        assert type(claimed.payload["amount"]) is float
+        assert conn.adapters.get_loader(jsonb, psycopg.pq.Format.TEXT) is loader
+
+        set_json_loads(money, context=conn)
+        paid = client.claim_ledger("relay-1", max_events=10, batch=True)[1]
+        assert paid.type == "paid"
+        assert paid.payload == {"amount": Decimal("10.25")}
+        assert type(paid.payload["amount"]) is Decimal
+
+    set_json_loads(money)
+    try:
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            paid = Client(conn).claim_ledger("relay-1", run_id="m1", max_events=10, batch=True)[1]
+            assert type(paid.payload["amount"]) is Decimal
+    finally:
+        set_json_loads(json.loads)
 
 
 # --------------------------------------------------------------------------
