@@ -246,6 +246,7 @@ class _Duties:
         """Rounds until stop(); each followed by a jittered interval, or by a
         backoff after the database failed the round."""
         backoff = Backoff(base=0.5, cap=max(1.0, self.interval))
+        log.info("maintenance started", extra={"interval_s": self.interval})
         while not self._stop.is_set():
             try:
                 yield from self._round_steps()

@@ -353,6 +353,14 @@ class Relay:
         idle that long). The slots are threads; this one listens for
         NOTIFYs and wakes idle slots."""
         listener = make_listener(self.listen_dsn, channel(self.client.schema, "ledger"))
+        log.info(
+            "relay started",
+            extra={
+                "relay": self.name,
+                "lanes": ",".join(self.lanes),
+                "concurrency": self.concurrency,
+            },
+        )
         # The first slot starts looking; the others start idle and are drawn
         # in by the work it finds (see _idle), so a relay with nothing to do
         # makes one slot's calls, not `concurrency` slots'.

@@ -1004,6 +1004,14 @@ class _Loop(_Signals, _Recorder):
         """Claim into free slots and start work on what was claimed until
         stop() (or, with until_idle, until nothing was claimable for that
         many seconds and nothing runs)."""
+        log.info(
+            "worker started",
+            extra={
+                "worker": self.name,
+                "queues": ",".join(self.queues) if self.queues is not None else "(all)",
+                "concurrency": self.concurrency,
+            },
+        )
         idle_since = time.monotonic()
         while not self._stop.is_set():
             n = self._reserve(self.batch_size)

@@ -28,13 +28,14 @@ import os
 import re
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import ClassVar
+from typing import IO, ClassVar
 
 import httpx
 import psycopg
@@ -271,46 +272,68 @@ def _handles_sigterm(pid: int) -> bool:
     return bool(int(caught.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
 
 
+# What each long-running command writes once it is up: the loops' start
+# line (after they connected, read the schema version and took over SIGTERM),
+# the exporter's and the dashboard's address.
+STARTED = re.compile(
+    r"(worker|relay|maintenance) started|serving metrics of schema|runrelay dashboard \("
+)
+
+
 def _run(command: Command, text: str, cwd: Path, env: dict[str, str]) -> None:
     if LONG_RUNNING.search(text):
         # `VAR=value ... exec command`: the assignments go first.
         script = re.sub(r"^((?:\w+=\S+ )*)", r"\1exec ", text, count=1)
         received_before = len(_Receiver.received)
-        proc = subprocess.Popen(
-            ["bash", "-c", script],
-            cwd=cwd,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        time.sleep(4)
-        assert proc.poll() is None, f"{command} exited early: {proc.communicate()[1][-3000:]}"
-        # On a loaded machine the interpreter may still be importing after
-        # those 4 s; SIGTERM before the command handles it would kill it.
-        deadline = time.monotonic() + 60
-        while not _handles_sigterm(proc.pid) and proc.poll() is None:
-            assert time.monotonic() < deadline, f"{command} never handled SIGTERM"
-            time.sleep(0.1)
-        if text.startswith("runrelay relay --webhook"):
-            # Delivering is what it is there for; a slow start must not
-            # leave it no time to (the caller checks that it delivered).
-            while (
-                len(_Receiver.received) <= received_before
-                and proc.poll() is None
-                and time.monotonic() < deadline
-            ):
-                time.sleep(0.1)
-        _check_metrics(command, text)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-        assert proc.returncode == 0, f"{command} exited {proc.returncode}: {err[-3000:]}"
-        assert "Traceback" not in err, f"{command}: {err[-3000:]}"
+        with tempfile.TemporaryFile("w+") as output:
+            proc = subprocess.Popen(
+                ["bash", "-c", script], cwd=cwd, env=env, stdout=output, stderr=output, text=True
+            )
+            try:
+                _run_until_stopped(command, text, proc, output, received_before)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
         return
     done = subprocess.run(
         ["bash", "-c", text], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, f"{command} exited {done.returncode}: {done.stderr[-3000:]}"
+
+
+def _run_until_stopped(
+    command: Command, text: str, proc: subprocess.Popen[str], output: IO[str], received: int
+) -> None:
+    """Wait until the command says it is up, check what it serves, stop it
+    with SIGTERM: it must still be running then, and stop cleanly."""
+
+    def written() -> str:
+        output.seek(0)
+        return output.read()
+
+    deadline = time.monotonic() + 60  # a loaded machine may still be importing
+    while not STARTED.search(written()):
+        assert proc.poll() is None, f"{command} exited early: {written()[-3000:]}"
+        assert time.monotonic() < deadline, f"{command} never said it started: {written()[-3000:]}"
+        time.sleep(0.1)
+    # The dashboard says where it serves just before it takes over SIGTERM.
+    while not _handles_sigterm(proc.pid):
+        assert proc.poll() is None, f"{command} exited early: {written()[-3000:]}"
+        assert time.monotonic() < deadline, f"{command} never handled SIGTERM"
+        time.sleep(0.1)
+    if text.startswith("runrelay relay --webhook"):
+        # Delivering is what it is there for (the caller checks that it did).
+        while len(_Receiver.received) <= received and proc.poll() is None:
+            assert time.monotonic() < deadline, f"{command} delivered nothing"
+            time.sleep(0.1)
+    _check_metrics(command, text)
+    assert proc.poll() is None, f"{command} exited early: {written()[-3000:]}"
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+    out = written()
+    assert proc.returncode == 0, f"{command} exited {proc.returncode}: {out[-3000:]}"
+    assert "Traceback" not in out, f"{command}: {out[-3000:]}"
 
 
 @pytest.mark.slow
