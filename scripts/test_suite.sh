@@ -1,25 +1,50 @@
 #!/usr/bin/env bash
-# The steps of `make test`, run against the server in DATABASE_URL (started by
-# runrelay._pgcluster when the caller had none). Any failure fails the run.
+# The steps of `make test`, in parts. Every part but `static` runs against the
+# server in DATABASE_URL (started by runrelay._pgcluster when the caller had
+# none). Any failure fails the run.
 #
-#   scripts/test_suite.sh all     lint, migrations, plpgsql_check, pgTAP, TypeScript, pytest, bench smoke
-#   scripts/test_suite.sh pytest  migrations and pytest only (PostgreSQL 18 run)
+#   scripts/test_suite.sh PARTS [PYTEST_ARGS...]
+#
+# PARTS is a comma-separated list, run in this order whatever the order given:
+#   static      ruff, mypy, sqlfluff, the head revision's frozen code is current
+#   migrations  the migration round trip
+#   sql         plpgsql_check and pgTAP
+#   ts          the TypeScript client's suite (scripts/test_ts.sh)
+#   pytest      pytest, with PYTEST_ARGS
+#   bench       bench --quick and bench.shipped --quick, on their own cluster
+#   all         every part (`make test-pg15`)
+# `make test` (scripts/test_legs.sh) spreads the parts over its legs.
 set -euo pipefail
-mode=${1:-all}
+parts=${1:-all}
 shift || true
-: "${DATABASE_URL:?DATABASE_URL must be set}"
+[ "$parts" = all ] && parts=static,migrations,sql,ts,pytest,bench
 cd "$(dirname "$0")/.."
 
+for part in ${parts//,/ }; do
+    case $part in
+        static | migrations | sql | ts | pytest | bench) ;;
+        *) echo "test_suite.sh: unknown part '$part'" >&2; exit 2 ;;
+    esac
+done
+has() { [[ ",$parts," == *",$1,"* ]]; }
 step() { printf '\n==> %s\n' "$*"; }
 
-base_url=${DATABASE_URL%/*}
+if [ "$parts" != static ]; then
+    : "${DATABASE_URL:?DATABASE_URL must be set}"
+fi
+base_url=${DATABASE_URL:-}
+base_url=${base_url%/*}
 db_url() { echo "$base_url/$1"; }
 recreate_db() {
     psql -X -q -d "$DATABASE_URL" -v ON_ERROR_STOP=1 \
         -c "DROP DATABASE IF EXISTS $1 WITH (FORCE)" -c "CREATE DATABASE $1"
 }
 
-if [ "$mode" = all ]; then
+if has static; then
+    step "ruff, mypy"
+    ruff check python_client migrations tests devtools scripts bench
+    ruff format --check python_client migrations tests devtools scripts bench
+    mypy
     step "sqlfluff lint"
     # Code patches (frozen/*/code.patch) are generated from plpgsql/, which is linted.
     sqlfluff lint plpgsql/ migrations/frozen/*/upgrade.sql \
@@ -32,11 +57,13 @@ if [ "$mode" = all ]; then
     python -m devtools.sqlsource check
 fi
 
-step "migration round trip"
-recreate_db rr_migrate
-DATABASE_URL=$(db_url rr_migrate) bash scripts/migration_roundtrip.sh
+if has migrations; then
+    step "migration round trip"
+    recreate_db rr_migrate
+    DATABASE_URL=$(db_url rr_migrate) bash scripts/migration_roundtrip.sh
+fi
 
-if [ "$mode" = all ]; then
+if has sql; then
     step "plpgsql_check"
     recreate_db rr_lint
     DATABASE_URL=$(db_url rr_lint) alembic upgrade head
@@ -51,15 +78,17 @@ if [ "$mode" = all ]; then
     pg_prove -d "$(db_url rr_pgtap)" --failures tests/pgtap/[0-9]*.sql
 fi
 
-if [ "$mode" = all ]; then
+if has ts; then
     step "TypeScript client (node --test)"
     bash scripts/test_ts.sh
 fi
 
-step "pytest (PostgreSQL ${RUNRELAY_PG_VERSION:-from DATABASE_URL})"
-pytest "$@"
+if has pytest; then
+    step "pytest (PostgreSQL ${RUNRELAY_PG_VERSION:-from DATABASE_URL})"
+    pytest "$@"
+fi
 
-if [ "$mode" = all ]; then
+if has bench; then
     # A smoke test of `make bench` at tiny sizes on its own durable cluster: it
     # must complete and write its JSON; it asserts nothing about speed.
     step "bench --quick (smoke test, no timing assertions)"
