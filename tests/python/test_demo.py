@@ -30,6 +30,8 @@ from runrelay.demo import (
     default_deadline,
 )
 
+pytestmark = pytest.mark.package  # one leg of make test runs these (pyproject.toml)
+
 
 @pytest.fixture
 def client(db: psycopg.Connection) -> Client:

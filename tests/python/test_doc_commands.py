@@ -44,6 +44,8 @@ import pytest
 from conftest import REPO, create_database, drop_database
 from installed import Installed
 
+pytestmark = pytest.mark.package  # one leg of make test runs these (pyproject.toml)
+
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 COMMAND_LANGUAGES = {"bash", "sh", "shell"}
 

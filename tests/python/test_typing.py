@@ -22,6 +22,8 @@ import pytest
 
 import runrelay
 
+pytestmark = pytest.mark.package  # one leg of make test runs these (pyproject.toml)
+
 # Each `reveal_type` line follows a `# reveals <type>` comment: the type mypy
 # must reveal, written without the `builtins.` prefix older mypy versions print.
 GOOD = '''

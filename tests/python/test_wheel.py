@@ -17,6 +17,8 @@ import pytest
 from conftest import create_database, drop_database
 from installed import Installed, wheel_files
 
+pytestmark = pytest.mark.package  # one leg of make test runs these (pyproject.toml)
+
 
 def _runrelay(installed: Installed, *args: str, timeout: float = 300, **env: str) -> str:
     done = subprocess.run(
