@@ -651,7 +651,10 @@ def test_relay_leaves_redirected_events_undelivered_and_retries_them(
     db: psycopg.Connection, client: Client
 ) -> None:
     _make_run(client)
-    db.execute("UPDATE runrelay.settings SET retry_base_seconds = 0.05, retry_max_seconds = 0.1")
+    # Retries due a second or two later: soon enough for the run below to
+    # wait for, late enough that the drain (one pass) never sees one due,
+    # even on a loaded machine.
+    db.execute("UPDATE runrelay.settings SET retry_base_seconds = 1, retry_max_seconds = 2")
     with Server() as target:
         server = Server(_status(302, {"Location": target.url}))
         with server, WebhookSink(server.url) as sink:
@@ -664,7 +667,7 @@ def test_relay_leaves_redirected_events_undelivered_and_retries_them(
             assert relay.stats["delivery_failures"] == len(rows)
 
             server.respond = _status(200)  # the operator fixed the URL; the retry delivers
-            relay.run(until_idle=0.5)
+            relay.run(until_idle=2.5)
         assert target.requests == []
     delivered = [
         e["delivery_key"] for s in server.requests[1:] for e in json.loads(s.body)["events"]
