@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import IO, ClassVar
+from typing import ClassVar
 
 import httpx
 import psycopg
@@ -287,12 +287,16 @@ def _run(command: Command, text: str, cwd: Path, env: dict[str, str]) -> None:
         # `VAR=value ... exec command`: the assignments go first.
         script = re.sub(r"^((?:\w+=\S+ )*)", r"\1exec ", text, count=1)
         received_before = len(_Receiver.received)
-        with tempfile.TemporaryFile("w+") as output:
-            proc = subprocess.Popen(
-                ["bash", "-c", script], cwd=cwd, env=env, stdout=output, stderr=output, text=True
-            )
+        # The command appends to a file the test reads through handles of
+        # its own, so that reading moves no offset the command writes at.
+        with tempfile.TemporaryDirectory() as folder:
+            written = Path(folder) / "output"
+            with written.open("a") as output:
+                proc = subprocess.Popen(
+                    ["bash", "-c", script], cwd=cwd, env=env, stdout=output, stderr=output
+                )
             try:
-                _run_until_stopped(command, text, proc, output, received_before)
+                _run_until_stopped(command, text, proc, written, received_before)
             finally:
                 if proc.poll() is None:
                     proc.kill()
@@ -305,14 +309,13 @@ def _run(command: Command, text: str, cwd: Path, env: dict[str, str]) -> None:
 
 
 def _run_until_stopped(
-    command: Command, text: str, proc: subprocess.Popen[str], output: IO[str], received: int
+    command: Command, text: str, proc: subprocess.Popen[bytes], output: Path, received: int
 ) -> None:
     """Wait until the command says it is up, check what it serves, stop it
     with SIGTERM: it must still be running then, and stop cleanly."""
 
     def written() -> str:
-        output.seek(0)
-        return output.read()
+        return output.read_text(errors="replace")
 
     deadline = time.monotonic() + 60  # a loaded machine may still be importing
     while not STARTED.search(written()):

@@ -623,6 +623,34 @@ def test_snooze_hands_the_run_back_to_run_later(db: psycopg.Connection, client: 
         Snooze(after=-1)
 
 
+def test_each_loop_logs_one_line_as_it_starts(
+    client: Client, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    """What an operator (and the documents' test) reads to know a process is
+    up: one INFO line per loop, with what it serves."""
+    with caplog.at_level(logging.INFO, logger="runrelay"):
+        Worker(
+            client,
+            lambda job: None,
+            name="w-1",
+            queues=["q1", "q2"],
+            concurrency=3,
+            poll_interval=0.05,
+            maintenance_interval=60,
+        ).run(until_idle=0.1)
+        sink = JsonLinesSink(str(tmp_path / "out.jsonl"))
+        Relay(client, sink, name="r-1", lanes=["lifecycle"], concurrency=2, max_sleep=0.05).run(
+            until_idle=0.1
+        )
+    started = {r.getMessage(): r for r in caplog.records if r.getMessage().endswith(" started")}
+    assert sorted(started) == ["maintenance started", "relay started", "worker started"]
+    assert all(r.levelno == logging.INFO for r in started.values())
+    worker, relay = started["worker started"], started["relay started"]
+    assert (worker.worker, worker.queues, worker.concurrency) == ("w-1", "q1,q2", 3)
+    assert (relay.relay, relay.lanes, relay.concurrency) == ("r-1", "lifecycle", 2)
+    assert started["maintenance started"].interval_s == 60
+
+
 def test_each_finished_job_logs_one_line_with_its_fields(
     db: psycopg.Connection, client: Client, caplog: pytest.LogCaptureFixture
 ) -> None:
