@@ -41,10 +41,8 @@ recreate_db() {
 }
 
 if has static; then
-    step "ruff, mypy"
-    ruff check python_client migrations tests devtools scripts bench
-    ruff format --check python_client migrations tests devtools scripts bench
-    mypy
+    step "ruff, mypy (make lint)"
+    make --no-print-directory lint
     step "sqlfluff lint"
     # Code patches (frozen/*/code.patch) are generated from plpgsql/, which is linted.
     sqlfluff lint plpgsql/ migrations/frozen/*/upgrade.sql \

@@ -651,10 +651,11 @@ def test_relay_leaves_redirected_events_undelivered_and_retries_them(
     db: psycopg.Connection, client: Client
 ) -> None:
     _make_run(client)
-    # Retries due a second or two later: soon enough for the run below to
-    # wait for, late enough that the drain (one pass) never sees one due,
-    # even on a loaded machine.
-    db.execute("UPDATE runrelay.settings SET retry_base_seconds = 1, retry_max_seconds = 2")
+    # The first retry is due 1-2 s after the failure (_backoff: the base,
+    # scaled by 0.5-1): soon enough for the run below to wait for, late
+    # enough that the drain's one pass never sees it due, even on a loaded
+    # machine.
+    db.execute("UPDATE runrelay.settings SET retry_base_seconds = 2, retry_max_seconds = 4")
     with Server() as target:
         server = Server(_status(302, {"Location": target.url}))
         with server, WebhookSink(server.url) as sink:
