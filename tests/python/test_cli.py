@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import argparse
+import importlib
+import inspect
 import os
 import subprocess
 import sys
@@ -75,6 +77,46 @@ def test_every_option_is_described_and_shows_its_default() -> None:
                 assert f"(default: {default})" in flat or "default:" in (action.help or ""), (
                     f"{name} {action.option_strings[0]}: default {default!r} not shown"
                 )
+
+
+@pytest.mark.parametrize(
+    ("argv", "loop"),
+    [
+        (["worker", "json:loads"], "runrelay.worker:Worker"),
+        (["relay", "--jsonl", "events.jsonl"], "runrelay.relay:Relay"),
+        (["maintain"], "runrelay.maintenance:Maintenance"),
+    ],
+    ids=lambda v: v[0] if isinstance(v, list) else None,
+)
+def test_a_loop_commands_defaults_are_the_loops_own(argv: list[str], loop: str) -> None:
+    """The parser writes the loops' defaults out (so that a command's start
+    does not import the loop and what it imports); each option named like a
+    parameter of the loop defaults to that parameter's default."""
+    module, name = loop.split(":")
+    params = inspect.signature(getattr(importlib.import_module(module), name)).parameters
+    parsed = vars(build_parser().parse_args(argv))
+    shared = {k for k, p in params.items() if k in parsed and p.default is not p.empty}
+    assert len(shared) >= 2, shared
+    for key in shared:
+        given, own = parsed[key], params[key].default
+        if key == "lanes":
+            given = tuple(given.split(","))
+        assert given == own, f"{argv[0]} --{key.replace('_', '-')}: {given!r}, the loop's {own!r}"
+
+
+def test_the_cli_imports_no_sink_exporter_or_dashboard_until_a_command_needs_it() -> None:
+    """Every command's start pays for what the parser imports: the HTTP
+    client, the exporter, the dashboard and the migrations load only in the
+    commands that use them."""
+    code = (
+        "import sys, runrelay.cli.main\n"
+        "heavy = ('httpx', 'httpcore', 'starlette', 'prometheus_client', 'alembic', 'rich')\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & set(heavy)))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "[]", out.stdout
 
 
 def test_common_options_work_before_and_after_the_command() -> None:

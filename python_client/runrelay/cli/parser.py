@@ -16,7 +16,6 @@ from ..contract import (
     LEASE_SECONDS_MIN,
     RUN_STATUSES,
 )
-from ..relay import RUNS_PER_CLAIM
 from .common import (
     EXIT_USAGE,
     Command,
@@ -299,7 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--runs-per-claim",
         type=_positive_int,
-        default=RUNS_PER_CLAIM,
+        default=8,
         help="runs' batches a slot claims and acknowledges per call, delivered one after "
         "another (1: one run per call)",
     )
