@@ -106,8 +106,8 @@ def test_a_loop_commands_defaults_are_the_loops_own(argv: list[str], loop: str) 
 
 def test_the_cli_imports_no_sink_exporter_or_dashboard_until_a_command_needs_it() -> None:
     """Every command's start pays for what the parser imports: the HTTP
-    client, the exporter, the dashboard and the migrations load only in the
-    commands that use them."""
+    client, the exporter, the dashboard, the migrations and rich's tables
+    load only in the commands that use them."""
     code = (
         "import sys, runrelay.cli.main\n"
         "heavy = ('httpx', 'httpcore', 'starlette', 'prometheus_client', 'alembic', 'rich')\n"

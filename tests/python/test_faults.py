@@ -750,7 +750,7 @@ def test_killed_relays_deliver_everything_in_order(
     calls, images = load_history([history.path, *children.histories()])
     sink = load_sink(children.logs())
     report = check(calls, db, sink=sink, images=images)
-    assert report.counters["takeovers"] > 0, report.counters
+    assert report.counters["takeovers"] > 0, (kills, stranded, report.counters)
     report.counters["kills"] = kills
     record_figures("killed relays", seconds, len(calls), kills, report)
 
