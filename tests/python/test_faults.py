@@ -212,16 +212,16 @@ def _held_as_recorded(child: Child) -> set[int]:
     that returned, with no acknowledgement, release or failure of them
     invoked since. A relay killed while holding one strands a batch that the
     checker can see taken over (a claim still in flight when the kill landed
-    may have leased events, but nothing shows which)."""
+    may have leased events, but nothing shows which). Calls come in the
+    order they were invoked, and a call that ends a hold is invoked after
+    the claim that began it returned."""
     held: set[int] = set()
-    fns: dict[int, str] = {}
-    for rec in read_jsonl(child.history):
-        if rec["ev"] == "invoke":
-            fns[rec["index"]] = rec["fn"]
-            if rec["fn"] in (*LEDGER_ACKS, "release_ledger", "fail_ledger"):
-                held.difference_update(rec["args"]["event_ids"])
-        elif rec.get("type") == "ok" and fns.get(rec["index"]) in LEDGER_CLAIMS:
-            held.update(r["event_id"] for r in rec["result"] if r["kind"] == "claimed")
+    calls, _ = load_history([child.history])
+    for c in calls:
+        if c["fn"] in (*LEDGER_ACKS, "release_ledger", "fail_ledger"):
+            held.difference_update(c["args"]["event_ids"])
+        if c["type"] == "ok" and c["fn"] in LEDGER_CLAIMS:
+            held.update(r["event_id"] for r in c["result"] if r["kind"] == "claimed")
     return held
 
 
